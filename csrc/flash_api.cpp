@@ -1,0 +1,142 @@
+// The only torch-aware C++ in flashattn: checks inputs, allocates outputs,
+// fills the params struct, dispatches on the current stream, and registers the
+// operators. It knows nothing of how attention is computed.
+#include <Python.h>
+
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <string>
+
+#include "flash.h"
+
+namespace {
+
+constexpr int64_t kAlignElems = 8;  // the kernels move 16-byte chunks of 16-bit elements
+
+// Refuses GPUs older than sm_80 (the kernels use Ampere instructions) and
+// returns the shared memory a block may opt into. FLASHATTN_MAX_SMEM_PER_BLOCK
+// (bytes) lowers that limit, so the tests can run the configs that GPUs with
+// less shared memory (sm_86, sm_89) use.
+int check_device(int device) {
+    int major = 0, minor = 0, smem = 0;
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+    TORCH_CHECK(major >= 8, "flashattn: needs a GPU of compute capability 8.0 (Ampere) or newer; cuda:", device,
+                " is ", major, ".", minor);
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    static const int smem_cap = [] {
+        const char* env = std::getenv("FLASHATTN_MAX_SMEM_PER_BLOCK");
+        return env ? std::atoi(env) : INT32_MAX;
+    }();
+    return std::min(smem, smem_cap);
+}
+
+void check_input(const at::Tensor& t, const char* name, const at::Tensor& q) {
+    TORCH_CHECK(t.is_cuda(), "flashattn: ", name, " must be a CUDA tensor (got device ", t.device(), ")");
+    TORCH_CHECK(t.device() == q.device(), "flashattn: ", name, " is on ", t.device(), " but q is on ",
+                q.device(), "; all inputs must be on one device");
+    TORCH_CHECK(t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16, "flashattn: ", name,
+                " must be float16 or bfloat16 (got ", t.scalar_type(), ")");
+    TORCH_CHECK(t.scalar_type() == q.scalar_type(), "flashattn: ", name, " has dtype ", t.scalar_type(),
+                " but q has ", q.scalar_type(), "; q, k and v must share a dtype");
+    TORCH_CHECK(t.dim() == 4, "flashattn: ", name, " must be 4-D (batch, seqlen, heads, head_dim), got ",
+                t.dim(), "-D of shape ", t.sizes());
+    TORCH_CHECK(t.stride(-1) == 1, "flashattn: the last dimension of ", name,
+                " must be contiguous (stride 1, got ", t.stride(-1), "); call .contiguous()");
+    for (int d = 0; d < 3; ++d) {
+        TORCH_CHECK(t.size(d) <= 1 || t.stride(d) % kAlignElems == 0, "flashattn: ", name, " stride ",
+                    t.strides(), " must be a multiple of ", kAlignElems,
+                    " elements in every dimension but the last (flash_attn_func copies such inputs)");
+    }
+    TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0 || t.numel() == 0, "flashattn: ", name,
+                " must start at a 16-byte aligned address (flash_attn_func copies such inputs)");
+}
+
+std::tuple<at::Tensor, at::Tensor> mha_fwd(const at::Tensor& q,  // [B, Sq, H, D]
+                                           const at::Tensor& k,  // [B, Sk, Hk, D]
+                                           const at::Tensor& v,  // [B, Sk, Hk, D]
+                                           double softmax_scale, bool causal) {
+    check_input(q, "q", q);
+    check_input(k, "k", q);
+    check_input(v, "v", q);
+    const int64_t batch = q.size(0), seqlen_q = q.size(1), num_heads = q.size(2), head_dim = q.size(3);
+    const int64_t seqlen_k = k.size(1), num_heads_k = k.size(2);
+    TORCH_CHECK(k.size(0) == batch && v.size(0) == batch, "flashattn: batch sizes differ: q ", q.sizes(),
+                ", k ", k.sizes(), ", v ", v.sizes());
+    TORCH_CHECK(k.sizes() == v.sizes(), "flashattn: k ", k.sizes(), " and v ", v.sizes(),
+                " must have the same shape");
+    TORCH_CHECK(k.size(3) == head_dim, "flashattn: head_dim of q (", head_dim, ") and k/v (", k.size(3),
+                ") must match");
+    TORCH_CHECK(head_dim <= flash::kMaxHeadDim, "flashattn: head_dim ", head_dim,
+                " is not supported; the maximum is ", flash::kMaxHeadDim);
+    TORCH_CHECK(head_dim % kAlignElems == 0, "flashattn: the kernel needs head_dim to be a multiple of ",
+                kAlignElems, " (got ", head_dim, "); flash_attn_func pads it for you");
+    TORCH_CHECK(num_heads_k > 0 && num_heads % num_heads_k == 0, "flashattn: the number of query heads (",
+                num_heads, ") must be a multiple of the number of key/value heads (", num_heads_k, ")");
+    TORCH_CHECK(std::isfinite(softmax_scale) && softmax_scale > 0, "flashattn: softmax_scale must be a ",
+                "positive finite number (got ", softmax_scale, ")");
+    TORCH_CHECK(batch <= 65535 && num_heads <= 65535, "flashattn: batch (", batch, ") and heads (", num_heads,
+                ") must each be at most 65535");
+    TORCH_CHECK(seqlen_q <= INT32_MAX && seqlen_k <= INT32_MAX, "flashattn: sequence lengths must fit in int32");
+
+    const c10::cuda::CUDAGuard device_guard(q.device());
+    const int max_smem_per_block = check_device(q.get_device());
+
+    at::Tensor out = at::empty({batch, seqlen_q, num_heads, head_dim}, q.options());
+    at::Tensor lse = at::empty({batch, num_heads, seqlen_q}, q.options().dtype(at::kFloat));
+    if (batch == 0 || seqlen_q == 0 || num_heads == 0) return {out, lse};
+
+    flash::FwdParams params{};
+    params.q_ptr = q.data_ptr();
+    params.k_ptr = k.data_ptr();
+    params.v_ptr = v.data_ptr();
+    params.o_ptr = out.data_ptr();
+    params.lse_ptr = lse.data_ptr<float>();
+    params.q_batch_stride = q.stride(0), params.q_row_stride = q.stride(1), params.q_head_stride = q.stride(2);
+    params.k_batch_stride = k.stride(0), params.k_row_stride = k.stride(1), params.k_head_stride = k.stride(2);
+    params.v_batch_stride = v.stride(0), params.v_row_stride = v.stride(1), params.v_head_stride = v.stride(2);
+    params.o_batch_stride = out.stride(0), params.o_row_stride = out.stride(1),
+    params.o_head_stride = out.stride(2);
+    params.batch = static_cast<int>(batch);
+    params.seqlen_q = static_cast<int>(seqlen_q);
+    params.seqlen_k = static_cast<int>(seqlen_k);
+    params.num_heads = static_cast<int>(num_heads);
+    params.num_heads_k = static_cast<int>(num_heads_k);
+    params.head_dim = static_cast<int>(head_dim);
+    params.heads_per_kv_head = static_cast<int>(num_heads / num_heads_k);
+    constexpr double kLog2e = 1.4426950408889634;  // exp(x) = exp2(x * log2(e))
+    params.softmax_scale = static_cast<float>(softmax_scale);
+    params.softmax_scale_log2 = static_cast<float>(softmax_scale * kLog2e);
+    params.dtype = q.scalar_type() == at::kBFloat16 ? flash::DType::kBFloat16 : flash::DType::kFloat16;
+    params.is_causal = causal;
+    params.max_smem_per_block = max_smem_per_block;
+
+    const cudaError_t err = flash::run_fwd(params, c10::cuda::getCurrentCUDAStream().stream());
+    TORCH_CHECK(err == cudaSuccess, "flashattn: forward kernel (head_dim ", flash::fwd_kernel_head_dim(head_dim),
+                ", ", q.scalar_type(), causal ? ", causal" : "", ") failed to launch: ", cudaGetErrorString(err));
+    return {out, lse};
+}
+
+}  // namespace
+
+// The schema is mirrored in flashattn/ops.py (used when the extension is not
+// built); tests/test_ops.py checks that the two agree.
+TORCH_LIBRARY(flashattn, m) {
+    m.def("fwd(Tensor q, Tensor k, Tensor v, float softmax_scale, bool causal) -> (Tensor out, Tensor softmax_lse)");
+}
+
+TORCH_LIBRARY_IMPL(flashattn, CUDA, m) { m.impl("fwd", &mha_fwd); }
+
+// `import flashattn._C` loads this library, which registers the operators
+// above; the module itself is empty.
+PyMODINIT_FUNC PyInit__C(void) {
+    static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
+    return PyModule_Create(&module);
+}

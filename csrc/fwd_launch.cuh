@@ -1,0 +1,37 @@
+// Launches the forward kernel for one (dtype, head dim, causal) instantiation.
+#pragma once
+
+#include "flash.h"
+#include "fwd_kernel.cuh"
+#include "kernel_traits.h"
+
+namespace flash {
+
+template <typename Traits, bool Is_causal>
+cudaError_t launch_fwd(const FwdParams& params, cudaStream_t stream) {
+    auto kernel = &fwd_kernel<Traits, Is_causal>;
+    constexpr int kSmem = Traits::kSmemBytes;
+    // Dynamic shared memory above 48 KB must be opted into per kernel.
+    if (kSmem > 48 * 1024) {
+        cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+        if (err != cudaSuccess) return err;
+    }
+    const dim3 grid((params.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM, params.num_heads, params.batch);
+    kernel<<<grid, Traits::kNThreads, kSmem, stream>>>(params);
+    return cudaGetLastError();
+}
+
+template <typename Element, int kHeadDim, bool Is_causal>
+cudaError_t run_fwd_(const FwdParams& params, cudaStream_t stream) {
+    using Fast = FwdTraitsFor<kHeadDim, Element>;
+    using Small = FwdTraitsFor<kHeadDim, Element, FwdSmallSmemConfig<kHeadDim>>;
+    static_assert(Small::kSmemBytes <= kSmallSmemPerBlock, "the small-smem config must fit sm_86/sm_89");
+    if constexpr (Fast::kSmemBytes <= kSmallSmemPerBlock) {
+        return launch_fwd<Fast, Is_causal>(params, stream);
+    } else {
+        return params.max_smem_per_block >= Fast::kSmemBytes ? launch_fwd<Fast, Is_causal>(params, stream)
+                                                             : launch_fwd<Small, Is_causal>(params, stream);
+    }
+}
+
+}  // namespace flash

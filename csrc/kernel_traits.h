@@ -1,0 +1,119 @@
+// Tile shapes and shared-memory layout of the forward kernel, derived from a few
+// constants per head dim and checked at compile time.
+#pragma once
+
+#include <cstdint>
+
+namespace flash {
+
+// A [kRows, kCols] tile of 16-bit elements in shared memory. Rows are cut into
+// column blocks of 64 elements (128 bytes) -- 32 elements (64 bytes) when the
+// width is not a multiple of 64 -- and the 16-byte chunks of each block row are
+// XOR-swizzled, so that the 8 row addresses of one ldmatrix phase (same logical
+// chunk, 8 consecutive rows) fall in 8 different 16-byte bank groups.
+template <int kRows_, int kCols_>
+struct SmemTile {
+    static constexpr int kRows = kRows_;
+    static constexpr int kCols = kCols_;
+    static constexpr int kChunkElems = 8;  // one 16-byte chunk of 16-bit elements
+    static constexpr int kChunksPerRow = kCols / kChunkElems;
+    static constexpr int kBlockChunks = (kCols % 64 == 0) ? 8 : 4;  // chunks per block row
+    static constexpr int kBytes = kRows * kCols * 2;
+    static_assert(kCols % 32 == 0, "tile width must be a multiple of 32 elements");
+    static_assert(kRows % 8 == 0, "the swizzle pattern repeats every 8 rows");
+
+    static constexpr int kBlockRowBytes = kBlockChunks * 16;
+    static constexpr int kBlockBytes = kRows * kBlockRowBytes;
+
+    __device__ __forceinline__ static int swizzle(int row) {
+        // 128-byte block rows: 8 rows span the 8 bank groups; 64-byte block rows:
+        // two rows share a 128-byte line, so the pattern advances every 2 rows.
+        return (kBlockChunks == 8) ? (row & 7) : ((row >> 1) & 3);
+    }
+
+    // Byte offset of chunk `chunk` (0 .. kChunksPerRow-1) of row `row`.
+    __device__ __forceinline__ static uint32_t offset(int row, int chunk) {
+        const int block = chunk / kBlockChunks;
+        const int within = chunk % kBlockChunks;
+        return static_cast<uint32_t>(block * kBlockBytes + row * kBlockRowBytes + (within ^ swizzle(row)) * 16);
+    }
+
+    // ldmatrix addressing without per-load arithmetic. A lane that reads row
+    // `row_lane + R` and chunk `chunk_lane + C`, with R a multiple of 8 and C
+    // even (both compile-time in unrolled loops) and chunk_lane in {0, 1}, finds
+    // its swizzled chunk as (C % kBlockChunks) ^ chunk_lane ^ swizzle(row_lane):
+    // R leaves the swizzle unchanged and C's low bit is free. So one byte offset
+    // per even chunk position is precomputed and everything else is an immediate.
+    struct LaneOffsets {
+        uint32_t base[kBlockChunks / 2];
+    };
+
+    __device__ __forceinline__ static LaneOffsets lane_offsets(int row_lane, int chunk_lane) {
+        LaneOffsets lo;
+#pragma unroll
+        for (int i = 0; i < kBlockChunks / 2; ++i) {
+            lo.base[i] = static_cast<uint32_t>(row_lane * kBlockRowBytes +
+                                               ((2 * i) ^ chunk_lane ^ swizzle(row_lane)) * 16);
+        }
+        return lo;
+    }
+
+    __device__ __forceinline__ static uint32_t offset(const LaneOffsets& lo, int R, int C) {
+        return lo.base[(C % kBlockChunks) / 2] + (C / kBlockChunks) * kBlockBytes + R * kBlockRowBytes;
+    }
+};
+
+template <int kHeadDim_, int kBlockM_, int kBlockN_, int kNWarps_, typename Element_>
+struct FwdKernelTraits {
+    using Element = Element_;  // __half or __nv_bfloat16
+    static constexpr int kHeadDim = kHeadDim_;
+    static constexpr int kBlockM = kBlockM_;  // query rows per thread block
+    static constexpr int kBlockN = kBlockN_;  // keys per main-loop step
+    static constexpr int kNWarps = kNWarps_;
+    static constexpr int kNThreads = kNWarps * 32;
+
+    // Each warp owns kWarpRows consecutive query rows, so the softmax row
+    // statistics never leave the warp.
+    static constexpr int kWarpRows = kBlockM / kNWarps;
+    static constexpr int kMTiles = kWarpRows / 16;    // m16 tiles per warp
+    static constexpr int kNTilesS = kBlockN / 8;      // n8 tiles of S = Q K^T per warp
+    static constexpr int kNTilesO = kHeadDim / 8;     // n8 tiles of O per warp
+    static constexpr int kKStepsQK = kHeadDim / 16;   // k16 steps of Q K^T
+    static constexpr int kKStepsPV = kBlockN / 16;    // k16 steps of P V
+    static constexpr int kRowsPerThread = 2 * kMTiles;  // an mma fragment holds rows g and g+8
+
+    using QTile = SmemTile<kBlockM, kHeadDim>;  // also stages O for the final store
+    using KTile = SmemTile<kBlockN, kHeadDim>;
+    using VTile = SmemTile<kBlockN, kHeadDim>;
+    static constexpr int kSmemQOffset = 0;
+    static constexpr int kSmemKOffset = kSmemQOffset + QTile::kBytes;
+    static constexpr int kSmemVOffset = kSmemKOffset + KTile::kBytes;
+    static constexpr int kSmemBytes = kSmemVOffset + VTile::kBytes;
+
+    static_assert(kBlockM % (16 * kNWarps) == 0, "each warp needs whole m16 tiles");
+    static_assert(kBlockN % 16 == 0 && kHeadDim % 16 == 0, "mma k16 steps");
+    static_assert(kNTilesS % 2 == 0 && kNTilesO % 2 == 0, "ldmatrix.x4 loads two n8 tiles");
+    static_assert(kSmemBytes <= 163 * 1024, "shared memory over the sm_80 per-block limit");
+};
+
+// Tile config per compiled head dim, {kBlockM, kBlockN, kNWarps}: the fastest
+// measured on the H100 (benchmarks/NOTES.md). It may need up to 128 KB of shared
+// memory per block, which A100 and H100 have.
+template <int kHeadDim> struct FwdConfig;
+template <> struct FwdConfig<32> { static constexpr int kBlockM = 128, kBlockN = 64, kNWarps = 4; };
+template <> struct FwdConfig<64> { static constexpr int kBlockM = 128, kBlockN = 64, kNWarps = 4; };
+template <> struct FwdConfig<96> { static constexpr int kBlockM = 128, kBlockN = 64, kNWarps = 4; };
+template <> struct FwdConfig<128> { static constexpr int kBlockM = 128, kBlockN = 64, kNWarps = 4; };
+template <> struct FwdConfig<192> { static constexpr int kBlockM = 128, kBlockN = 64, kNWarps = 8; };
+template <> struct FwdConfig<256> { static constexpr int kBlockM = 128, kBlockN = 64, kNWarps = 8; };
+
+// GPUs that give a block at most 99 KB of shared memory (sm_86, sm_89) run the
+// head dims whose FwdConfig needs more on this config instead.
+constexpr int kSmallSmemPerBlock = 99 * 1024;
+template <int kHeadDim> struct FwdSmallSmemConfig : FwdConfig<kHeadDim> {};
+template <> struct FwdSmallSmemConfig<256> { static constexpr int kBlockM = 128, kBlockN = 32, kNWarps = 8; };
+
+template <int kHeadDim, typename Element, typename Config = FwdConfig<kHeadDim>>
+using FwdTraitsFor = FwdKernelTraits<kHeadDim, Config::kBlockM, Config::kBlockN, Config::kNWarps, Element>;
+
+}  // namespace flash
