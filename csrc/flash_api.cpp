@@ -120,7 +120,8 @@ std::tuple<at::Tensor, at::Tensor> mha_fwd(const at::Tensor& q,  // [B, Sq, H, D
 
     const cudaError_t err = flash::run_fwd(params, c10::cuda::getCurrentCUDAStream().stream());
     TORCH_CHECK(err == cudaSuccess, "flashattn: forward kernel (head_dim ", flash::fwd_kernel_head_dim(head_dim),
-                ", ", q.scalar_type(), causal ? ", causal" : "", ") failed to launch: ", cudaGetErrorString(err));
+                ", ", q.scalar_type(), causal ? ", causal" : "", ") failed to launch: ", cudaGetErrorString(err),
+                " (the device allows ", max_smem_per_block, " bytes of shared memory per block)");
     return {out, lse};
 }
 

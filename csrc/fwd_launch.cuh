@@ -11,6 +11,7 @@ template <typename Traits, bool Is_causal>
 cudaError_t launch_fwd(const FwdParams& params, cudaStream_t stream) {
     auto kernel = &fwd_kernel<Traits, Is_causal>;
     constexpr int kSmem = Traits::kSmemBytes;
+    if (kSmem > params.max_smem_per_block) return cudaErrorInvalidConfiguration;
     // Dynamic shared memory above 48 KB must be opted into per kernel.
     if (kSmem > 48 * 1024) {
         cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
