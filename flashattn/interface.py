@@ -1,0 +1,317 @@
+"""flash_attn_func and friends: the public functions, with FlashAttention-2's signatures.
+
+Each checks its arguments (an error names the argument, what was given and
+what is accepted), prepares the inputs the CUDA kernel needs (head-dim padding,
+row alignment) and runs the operator through an autograd Function.
+"""
+
+import math
+from collections.abc import Sequence
+from numbers import Real
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from . import ops  # noqa: F401  registers torch.ops.flashattn.fwd
+from ._extension import HAS_CUDA_KERNELS, NOT_BUILT_REASON, unsupported_gpu_reason
+
+__all__ = ["flash_attn_func", "flash_attn_kvpacked_func", "flash_attn_qkvpacked_func", "FlashAttnFunc"]
+
+MAX_HEAD_DIM = 256
+CUDA_DTYPES = (torch.float16, torch.bfloat16)
+CPU_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+# The kernel moves 16-byte chunks, 8 elements of fp16/bf16: head dims and row
+# starts must be multiples of that.
+_KERNEL_CHUNK_ELEMS = 8
+_KERNEL_CHUNK_BYTES = 16
+
+_Q_LAYOUT = "(batch, seqlen_q, nheads, headdim)"
+_KV_LAYOUT = "(batch, seqlen_k, nheads_k, headdim)"
+
+
+class FlashAttnFunc(torch.autograd.Function):
+    """Autograd wrapper of torch.ops.flashattn.fwd on checked inputs; returns (out, softmax_lse).
+
+    The backward pass comes with issue 3; until then asking for a gradient
+    raises instead of returning something wrong.
+    """
+
+    @staticmethod
+    def forward(
+        ctx, q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: bool
+    ) -> tuple[Tensor, Tensor]:
+        out, softmax_lse = _flash_attn_forward(q, k, v, softmax_scale, causal)
+        ctx.mark_non_differentiable(softmax_lse)
+        return out, softmax_lse
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor, grad_lse: Tensor) -> None:
+        raise NotImplementedError(
+            "flashattn: the backward pass of flash_attn_func is not implemented yet (issue 3); "
+            "run the forward under torch.no_grad() or torch.inference_mode(), or with inputs that "
+            "do not require grad"
+        )
+
+
+def flash_attn_func(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    dropout_p: float = 0.0,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: Tensor | None = None,
+    deterministic: bool = False,
+    return_attn_probs: bool = False,
+) -> Tensor:
+    """Exact attention ``softmax(q @ k^T * softmax_scale) @ v``, computed tile by tile.
+
+    A drop-in for ``flash_attn.flash_attn_func`` (FlashAttention-2).
+
+    Args:
+        q: (batch, seqlen_q, nheads, headdim).
+        k, v: (batch, seqlen_k, nheads_k, headdim). nheads must be a multiple of
+            nheads_k (GQA/MQA): query head h uses key/value head h // (nheads // nheads_k).
+            headdim may be anything up to 256. The last dimension of q, k and v
+            must be contiguous; other strides are honoured.
+        dropout_p: must be 0.0: dropout is not implemented yet.
+        softmax_scale: scale of q @ k^T; default 1 / sqrt(headdim).
+        causal: mask aligned to the bottom-right corner: query i sees key j iff
+            j <= i + seqlen_k - seqlen_q. A query row that sees no key outputs 0.
+        window_size, softcap, alibi_slopes, return_attn_probs: must keep their
+            defaults: these options are not implemented yet.
+        deterministic: accepted for compatibility; it concerns only the backward pass.
+
+    Returns:
+        out: (batch, seqlen_q, nheads, headdim) in the dtype of q.
+
+    Runs on CUDA tensors (fp16, bf16; GPU sm_80 or newer; kernels built) and on
+    CPU tensors (fp16, bf16, fp32) with a PyTorch implementation of the same
+    algorithm. On CUDA the kernel needs a head dim that is a multiple of 8 and
+    16-byte aligned rows: a head dim that is not is zero-padded (which leaves
+    q @ k^T unchanged) and the output sliced back; an input whose start or
+    strides other than the last are not multiples of 8 elements is copied.
+    Everything else is read in place, e.g. slices of a packed qkv.
+    """
+    _reject_unimplemented(dropout_p, window_size, softcap, alibi_slopes, return_attn_probs)
+    return _attention(q, k, v, ("q", "k", "v"), softmax_scale, causal)
+
+
+def flash_attn_qkvpacked_func(
+    qkv: Tensor,
+    dropout_p: float = 0.0,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: Tensor | None = None,
+    deterministic: bool = False,
+    return_attn_probs: bool = False,
+) -> Tensor:
+    """flash_attn_func on q, k, v packed as qkv: (batch, seqlen, 3, nheads, headdim).
+
+    q, k and v are read as slices of qkv, without a copy. Other arguments and
+    the result as in flash_attn_func.
+    """
+    _reject_unimplemented(dropout_p, window_size, softcap, alibi_slopes, return_attn_probs)
+    _check_packed("qkv", qkv, 3, "(batch, seqlen, 3, nheads, headdim)")
+    q, k, v = qkv.unbind(dim=2)
+    return _attention(q, k, v, ("qkv[:, :, 0]", "qkv[:, :, 1]", "qkv[:, :, 2]"), softmax_scale, causal)
+
+
+def flash_attn_kvpacked_func(
+    q: Tensor,
+    kv: Tensor,
+    dropout_p: float = 0.0,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: Tensor | None = None,
+    deterministic: bool = False,
+    return_attn_probs: bool = False,
+) -> Tensor:
+    """flash_attn_func with k and v packed as kv: (batch, seqlen_k, 2, nheads_k, headdim).
+
+    k and v are read as slices of kv, without a copy. Other arguments and the
+    result as in flash_attn_func.
+    """
+    _reject_unimplemented(dropout_p, window_size, softcap, alibi_slopes, return_attn_probs)
+    _check_packed("kv", kv, 2, "(batch, seqlen_k, 2, nheads_k, headdim)")
+    k, v = kv.unbind(dim=2)
+    return _attention(q, k, v, ("q", "kv[:, :, 0]", "kv[:, :, 1]"), softmax_scale, causal)
+
+
+def _attention(
+    q: object, k: object, v: object, names: tuple[str, str, str], softmax_scale: object, causal: bool
+) -> Tensor:
+    """Checks q, k, v (named as the caller knows them) and the scale, then runs the forward."""
+    _check_qkv(q, k, v, names)
+    scale = _resolve_softmax_scale(softmax_scale, q.shape[-1])
+    out, _ = FlashAttnFunc.apply(q, k, v, scale, bool(causal))
+    return out
+
+
+def _flash_attn_forward(
+    q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: bool
+) -> tuple[Tensor, Tensor]:
+    """Runs the operator on checked inputs: out [B, Sq, H, D] and softmax_lse [B, H, Sq].
+
+    The forward of every public function; tests call it to see the LSE. On CUDA
+    it pads and aligns the inputs as flash_attn_func describes.
+    """
+    if not q.is_cuda:
+        return torch.ops.flashattn.fwd(q, k, v, softmax_scale, causal)
+    head_dim = q.shape[-1]
+    pad = -head_dim % _KERNEL_CHUNK_ELEMS
+    q, k, v = (_kernel_layout(t, pad) for t in (q, k, v))
+    out, softmax_lse = torch.ops.flashattn.fwd(q, k, v, softmax_scale, causal)
+    return out[..., :head_dim], softmax_lse
+
+
+def _kernel_layout(t: Tensor, pad: int) -> Tensor:
+    """t as the CUDA kernel reads it: head dim zero-padded by `pad`, rows 16-byte aligned."""
+    if pad:
+        return F.pad(t, (0, pad))  # a fresh, hence aligned, tensor
+    if _rows_aligned(t):
+        return t
+    # clone, not contiguous(): a contiguous tensor at an odd storage offset stays misaligned.
+    return t.clone(memory_format=torch.contiguous_format)
+
+
+def _rows_aligned(t: Tensor) -> bool:
+    """Whether every row of t starts on a 16-byte boundary."""
+    strides_ok = all(
+        size <= 1 or stride % _KERNEL_CHUNK_ELEMS == 0 for size, stride in zip(t.shape[:-1], t.stride()[:-1])
+    )
+    if torch.compiler.is_compiling():
+        # Traced tensors have no address; the caching allocator aligns every
+        # storage, so the storage offset decides (the binding checks the address).
+        return strides_ok and t.storage_offset() % _KERNEL_CHUNK_ELEMS == 0
+    return strides_ok and t.data_ptr() % _KERNEL_CHUNK_BYTES == 0
+
+
+def _not_implemented(name: str, given: object, default: object) -> NotImplementedError:
+    shown = f"a tensor of shape {tuple(given.shape)}" if isinstance(given, Tensor) else repr(given)
+    return NotImplementedError(
+        f"flashattn: {name}={shown} is not implemented yet; only the default {name}={default!r} is supported"
+    )
+
+
+def _reject_unimplemented(
+    dropout_p: float,
+    window_size: Sequence[int],
+    softcap: float,
+    alibi_slopes: Tensor | None,
+    return_attn_probs: bool,
+) -> None:
+    """Options a later issue implements are refused by name, never ignored."""
+    if dropout_p != 0.0:
+        raise _not_implemented("dropout_p", dropout_p, 0.0)
+    if tuple(window_size) != (-1, -1):
+        raise _not_implemented("window_size", window_size, (-1, -1))
+    if softcap != 0.0:
+        raise _not_implemented("softcap", softcap, 0.0)
+    if alibi_slopes is not None:
+        raise _not_implemented("alibi_slopes", alibi_slopes, None)
+    if return_attn_probs:
+        raise _not_implemented("return_attn_probs", return_attn_probs, False)
+
+
+def _check_packed(name: str, packed: object, count: int, layout: str) -> None:
+    if not isinstance(packed, Tensor):
+        raise TypeError(f"flashattn: {name} must be a torch.Tensor, got {type(packed).__name__}")
+    if packed.dim() != 5 or packed.shape[2] != count:
+        raise ValueError(f"flashattn: {name} must have shape {layout}, got {tuple(packed.shape)}")
+
+
+def _check_qkv(q: object, k: object, v: object, names: tuple[str, str, str]) -> None:
+    """Every check of q, k and v, in the order a user would want to hear about them."""
+    for name, t, layout in zip(names, (q, k, v), (_Q_LAYOUT, _KV_LAYOUT, _KV_LAYOUT)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"flashattn: {name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"flashattn: {name} must be 4-D {layout}, got shape {tuple(t.shape)}")
+    _check_device_and_dtype(q, k, v, names)
+    _check_shapes(q, k, v, names)
+
+
+def _check_device_and_dtype(q: Tensor, k: Tensor, v: Tensor, names: tuple[str, str, str]) -> None:
+    q_name = names[0]
+    for name, t in zip(names[1:], (k, v)):
+        if t.device != q.device:
+            raise RuntimeError(
+                f"flashattn: {name} is on {t.device} but {q_name} is on {q.device}; "
+                "q, k and v must be on one device"
+            )
+    if q.device.type not in ("cpu", "cuda"):
+        raise RuntimeError(f"flashattn: {q_name} is on {q.device}; accepted devices: cpu, cuda")
+    accepted = CUDA_DTYPES if q.is_cuda else CPU_DTYPES
+    if q.dtype not in accepted:
+        raise TypeError(
+            f"flashattn: {q_name} has dtype {q.dtype}; accepted on {q.device.type}: "
+            + ", ".join(str(dtype) for dtype in accepted)
+        )
+    for name, t in zip(names[1:], (k, v)):
+        if t.dtype != q.dtype:
+            raise TypeError(
+                f"flashattn: {name} has dtype {t.dtype} but {q_name} has {q.dtype}; "
+                "q, k and v must share one dtype"
+            )
+    if q.is_cuda:
+        _check_cuda_ready(q.device)
+
+
+def _check_cuda_ready(device: torch.device) -> None:
+    if not HAS_CUDA_KERNELS:
+        raise RuntimeError(NOT_BUILT_REASON)
+    reason = unsupported_gpu_reason(device)
+    if reason is not None:
+        raise RuntimeError(reason)
+
+
+def _check_shapes(q: Tensor, k: Tensor, v: Tensor, names: tuple[str, str, str]) -> None:
+    q_name, k_name, v_name = names
+    shapes = f"{q_name} {tuple(q.shape)}, {k_name} {tuple(k.shape)}, {v_name} {tuple(v.shape)}"
+    batch, _, num_heads, head_dim = q.shape
+    num_heads_k = k.shape[2]
+    if k.shape[0] != batch or v.shape[0] != batch:
+        raise ValueError(f"flashattn: batch sizes differ ({shapes}); they must be equal")
+    if k.shape != v.shape:
+        raise ValueError(
+            f"flashattn: {k_name} and {v_name} must have the same shape {_KV_LAYOUT}, got {shapes}"
+        )
+    if k.shape[3] != head_dim:
+        raise ValueError(f"flashattn: head dims differ ({shapes}); q, k and v must share one headdim")
+    if not 1 <= head_dim <= MAX_HEAD_DIM:
+        raise ValueError(
+            f"flashattn: headdim {head_dim} ({shapes}) is not supported; accepted: 1 to {MAX_HEAD_DIM}"
+        )
+    if num_heads_k == 0 or num_heads % num_heads_k != 0:
+        raise ValueError(
+            f"flashattn: the number of query heads ({q_name}.shape[2] = {num_heads}) must be a multiple of "
+            f"the number of key/value heads ({k_name}.shape[2] = {num_heads_k})"
+        )
+    for name, t in zip(names, (q, k, v)):
+        if t.stride(-1) != 1:
+            raise ValueError(
+                f"flashattn: the last dimension of {name} must be contiguous (stride 1), got strides "
+                f"{t.stride()}; call .contiguous() on it first"
+            )
+
+
+def _resolve_softmax_scale(softmax_scale: object, head_dim: int) -> float:
+    """softmax_scale checked, or 1/sqrt(headdim) of the unpadded head dim when None."""
+    if softmax_scale is None:
+        return head_dim**-0.5
+    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, Real):
+        raise TypeError(
+            "flashattn: softmax_scale must be a positive finite number or None, "
+            f"got {type(softmax_scale).__name__}"
+        )
+    if not (math.isfinite(softmax_scale) and softmax_scale > 0):
+        raise ValueError(f"flashattn: softmax_scale must be a positive finite number, got {softmax_scale}")
+    return float(softmax_scale)

@@ -1,0 +1,149 @@
+"""The flashattn operators: schema, fake (meta) implementation, CPU implementation.
+
+``torch.ops.flashattn.fwd(q, k, v, softmax_scale, causal) -> (out, softmax_lse)``
+  q [B, Sq, H, D], k and v [B, Sk, Hk, D] with H % Hk == 0, any strides;
+  out [B, Sq, H, D] in q's dtype and softmax_lse [B, H, Sq] in fp32, both
+  contiguous. softmax_lse is the natural-log log-sum-exp of the scaled scores.
+  Causal masking is aligned to the bottom-right corner: query i sees key j iff
+  j <= i + Sk - Sq. A query row that sees no key gets out = 0, lse = -inf.
+
+The CUDA implementation is registered by the compiled extension, which also
+defines the schema; without it the schema is defined here, so the operator and
+everything built on it work on CPU tensors. Inputs are checked by
+flashattn.interface before they reach an implementation.
+"""
+
+import math
+
+import torch
+from torch import Tensor
+
+from ._extension import HAS_CUDA_KERNELS
+
+__all__ = ["FWD_SCHEMA"]
+
+# The single Python copy of the schema; csrc/flash_api.cpp holds the C++ one and
+# tests/test_ops.py checks that they agree.
+FWD_SCHEMA = (
+    "fwd(Tensor q, Tensor k, Tensor v, float softmax_scale, bool causal) -> (Tensor out, Tensor softmax_lse)"
+)
+
+# Tile sizes of the CPU implementation: at most one [BLOCK_M, BLOCK_N] block of
+# scores per (batch, head) exists at a time.
+BLOCK_M = 128
+BLOCK_N = 128
+
+if not HAS_CUDA_KERNELS:
+    _lib = torch.library.Library("flashattn", "DEF")
+    _lib.define(FWD_SCHEMA)
+
+
+def _fwd_fake(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: bool) -> tuple[Tensor, Tensor]:
+    """Output shapes and dtypes without computing: what torch.compile traces with."""
+    batch, seqlen_q, num_heads, head_dim = q.shape
+    out = q.new_empty((batch, seqlen_q, num_heads, head_dim))
+    softmax_lse = q.new_empty((batch, num_heads, seqlen_q), dtype=torch.float32)
+    return out, softmax_lse
+
+
+class _OnlineSoftmax:
+    """Softmax over key blocks that arrive one at a time, for every query row of a block.
+
+    Keeps the running row max of the scores seen so far and the running row
+    sum of exp(score - max). When a block raises the max, what was summed and
+    accumulated before is rescaled by exp(old_max - new_max).
+    """
+
+    def __init__(self, row_shape: tuple[int, ...]) -> None:
+        self.row_max = torch.full(row_shape, -math.inf, dtype=torch.float32)
+        self.row_sum = torch.zeros(row_shape, dtype=torch.float32)
+
+    def update(self, scores: Tensor) -> tuple[Tensor, Tensor]:
+        """Folds in a block of scores [..., rows, keys]. Returns the block's unnormalised
+        probabilities and the factor [..., rows] by which to rescale the accumulated output."""
+        new_max = torch.maximum(self.row_max, scores.amax(dim=-1))
+        # A row that has seen only masked keys still has max -inf: subtracting 0
+        # instead gives exp(-inf) = 0 rather than exp(-inf - -inf) = NaN.
+        offset = torch.where(new_max == -math.inf, 0.0, new_max)
+        probs = torch.exp(scores - offset.unsqueeze(-1))
+        rescale = torch.exp(self.row_max - offset)
+        self.row_sum = self.row_sum * rescale + probs.sum(dim=-1)
+        self.row_max = new_max
+        return probs, rescale
+
+    def finalize(self, acc: Tensor) -> tuple[Tensor, Tensor]:
+        """Normalises the accumulated output [..., rows, D] once; returns it and the row LSE.
+        Rows that saw no key (sum 0) get output 0 and LSE -inf."""
+        seen = self.row_sum > 0
+        out = acc / torch.where(seen, self.row_sum, 1.0).unsqueeze(-1)
+        lse = torch.where(seen, self.row_max + torch.log(self.row_sum), -math.inf)
+        return out, lse
+
+
+def _attend_query_block(
+    q_blk: Tensor,  # [B, Hk, G, bm, D]: the G query heads that share each KV head
+    k_heads: Tensor,  # [B, Hk, Sk, D]
+    v_heads: Tensor,  # [B, Hk, Sk, D]
+    first_row: int,
+    diagonal: int,
+    softmax_scale: float,
+    causal: bool,
+) -> tuple[Tensor, Tensor]:
+    """Attention of one block of query rows over every key block they can see, in fp32.
+
+    Query row i sees key j iff j <= i + diagonal when causal. Returns out
+    [B, Hk, G, bm, D] and lse [B, Hk, G, bm].
+    """
+    batch, num_heads_k, group, block_m, head_dim = q_blk.shape
+    # The G heads of a group are stacked as rows of one matrix, so each K/V
+    # block serves them all through a plain batched matmul, with no copy of K/V.
+    q_rows = q_blk.float().flatten(2, 3)  # [B, Hk, G * bm, D]
+    softmax = _OnlineSoftmax((batch, num_heads_k, group, block_m))
+    acc = torch.zeros((batch, num_heads_k, group, block_m, head_dim), dtype=torch.float32)
+    seqlen_k = k_heads.shape[2]
+    # Keys past the last row's diagonal are in every row's future: never visited.
+    key_end = min(seqlen_k, max(0, first_row + block_m + diagonal)) if causal else seqlen_k
+    for key_start in range(0, key_end, BLOCK_N):
+        key_stop = min(key_start + BLOCK_N, key_end)
+        k_blk = k_heads[:, :, key_start:key_stop].float()  # [B, Hk, bn, D]
+        v_blk = v_heads[:, :, key_start:key_stop].float()  # [B, Hk, bn, D]
+        scores = (q_rows @ k_blk.transpose(-1, -2)).unflatten(2, (group, block_m)) * softmax_scale
+        # Only blocks that cross the diagonal pay for the mask: a block whose last
+        # key is visible to the block's first row is visible to every row.
+        if causal and key_stop - 1 > first_row + diagonal:
+            rows = torch.arange(first_row, first_row + block_m).unsqueeze(-1)
+            keys = torch.arange(key_start, key_stop)
+            scores = scores.masked_fill(keys > rows + diagonal, -math.inf)  # [bm, bn] broadcast
+        probs, rescale = softmax.update(scores)  # [B, Hk, G, bm, bn], [B, Hk, G, bm]
+        acc = acc * rescale.unsqueeze(-1) + (probs.flatten(2, 3) @ v_blk).unflatten(2, (group, block_m))
+    return softmax.finalize(acc)
+
+
+def _fwd_cpu(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: bool) -> tuple[Tensor, Tensor]:
+    """FlashAttention's forward in plain PyTorch: the readable statement of the algorithm.
+
+    Query blocks of BLOCK_M rows attend to key blocks of BLOCK_N keys with an
+    online softmax, computing in fp32 whatever the input dtype (fp16, bf16,
+    fp32), vectorised over batch and heads. The full [Sq, Sk] score matrix
+    never exists.
+    """
+    batch, seqlen_q, num_heads, head_dim = q.shape
+    seqlen_k, num_heads_k = k.shape[1], k.shape[2]
+    group = num_heads // num_heads_k  # query head h uses KV head h // group
+    out = q.new_empty((batch, seqlen_q, num_heads, head_dim))  # [B, Sq, H, D]
+    softmax_lse = q.new_empty((batch, num_heads, seqlen_q), dtype=torch.float32)  # [B, H, Sq]
+    k_heads = k.transpose(1, 2)  # [B, Hk, Sk, D], a view
+    v_heads = v.transpose(1, 2)  # [B, Hk, Sk, D], a view
+    for first_row in range(0, seqlen_q, BLOCK_M):
+        rows = slice(first_row, min(first_row + BLOCK_M, seqlen_q))
+        q_blk = q[:, rows].transpose(1, 2).unflatten(1, (num_heads_k, group))  # [B, Hk, G, bm, D]
+        out_blk, lse_blk = _attend_query_block(
+            q_blk, k_heads, v_heads, first_row, seqlen_k - seqlen_q, softmax_scale, causal
+        )
+        out[:, rows] = out_blk.flatten(1, 2).transpose(1, 2)  # cast to q's dtype on copy
+        softmax_lse[:, :, rows] = lse_blk.flatten(1, 2)
+    return out, softmax_lse
+
+
+torch.library.register_fake("flashattn::fwd", _fwd_fake)
+torch.library.impl("flashattn::fwd", "cpu", _fwd_cpu)

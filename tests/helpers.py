@@ -1,0 +1,139 @@
+"""What the tests share: random inputs, poisoned outputs, and the error bound.
+
+The bound (the project's testing rule): our error against an accurate reference may be at
+most twice the error of PyTorch doing the same math in the same low precision,
+plus a tiny epsilon for cases where PyTorch happens to be exact:
+    max|ours - ref| <= 2 * max|torch_same_dtype - ref| + eps
+"""
+
+import contextlib
+import math
+import zlib
+from collections.abc import Iterator
+
+import pytest
+import torch
+from torch import Tensor
+
+from flashattn.interface import _flash_attn_forward
+from flashattn.reference import attention_ref
+
+OUT_EPS = 1e-5
+LSE_EPS = 1e-4
+
+# Parametrize a test with `device` to run it on CPU and, where there is one, on the GPU.
+DEVICES = [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=pytest.mark.gpu)]
+
+
+def case_seed(*params: object) -> int:
+    """A seed derived from a case's parameters: fresh inputs per case, and a failure reproduces."""
+    return zlib.crc32(repr(params).encode())
+
+
+def random_qkv(
+    batch: int,
+    seqlen_q: int,
+    seqlen_k: int,
+    num_heads: int,
+    num_heads_k: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    device: str,
+    seed: int,
+    layout: str = "contiguous",
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Standard normal q (B, Sq, H, D), k and v (B, Sk, Hk, D) in one of these memory layouts:
+
+    contiguous: three separate contiguous tensors.
+    packed: slices of one (B, S, 3, H, D) tensor, as a fused qkv projection makes them.
+    transposed: (B, H, S, D) tensors seen as (B, S, H, D).
+    offset: views starting one element into a (B, S, H, D + 1) tensor: rows that are
+        not 16-byte aligned, which the CUDA path must copy.
+    """
+    gen = torch.Generator(device=device).manual_seed(seed)
+
+    def randn(*shape: int) -> Tensor:
+        return torch.randn(shape, generator=gen, dtype=dtype, device=device)
+
+    if layout == "contiguous":
+        return randn(batch, seqlen_q, num_heads, head_dim), *(
+            randn(batch, seqlen_k, num_heads_k, head_dim) for _ in range(2)
+        )
+    if layout == "packed":
+        packed = randn(batch, max(seqlen_q, seqlen_k), 3, num_heads, head_dim)
+        return (
+            packed[:, :seqlen_q, 0],
+            packed[:, :seqlen_k, 1, :num_heads_k],
+            packed[:, :seqlen_k, 2, :num_heads_k],
+        )
+    if layout == "transposed":
+        return randn(batch, num_heads, seqlen_q, head_dim).transpose(1, 2), *(
+            randn(batch, num_heads_k, seqlen_k, head_dim).transpose(1, 2) for _ in range(2)
+        )
+    if layout == "offset":
+        return randn(batch, seqlen_q, num_heads, head_dim + 1)[..., 1:], *(
+            randn(batch, seqlen_k, num_heads_k, head_dim + 1)[..., 1:] for _ in range(2)
+        )
+    raise ValueError(f"unknown layout {layout!r}")
+
+
+@contextlib.contextmanager
+def poisoned_allocations() -> Iterator[None]:
+    """Every tensor allocated inside starts out NaN, so an output element never written fails.
+
+    The operator allocates its own outputs, so they cannot be filled before the
+    call. Torch's deterministic mode fills each uninitialised allocation with
+    NaN (torch.utils.deterministic.fill_uninitialized_memory), on CPU and CUDA
+    alike and including the C++ binding's at::empty: exactly the op's outputs,
+    unlike pre-filling the allocator's cache, which a fresh allocation may miss.
+    It stays off outside, where the reference's cuBLAS calls would refuse it.
+    """
+    was_on = torch.are_deterministic_algorithms_enabled()
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    fill = torch.utils.deterministic.fill_uninitialized_memory
+    torch.use_deterministic_algorithms(True)
+    torch.utils.deterministic.fill_uninitialized_memory = True
+    try:
+        yield
+    finally:
+        torch.utils.deterministic.fill_uninitialized_memory = fill
+        torch.use_deterministic_algorithms(was_on, warn_only=warn_only)
+
+
+def run_forward(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: bool) -> tuple[Tensor, Tensor]:
+    """Our forward, (out, softmax_lse), with poisoned outputs."""
+    with poisoned_allocations():
+        return _flash_attn_forward(q, k, v, softmax_scale, causal)
+
+
+def max_abs_diff(a: Tensor, b: Tensor) -> float:
+    return (a.double() - b.double()).abs().max().item() if a.numel() else 0.0
+
+
+def assert_matches_reference(
+    out: Tensor, lse: Tensor, q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: bool
+) -> None:
+    """out and lse of our forward on (q, k, v) are within the error bound, with no NaN.
+
+    The accurate reference computes in fp32 (in float64 for fp32 inputs, whose
+    "same precision" PyTorch run is the fp32 reference itself). The LSE's
+    low-precision yardstick is the log-sum-exp of the scores PyTorch computes
+    in the input dtype; -inf (rows that see no key) must sit in the same places.
+    """
+    accurate = (q, k, v) if q.dtype != torch.float32 else (q.double(), k.double(), v.double())
+    out_ref, lse_ref = attention_ref(*accurate, softmax_scale, causal)
+    out_lowp, lse_lowp = attention_ref(q, k, v, softmax_scale, causal, upcast=False)
+    assert out.shape == out_ref.shape and out.dtype == q.dtype, (out.shape, out.dtype)
+    assert lse.shape == lse_ref.shape and lse.dtype == torch.float32, (lse.shape, lse.dtype)
+    assert not out.isnan().any(), "out has NaN: an element was never written, or 0/0"
+    assert not lse.isnan().any(), "softmax_lse has NaN"
+
+    out_err, out_bound = max_abs_diff(out, out_ref), 2 * max_abs_diff(out_lowp, out_ref) + OUT_EPS
+    assert out_err <= out_bound, f"out: max error {out_err:.3g} > bound {out_bound:.3g}"
+
+    assert torch.equal(lse == -math.inf, lse_ref == -math.inf), "softmax_lse: -inf in other places"
+    finite = lse_ref.isfinite()
+    assert lse[finite].isfinite().all(), "softmax_lse: an infinity where the reference is finite"
+    lse_err = max_abs_diff(lse[finite], lse_ref[finite])
+    lse_bound = 2 * max_abs_diff(lse_lowp[finite], lse_ref[finite]) + LSE_EPS
+    assert lse_err <= lse_bound, f"softmax_lse: max error {lse_err:.3g} > bound {lse_bound:.3g}"
