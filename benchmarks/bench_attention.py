@@ -1,0 +1,762 @@
+"""Forward speed of flashattn against PyTorch's SDPA backends and the naive reference.
+
+On a GPU (CUDA available and flashattn's kernels built) it runs the
+FlashAttention sweep: bf16 and fp16, B*S = 16384 tokens, H*D = 2048, head dims
+64/128/256, S from 512 to 16k, causal and not; for each shape it times
+flashattn, SDPA's FLASH_ATTENTION, CUDNN_ATTENTION and EFFICIENT_ATTENTION
+backends and the naive reference (all in this process, on the same tensors),
+and measures the peak memory of one forward for flashattn and the naive
+reference.
+
+On a CPU-only machine it runs a small CPU comparison instead (flashattn's
+blockwise CPU path against the naive reference) and says what it could not run.
+
+Results: results.csv (one row per config x backend) and results.md (header
+with GPU, versions, commit, date; one table per dtype; the memory table) in
+--out, and the Markdown tables printed last on stdout.
+
+Before any timing, each backend's output is compared once against flashattn's
+(max abs diff column), and flashattn's against an fp32 reference on a slice
+of the batch and heads, so that a broken kernel cannot post a fast number: a
+mismatch is shown as such instead of its speed.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import csv
+import datetime as dt
+import gc
+import math
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import time
+import warnings
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+RESULTS_ROOT = REPO_ROOT / "benchmarks" / "results"
+
+GPU_BACKENDS = ("flashattn", "flash", "cudnn", "efficient", "naive")
+CPU_BACKENDS = ("flashattn", "naive")
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+# The sweep of the FlashAttention papers: a fixed token count and model width,
+# so that every row moves the same amount of Q/K/V/O through memory.
+SWEEP_TOKENS = 16384
+SWEEP_MODEL_DIM = 2048
+SWEEP_HEADDIMS = (64, 128, 256)
+SWEEP_SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
+QUICK_HEADDIMS = (64, 128, 256)
+QUICK_SEQLENS = (2048, 8192)
+
+# Peak memory of one forward: the shape of gpu.md's anchor, where the naive
+# reference runs out of memory from S = 16k on an 80 GB card.
+MEMORY_SHAPE = dict(batch=4, heads=32, headdim=64, dtype="fp16", causal=True)
+MEMORY_SEQLENS = (4096, 8192, 16384)
+
+CPU_BATCH, CPU_HEADS, CPU_HEADDIM = 1, 8, 64
+CPU_SEQLENS = (256, 512, 1024, 2048)
+CPU_QUICK_SEQLENS = (256, 512)
+
+# A correct kernel differs from another one by a few roundings of the output;
+# a broken one by O(1). The factor leaves room for different summation orders.
+MISMATCH_EPS_FACTOR = 8
+# The naive reference does the softmax in the input dtype, so it gets more room.
+NAIVE_TOL_FACTOR = 4
+# The fp32 reference check runs on this slice of the batch and heads, so that
+# the reference fits in memory at S = 16k.
+REF_CHECK_BATCH, REF_CHECK_HEADS = 1, 2
+# Bigger than the H100's 50 MB L2: zeroing it evicts the previous call's data.
+L2_FLUSH_BYTES = 256 * 2**20
+REF_SLICE_NAME = f"the fp32 reference on batch[:{REF_CHECK_BATCH}], heads[:{REF_CHECK_HEADS}]"
+
+
+@dataclass
+class Row:
+    kind: str                 # "speed" or "memory"
+    device: str               # "cuda" or "cpu"
+    dtype: str
+    causal: bool
+    batch: int
+    heads: int
+    seqlen: int
+    headdim: int
+    backend: str
+    status: str = "ok"        # ok | n/a | OOM | mismatch | error
+    median_ms: float | None = None
+    tflops: float | None = None
+    max_abs_diff: float | None = None
+    peak_mem_bytes: int | None = None
+    extra_mem_bytes: int | None = None
+    notes: str = ""
+
+
+@dataclass
+class RunInfo:
+    device: str
+    header: dict = field(default_factory=dict)
+    not_run: list = field(default_factory=list)
+
+
+# ----------------------------------------------------------------------------
+# Small helpers
+# ----------------------------------------------------------------------------
+
+def attention_flops(batch, heads, seqlen, headdim, causal):
+    """4*B*H*S*S*D (two GEMMs of 2*S*S*D each), halved for causal (Sq == Sk)."""
+    flops = 4 * batch * heads * seqlen * seqlen * headdim
+    return flops / 2 if causal else flops
+
+
+def short_reason(text, limit=300):
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def git_commit():
+    try:
+        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT,
+                             capture_output=True, text=True, timeout=10)
+        if sha.returncode != 0:
+            return os.environ.get("FLASHATTN_COMMIT", "unknown")
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               cwd=REPO_ROOT, capture_output=True, text=True, timeout=10)
+        suffix = " (+ uncommitted changes)" if dirty.stdout.strip() else ""
+        return sha.stdout.strip() + suffix
+    except (OSError, subprocess.SubprocessError):
+        return os.environ.get("FLASHATTN_COMMIT", "unknown")
+
+
+def slug(name):
+    name = re.sub(r"^nvidia\s+", "", name.strip(), flags=re.IGNORECASE)
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "unknown"
+
+
+def fmt_num(value, digits=1):
+    return "" if value is None else f"{value:.{digits}f}"
+
+
+def fmt_bytes(n):
+    if n is None:
+        return "-"
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
+def progress(items, desc):
+    """A tqdm bar when tqdm is installed and stderr is a terminal, else one
+    printed line per item (a log file keeps them readable)."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        tqdm = None
+    if not sys.stderr.isatty():
+        tqdm = None
+    items = list(items)
+    if tqdm is not None:
+        bar = tqdm(items, desc=desc, file=sys.stderr, dynamic_ncols=True)
+        for item in bar:
+            bar.set_postfix_str(item[0])
+            yield item
+        return
+    for i, item in enumerate(items, 1):
+        print(f"[{desc} {i}/{len(items)}] {item[0]}", file=sys.stderr, flush=True)
+        yield item
+
+
+def max_abs_diff(a, b):
+    return (a.float() - b.float()).abs().max().item()
+
+
+def tolerance(dtype, reference):
+    scale = max(1.0, reference.float().abs().max().item())
+    return MISMATCH_EPS_FACTOR * torch.finfo(dtype).eps * scale
+
+
+def check_output(row, out, reference, what, tol):
+    """Record max|out - reference| in the row; mark it a mismatch past the tolerance."""
+    limit = tol * (NAIVE_TOL_FACTOR if row.backend == "naive" else 1)
+    row.max_abs_diff = max_abs_diff(out, reference)
+    row.notes = f"diff vs {what}"
+    ok = math.isfinite(row.max_abs_diff) and row.max_abs_diff <= limit
+    if not ok:
+        row.status = "mismatch"
+        row.notes = f"max abs diff vs {what} is {row.max_abs_diff:.3g} > tolerance {limit:.3g}"
+    return ok
+
+
+def make_qkv(batch, seqlen, heads, headdim, dtype, device, seed):
+    gen = torch.Generator(device=device).manual_seed(seed)
+    shape = (batch, seqlen, heads, headdim)  # [B, S, H, D], flash_attn_func's layout
+    return [torch.randn(shape, generator=gen, device=device, dtype=dtype) for _ in range(3)]
+
+
+def free_cuda_memory():
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
+# ----------------------------------------------------------------------------
+# Timing
+# ----------------------------------------------------------------------------
+
+def cuda_timer(warmup_ms, rep_ms):
+    """Median milliseconds of fn(): triton's do_bench if importable, else CUDA events."""
+    try:
+        from triton.testing import do_bench
+    except ImportError:
+        do_bench = None
+    if do_bench is not None:
+        def timer(fn):
+            return float(do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
+        return timer, f"triton.testing.do_bench median (warmup {warmup_ms} ms, rep {rep_ms} ms)"
+
+    # Like do_bench: flush L2 before each call, queue every call before waiting,
+    # so neither cached inputs nor launch overhead shape the median.
+    flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.int8, device="cuda")
+
+    def timed_calls(fn, n):
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                  for _ in range(n)]
+        for start, end in events:
+            flush.zero_()
+            start.record()
+            fn()
+            end.record()
+        torch.cuda.synchronize()
+        return [start.elapsed_time(end) for start, end in events]
+
+    def timer(fn):
+        estimate = max(statistics.median(timed_calls(fn, 5)), 1e-3)
+        timed_calls(fn, max(1, int(warmup_ms / estimate)))
+        return statistics.median(timed_calls(fn, max(5, int(rep_ms / estimate))))
+    return timer, f"CUDA events median (warmup {warmup_ms} ms, rep {rep_ms} ms; triton not importable)"
+
+
+def cpu_time(fn, budget_s, min_reps=3, max_reps=7):
+    """Median wall-clock seconds of fn() after one warm-up call."""
+    fn()
+    times = []
+    started = time.perf_counter()
+    while len(times) < max_reps and (len(times) < min_reps or time.perf_counter() - started < budget_s):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+# ----------------------------------------------------------------------------
+# GPU sweep
+# ----------------------------------------------------------------------------
+
+def sdpa_backends():
+    return {"flash": SDPBackend.FLASH_ATTENTION,
+            "cudnn": SDPBackend.CUDNN_ATTENTION,
+            "efficient": SDPBackend.EFFICIENT_ATTENTION}
+
+
+def sdpa_fn(q, k, v, causal, scale):
+    """SDPA wants [B, H, S, D]: transposed views of the same [B, S, H, D] tensors.
+    Its is_causal is top-left aligned, the same as ours only because Sq == Sk here.
+    The backend is chosen by the caller's sdpa_kernel context. The result is a
+    [B, S, H, D] view, like flashattn's output."""
+    qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+    return lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, scale=scale).transpose(1, 2)
+
+
+def call_capturing_warnings(fn):
+    """Run fn; on failure re-raise with SDPA's warnings (which say why a backend
+    refused the inputs) folded into the message."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            return fn()
+        except torch.cuda.OutOfMemoryError:
+            raise
+        except Exception as exc:  # an unsupported backend raises RuntimeError
+            # SDPA warns "<backend> kernel not used because:" and then the reason;
+            # keep the reasons, once each, before the error itself.
+            reasons = dict.fromkeys(" ".join(str(w.message).split()) for w in caught)
+            reasons = [r for r in reasons if r and not r.endswith("because:")]
+            raise RuntimeError("; ".join(reasons + [str(exc)])) from None
+
+
+def gpu_speed_rows(args, timer):
+    from flashattn import flash_attn_func
+    from flashattn.reference import attention_ref
+
+    backends = [b for b in GPU_BACKENDS if b in args.backends]
+    sdpa = sdpa_backends()
+    configs = [(f"{dtype} causal={causal} D={d} S={s}", dtype, causal, d, s)
+               for dtype in args.dtypes for causal in args.causal
+               for d in args.headdims for s in args.seqlens]
+    rows = []
+    for _, dtype_name, causal, headdim, seqlen in progress(configs, "gpu sweep"):
+        dtype = DTYPES[dtype_name]
+        batch = max(1, args.tokens // seqlen)
+        heads = max(1, args.model_dim // headdim)
+        scale = 1.0 / math.sqrt(headdim)
+        flops = attention_flops(batch, heads, seqlen, headdim, causal)
+        free_cuda_memory()
+        q, k, v = make_qkv(batch, seqlen, heads, headdim, dtype, "cuda", seed=seqlen + headdim)
+
+        # fp32 reference on a slice, to check flashattn itself.
+        sl = (slice(0, REF_CHECK_BATCH), slice(None), slice(0, REF_CHECK_HEADS))
+        ref_slice, _ = attention_ref(q[sl], k[sl], v[sl], softmax_scale=scale, causal=causal, upcast=True)
+        tol = tolerance(dtype, ref_slice)
+
+        fns = {
+            "flashattn": lambda: flash_attn_func(q, k, v, softmax_scale=scale, causal=causal),
+            "naive": lambda: attention_ref(q, k, v, softmax_scale=scale, causal=causal, upcast=False)[0],
+        }
+        # Each backend runs, checked and timed, inside its context: SDPA's
+        # backend choice stays out of the timed calls.
+        contexts = dict.fromkeys(fns, contextlib.nullcontext)
+        for name, backend in sdpa.items():
+            fns[name] = sdpa_fn(q, k, v, causal, scale)
+            contexts[name] = lambda backend=backend: sdpa_kernel(backend)
+
+        anchor = None  # flashattn's full output, once it passed the fp32 check
+        for name in backends:
+            row = Row("speed", "cuda", dtype_name, causal, batch, heads, seqlen, headdim, name)
+            rows.append(row)
+            try:
+                with contexts[name]():
+                    out = call_capturing_warnings(fns[name])
+                if anchor is not None:
+                    ok = check_output(row, out, anchor, "flashattn's output", tol)
+                else:
+                    ok = check_output(row, out[sl], ref_slice, REF_SLICE_NAME, tol)
+                if name == "flashattn" and ok:
+                    anchor = out
+                del out
+            except torch.cuda.OutOfMemoryError:
+                row.status = "OOM"
+            except Exception as exc:
+                row.status = "error" if name == "flashattn" else "n/a"
+                row.notes = short_reason(exc)
+            free_cuda_memory()
+            if row.status in ("ok", "mismatch"):
+                fn = fns[name]
+                try:
+                    with contexts[name]():
+                        row.median_ms = call_capturing_warnings(lambda: timer(fn))
+                    row.tflops = flops / (row.median_ms * 1e-3) / 1e12
+                except torch.cuda.OutOfMemoryError:
+                    row.status = "OOM"
+                except Exception as exc:
+                    row.status, row.notes = "error", short_reason(f"while timing: {exc}")
+                free_cuda_memory()
+        del q, k, v, anchor, ref_slice
+    return rows
+
+
+def gpu_memory_rows(args):
+    from flashattn import flash_attn_func
+    from flashattn.reference import attention_ref
+
+    shape = MEMORY_SHAPE
+    dtype = DTYPES[shape["dtype"]]
+    fns = {
+        "flashattn": lambda q, k, v: flash_attn_func(q, k, v, causal=shape["causal"]),
+        "naive": lambda q, k, v: attention_ref(q, k, v, causal=shape["causal"], upcast=False)[0],
+    }
+    configs = [(f"memory {name} S={s}", name, s) for s in args.memory_seqlens
+               for name in ("flashattn", "naive") if name in args.backends]
+    rows = []
+    for _, name, seqlen in progress(configs, "peak memory"):
+        row = Row("memory", "cuda", shape["dtype"], shape["causal"], shape["batch"],
+                  shape["heads"], seqlen, shape["headdim"], name)
+        rows.append(row)
+        free_cuda_memory()
+        q, k, v = make_qkv(shape["batch"], seqlen, shape["heads"], shape["headdim"], dtype, "cuda", seed=seqlen)
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        try:
+            out = fns[name](q, k, v)
+            torch.cuda.synchronize()
+            row.peak_mem_bytes = torch.cuda.max_memory_allocated()
+            row.extra_mem_bytes = row.peak_mem_bytes - base
+            row.notes = f"inputs q, k, v: {fmt_bytes(base)}"
+            del out
+        except torch.cuda.OutOfMemoryError:
+            row.status = "OOM"
+        except Exception as exc:
+            row.status, row.notes = "error", short_reason(exc)
+        del q, k, v
+        free_cuda_memory()
+    return rows
+
+
+def gpu_header(timing):
+    props = torch.cuda.get_device_properties(0)
+    try:
+        import triton
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = "not installed"
+    return {
+        "GPU": props.name,
+        "SMs": props.multi_processor_count,
+        "torch": torch.__version__,
+        "CUDA": torch.version.cuda,
+        "triton": triton_version,
+        "flashattn build": build_info(),
+        "python": platform.python_version(),
+        "git commit": git_commit(),
+        "date (UTC)": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M"),
+        "timing": timing,
+    }
+
+
+def build_info():
+    try:
+        from flashattn import _build_info as info
+        return f"arch list {getattr(info, 'ARCH_LIST', None)}, CUDA {getattr(info, 'CUDA_VERSION', None)}"
+    except ImportError:
+        return "unknown"
+
+
+# ----------------------------------------------------------------------------
+# CPU comparison
+# ----------------------------------------------------------------------------
+
+def cpu_rows(args):
+    from flashattn import flash_attn_func
+    from flashattn.reference import attention_ref
+
+    configs = [(f"cpu {dtype} causal={causal} D={d} S={s}", dtype, causal, d, s)
+               for dtype in args.dtypes for causal in args.causal
+               for d in args.headdims for s in args.seqlens]
+    rows = []
+    for _, dtype_name, causal, headdim, seqlen in progress(configs, "cpu run"):
+        dtype = DTYPES[dtype_name]
+        batch, heads = CPU_BATCH, CPU_HEADS
+        scale = 1.0 / math.sqrt(headdim)
+        flops = attention_flops(batch, heads, seqlen, headdim, causal)
+        q, k, v = make_qkv(batch, seqlen, heads, headdim, dtype, "cpu", seed=seqlen + headdim)
+        ref32, _ = attention_ref(q, k, v, softmax_scale=scale, causal=causal, upcast=True)
+        tol = tolerance(dtype, ref32)
+        fns = {
+            "flashattn": lambda: flash_attn_func(q, k, v, softmax_scale=scale, causal=causal),
+            "naive": lambda: attention_ref(q, k, v, softmax_scale=scale, causal=causal, upcast=False)[0],
+        }
+        for name in (b for b in CPU_BACKENDS if b in args.backends):
+            row = Row("speed", "cpu", dtype_name, causal, batch, heads, seqlen, headdim, name)
+            rows.append(row)
+            try:
+                check_output(row, fns[name](), ref32, "the fp32 reference", tol)
+                row.median_ms = cpu_time(fns[name], args.cpu_budget) * 1e3
+                row.tflops = flops / (row.median_ms * 1e-3) / 1e12
+            except Exception as exc:
+                row.status, row.notes = "error", short_reason(exc)
+    # Analytic size of the largest score intermediate, counted in fp32 (torch
+    # has no CPU peak-memory counter): flashattn's CPU path holds one block of
+    # scores per (batch, head) at a time, the naive reference all of them.
+    from flashattn.ops import BLOCK_M, BLOCK_N
+    for seqlen in args.seqlens:
+        block_m, block_n = min(BLOCK_M, seqlen), min(BLOCK_N, seqlen)
+        sizes = {"flashattn": (CPU_BATCH * CPU_HEADS * block_m * block_n * 4,
+                               f"analytic: one {block_m}x{block_n} fp32 score block per (batch, head)"),
+                 "naive": (CPU_BATCH * CPU_HEADS * seqlen * seqlen * 4,
+                           f"analytic: the full {seqlen}x{seqlen} fp32 score matrix per (batch, head)")}
+        for name, (size, note) in sizes.items():
+            if name in args.backends:
+                rows.append(Row("memory", "cpu", "fp32", False, CPU_BATCH, CPU_HEADS, seqlen,
+                                args.headdims[0], name, peak_mem_bytes=size, notes=note))
+    return rows
+
+
+def cpu_header(reason):
+    return {
+        "device": f"CPU: {platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads",
+        "torch": torch.__version__,
+        "CUDA": f"{torch.version.cuda} (torch build; {reason})",
+        "flashattn build": build_info(),
+        "python": platform.python_version(),
+        "git commit": git_commit(),
+        "date (UTC)": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M"),
+        "timing": "time.perf_counter, median of 3-7 calls after one warm-up",
+    }
+
+
+CPU_NOT_RUN = [
+    "the TFLOP/s sweep of flashattn's CUDA kernels (bf16/fp16, B*S = 16k tokens, H*D = 2048, S 512..16k)",
+    "the SDPA baselines: FLASH_ATTENTION, CUDNN_ATTENTION, EFFICIENT_ATTENTION",
+    "the measured peak CUDA memory of one forward (flashattn vs naive, B=4 H=32 D=64 fp16 causal)",
+]
+
+
+# ----------------------------------------------------------------------------
+# Output
+# ----------------------------------------------------------------------------
+
+def write_csv(rows, path):
+    names = [f.name for f in fields(Row)]
+    with open(path, "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=names)
+        writer.writeheader()
+        for row in rows:
+            record = {n: getattr(row, n) for n in names}
+            for key in ("median_ms", "tflops"):
+                if record[key] is not None:
+                    record[key] = f"{record[key]:.4f}"
+            if record["max_abs_diff"] is not None:
+                record["max_abs_diff"] = f"{record['max_abs_diff']:.3e}"
+            writer.writerow(record)
+
+
+def speed_cell(row, unit_scale=1.0):
+    if row is None:
+        return "-"
+    if row.status in ("ok",):
+        return fmt_num(row.tflops * unit_scale)
+    if row.status == "mismatch":
+        return "mismatch"
+    return row.status
+
+
+def ratio_cell(num, den):
+    if num is None or den is None or num.status != "ok" or den.status != "ok":
+        return "-"
+    return f"{num.tflops / den.tflops:.2f}"
+
+
+def speed_tables(rows, device):
+    speed = [r for r in rows if r.kind == "speed"]
+    lines = []
+    backends = GPU_BACKENDS if device == "cuda" else CPU_BACKENDS
+    present = [b for b in backends if any(r.backend == b for r in speed)]
+    unit, scale = ("TFLOP/s", 1.0) if device == "cuda" else ("GFLOP/s", 1e3)
+    for dtype in dict.fromkeys(r.dtype for r in speed):
+        by_config = {}
+        for r in speed:
+            if r.dtype == dtype:
+                by_config.setdefault((r.causal, r.headdim, r.seqlen), {})[r.backend] = r
+        head = ["causal", "D", "S", "B x H"] + [f"{b}" for b in present]
+        if device == "cuda":
+            head += ["flashattn/flash", "flashattn/cudnn"]
+        else:
+            head += ["flashattn ms", "naive ms"]
+        lines += [f"### {dtype} forward, {unit}", "", "| " + " | ".join(head) + " |",
+                  "|" + "---|" * len(head)]
+        for (causal, d, s), cells in sorted(by_config.items()):
+            any_row = next(iter(cells.values()))
+            line = [str(causal).lower(), str(d), str(s), f"{any_row.batch} x {any_row.heads}"]
+            line += [speed_cell(cells.get(b), scale) for b in present]
+            if device == "cuda":
+                fa = cells.get("flashattn")
+                line += [ratio_cell(fa, cells.get("flash")), ratio_cell(fa, cells.get("cudnn"))]
+            else:
+                line += [fmt_num(cells[b].median_ms, 2) if b in cells and cells[b].median_ms else "-"
+                         for b in ("flashattn", "naive")]
+            lines.append("| " + " | ".join(line) + " |")
+        lines.append("")
+    return lines
+
+
+def memory_table(rows, device):
+    mem = [r for r in rows if r.kind == "memory"]
+    if not mem:
+        return []
+    by_seqlen = {}
+    for r in mem:
+        by_seqlen.setdefault(r.seqlen, {})[r.backend] = r
+    first = mem[0]
+    if device == "cuda":
+        lines = [f"### Peak memory of one forward (B={first.batch}, H={first.heads}, D={first.headdim}, "
+                 f"{first.dtype}, causal): torch.cuda.max_memory_allocated after reset; "
+                 "'extra' is the peak above the inputs q, k, v", "",
+                 "| S | inputs q+k+v | flashattn extra | flashattn peak | naive extra | naive peak |",
+                 "|---|---|---|---|---|---|"]
+        for s, cells in sorted(by_seqlen.items()):
+            line = [str(s)]
+            inputs = 3 * first.batch * first.heads * s * first.headdim * torch.finfo(DTYPES[first.dtype]).bits // 8
+            line.append(fmt_bytes(inputs))
+            for b in ("flashattn", "naive"):
+                r = cells.get(b)
+                if r is None:
+                    line += ["-", "-"]
+                elif r.status != "ok":
+                    line += [r.status, r.status]
+                else:
+                    line += [fmt_bytes(r.extra_mem_bytes), fmt_bytes(r.peak_mem_bytes)]
+            lines.append("| " + " | ".join(line) + " |")
+    else:
+        lines = [f"### Largest score intermediate (B={first.batch}, H={first.heads}): analytic, not measured "
+                 "(torch has no CPU peak-memory counter); fp32 scores", "",
+                 "| S | flashattn (one block per batch x head) | naive (full S x S) |", "|---|---|---|"]
+        for s, cells in sorted(by_seqlen.items()):
+            line = [str(s)] + [fmt_bytes(cells[b].peak_mem_bytes) if b in cells else "-"
+                               for b in ("flashattn", "naive")]
+            lines.append("| " + " | ".join(line) + " |")
+    return lines + [""]
+
+
+def notes_lines(rows):
+    """Distinct reasons for n/a, errors and mismatches, so the tables stay narrow."""
+    seen = {}
+    for r in rows:
+        if r.status in ("n/a", "error", "mismatch") and r.notes:
+            # Group notes that differ only in their numbers; show the first one.
+            key = (r.backend, r.status, re.sub(r"[-+.\deE]*\d", "#", r.notes))
+            where = f"{r.dtype} causal={str(r.causal).lower()} D={r.headdim} S={r.seqlen}"
+            seen.setdefault(key, (r.notes, []))[1].append(where)
+    if not seen:
+        return []
+    lines = ["### Notes", ""]
+    for (backend, status, _), (note, where) in seen.items():
+        shown = ", ".join(where[:4]) + (f" and {len(where) - 4} more" if len(where) > 4 else "")
+        lines.append(f"- {backend} {status} ({shown}): {note}")
+    return lines + [""]
+
+
+def markdown(run, rows):
+    title = "flashattn forward benchmark" + (" (CPU run)" if run.device == "cpu" else "")
+    lines = [f"# {title}", ""]
+    lines += [f"- {key}: {value}" for key, value in run.header.items()]
+    lines.append("")
+    if run.not_run:
+        lines += ["**CPU run: no GPU here. Not run (they need a GPU with flashattn's CUDA kernels built):**", ""]
+        lines += [f"- {item}" for item in run.not_run]
+        lines.append("")
+    lines += ["Cells: speed, or `n/a` (backend refused the shape; see Notes), `OOM`, "
+              "`mismatch` (output differs from flashattn's / the fp32 reference: speed withheld, see CSV), "
+              "`error`. Max abs diffs are in results.csv.", ""]
+    lines += speed_tables(rows, run.device)
+    lines += memory_table(rows, run.device)
+    lines += notes_lines(rows)
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------
+# CLI
+# ----------------------------------------------------------------------------
+
+def parse_list(text, cast=str):
+    return [cast(x) for x in text.replace(" ", "").split(",") if x]
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="Defaults follow the device: the full GPU sweep on a GPU, "
+                                       "a small CPU comparison otherwise. The git commit is read with git; "
+                                       "where the tree is no git checkout, FLASHATTN_COMMIT is used.")
+    p.add_argument("--out", type=Path, default=None,
+                   help="output folder (default benchmarks/results/<YYYY-MM-DD>-<gpu-slug>)")
+    p.add_argument("--quick", action="store_true",
+                   help="a small subset: GPU bf16, D 64/128/256, S 2048/8192; CPU S 256/512")
+    p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
+                   help="auto: cuda when a GPU and flashattn's kernels are there, else cpu")
+    p.add_argument("--dtypes", type=lambda s: parse_list(s), default=None,
+                   help="comma list of bf16,fp16 (GPU) or fp32,bf16 (CPU)")
+    p.add_argument("--headdims", type=lambda s: parse_list(s, int), default=None)
+    p.add_argument("--seqlens", type=lambda s: parse_list(s, int), default=None)
+    p.add_argument("--causal", choices=("both", "true", "false"), default="both")
+    p.add_argument("--backends", type=lambda s: parse_list(s), default=None,
+                   help=f"comma list out of {','.join(GPU_BACKENDS)} (default: all)")
+    p.add_argument("--tokens", type=int, default=SWEEP_TOKENS, help="B*S of each GPU config")
+    p.add_argument("--model-dim", type=int, default=SWEEP_MODEL_DIM, help="H*D of each GPU config")
+    p.add_argument("--memory-seqlens", type=lambda s: parse_list(s, int), default=list(MEMORY_SEQLENS),
+                   help="sequence lengths of the peak-memory table ('' to skip it)")
+    p.add_argument("--warmup", type=float, default=25, help="do_bench warm-up, ms")
+    p.add_argument("--rep", type=float, default=100, help="do_bench repetition time, ms")
+    p.add_argument("--cpu-budget", type=float, default=0.5,
+                   help="CPU run: seconds of timed repeats per measurement (3 calls at least)")
+    args = p.parse_args(argv)
+    args.causal = {"both": [False, True], "true": [True], "false": [False]}[args.causal]
+    args.backends = args.backends or list(GPU_BACKENDS)
+    unknown = set(args.backends) - set(GPU_BACKENDS)
+    if unknown:
+        p.error(f"--backends: unknown {sorted(unknown)}; accepted: {', '.join(GPU_BACKENDS)}")
+    if args.dtypes:
+        unknown = set(args.dtypes) - set(DTYPES)
+        if unknown:
+            p.error(f"--dtypes: unknown {sorted(unknown)}; accepted: {', '.join(DTYPES)}")
+    return args
+
+
+def pick_device(requested):
+    """('cuda' | 'cpu', why not cuda)."""
+    from flashattn import _extension
+    has_kernels = bool(getattr(_extension, "HAS_CUDA_KERNELS", False))
+    has_gpu = torch.cuda.is_available()
+    if requested == "cpu":
+        return "cpu", "CPU run requested with --device cpu"
+    if has_gpu and has_kernels:
+        return "cuda", ""
+    if has_gpu:
+        sys.exit("bench_attention.py: a GPU is present but flashattn's CUDA kernels were not built "
+                 "(flashattn._extension.HAS_CUDA_KERNELS is False). Build them with "
+                 "`bash scripts/env.sh` (or pip install --no-build-isolation --no-deps -e .), "
+                 "or pass --device cpu for the CPU comparison.")
+    if requested == "cuda":
+        sys.exit("bench_attention.py: --device cuda, but torch sees no CUDA GPU here.")
+    return "cpu", "no CUDA GPU visible to torch"
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    device, why_cpu = pick_device(args.device)
+    if device == "cuda":
+        args.dtypes = args.dtypes or (["bf16"] if args.quick else ["bf16", "fp16"])
+        args.headdims = args.headdims or list(QUICK_HEADDIMS if args.quick else SWEEP_HEADDIMS)
+        args.seqlens = args.seqlens or list(QUICK_SEQLENS if args.quick else SWEEP_SEQLENS)
+        bad = [d for d in args.dtypes if d not in ("bf16", "fp16")]
+        if bad:
+            sys.exit(f"bench_attention.py: --dtypes {bad} not benchmarked on the GPU; accepted: bf16, fp16")
+        timer, timing = cuda_timer(args.warmup, args.rep)
+        run = RunInfo("cuda", gpu_header(timing))
+        device_slug = slug(run.header["GPU"])
+    else:
+        args.dtypes = args.dtypes or ["fp32", "bf16"]
+        args.headdims = args.headdims or [CPU_HEADDIM]
+        args.seqlens = args.seqlens or list(CPU_QUICK_SEQLENS if args.quick else CPU_SEQLENS)
+        run = RunInfo("cpu", cpu_header(why_cpu), list(CPU_NOT_RUN))
+        device_slug = "cpu"
+        print(f"bench_attention.py: {why_cpu}: running the small CPU comparison "
+              "(flashattn's CPU path vs the naive reference). Not run, needs a GPU:", flush=True)
+        for item in CPU_NOT_RUN:
+            print(f"  - {item}", flush=True)
+
+    out_dir = args.out or RESULTS_ROOT / f"{dt.datetime.now(dt.timezone.utc):%Y-%m-%d}-{device_slug}"
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    started = time.perf_counter()
+    if device == "cuda":
+        rows = gpu_speed_rows(args, timer)
+        if args.memory_seqlens:
+            rows += gpu_memory_rows(args)
+    else:
+        rows = cpu_rows(args)
+    run.header["wall time"] = f"{time.perf_counter() - started:.0f} s"
+
+    write_csv(rows, out_dir / "results.csv")
+    text = markdown(run, rows)
+    (out_dir / "results.md").write_text(text + "\n")
+    print()
+    print(text)
+    print(f"Wrote {out_dir / 'results.csv'} and {out_dir / 'results.md'}")
+    failed = [r for r in rows if r.backend == "flashattn" and r.status in ("error", "mismatch")]
+    if failed:
+        print(f"WARNING: flashattn failed or mismatched on {len(failed)} config(s); see Notes above.")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
