@@ -34,35 +34,54 @@ struct OnlineSoftmax {
     template <int kNTilesS, int kNTilesO>
     __device__ __forceinline__ void update(float (&s)[kMTiles][kNTilesS][4],
                                            float (&o)[kMTiles][kNTilesO][4], float scale_log2) {
+        float offset[kRows];      // m_new * scale_log2, the exponent subtracted from every score
+        float correction[kRows];  // exp(m_old - m_new): 1 exactly when the max did not move
+        bool max_moved = false;
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
             for (int half = 0; half < 2; ++half) {
                 const int r = mt * 2 + half;
-                float tile_max = row_max[r];
+                float m_new = row_max[r];
 #pragma unroll
                 for (int j = 0; j < kNTilesS; ++j) {
-                    tile_max = fmaxf(tile_max, fmaxf(s[mt][j][2 * half], s[mt][j][2 * half + 1]));
+                    m_new = fmaxf(m_new, fmaxf(s[mt][j][2 * half], s[mt][j][2 * half + 1]));
                 }
-                tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
-                tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+                m_new = fmaxf(m_new, __shfl_xor_sync(0xffffffffu, m_new, 1));
+                m_new = fmaxf(m_new, __shfl_xor_sync(0xffffffffu, m_new, 2));
                 // A row that has seen only masked keys keeps max = -inf; subtracting 0
                 // instead keeps exp2(-inf - offset) = 0 rather than exp2(-inf + inf) = NaN.
-                const float offset = (tile_max == -INFINITY) ? 0.f : tile_max * scale_log2;
-                const float correction = exp2_approx(row_max[r] * scale_log2 - offset);
-                row_max[r] = tile_max;
-                row_sum[r] *= correction;
+                offset[r] = (m_new == -INFINITY) ? 0.f : m_new * scale_log2;
+                correction[r] = exp2_approx(row_max[r] * scale_log2 - offset[r]);
+                max_moved |= m_new != row_max[r];
+                row_max[r] = m_new;
+                row_sum[r] *= correction[r];
+            }
+        }
+        // Late in the key loop most tiles leave every row max of the warp where it
+        // was; then every correction is exactly 1 and the kNTilesO * 4 multiplies
+        // per row pair are skipped (a warp-uniform branch, so no divergence).
+        if (__any_sync(0xffffffffu, max_moved)) {
+#pragma unroll
+            for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
                 for (int j = 0; j < kNTilesO; ++j) {
-                    o[mt][j][2 * half] *= correction;
-                    o[mt][j][2 * half + 1] *= correction;
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) o[mt][j][e] *= correction[mt * 2 + e / 2];
                 }
+            }
+        }
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+                const int r = mt * 2 + half;
                 float sum = 0.f;
 #pragma unroll
                 for (int j = 0; j < kNTilesS; ++j) {
 #pragma unroll
                     for (int e = 0; e < 2; ++e) {
-                        const float p = exp2_approx(fmaf(s[mt][j][2 * half + e], scale_log2, -offset));
+                        const float p = exp2_approx(fmaf(s[mt][j][2 * half + e], scale_log2, -offset[r]));
                         s[mt][j][2 * half + e] = p;
                         sum += p;
                     }
