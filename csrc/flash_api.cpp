@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 
@@ -20,6 +21,26 @@ namespace {
 
 constexpr int64_t kAlignElems = 8;  // the kernels move 16-byte chunks of 16-bit elements
 
+// Error messages are assembled from strings only. Streaming a number into the
+// message (c10::str / operator<< of an int or an IntArrayRef, instantiated in
+// this library) segfaulted on the H100 machine inside ostream::_M_insert<long>,
+// reaching a foreign locale facet: the compiler that builds the extension and
+// the libstdc++ that torch's process loads disagree. std::to_string and
+// snprintf use no facet.
+std::string str(int64_t value) { return std::to_string(value); }
+
+std::string str_real(double value) {
+    char buf[32];
+    std::snprintf(buf, sizeof(buf), "%g", value);
+    return buf;
+}
+
+std::string str(c10::IntArrayRef values) {
+    std::string out = "(";
+    for (size_t i = 0; i < values.size(); ++i) out += (i ? ", " : "") + std::to_string(values[i]);
+    return out + (values.size() == 1 ? ",)" : ")");
+}
+
 // Refuses GPUs older than sm_80 (the kernels use Ampere instructions) and
 // returns the shared memory a block may opt into. FLASHATTN_MAX_SMEM_PER_BLOCK
 // (bytes) lowers that limit, so the tests can run the configs that GPUs with
@@ -28,8 +49,8 @@ int check_device(int device) {
     int major = 0, minor = 0, smem = 0;
     C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
     C10_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-    TORCH_CHECK(major >= 8, "flashattn: needs a GPU of compute capability 8.0 (Ampere) or newer; cuda:", device,
-                " is ", major, ".", minor);
+    TORCH_CHECK(major >= 8, "flashattn: needs a GPU of compute capability 8.0 (Ampere) or newer; cuda:", str(device),
+                " is ", str(major), ".", str(minor));
     C10_CUDA_CHECK(cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
     static const int smem_cap = [] {
         const char* env = std::getenv("FLASHATTN_MAX_SMEM_PER_BLOCK");
@@ -39,20 +60,20 @@ int check_device(int device) {
 }
 
 void check_input(const at::Tensor& t, const char* name, const at::Tensor& q) {
-    TORCH_CHECK(t.is_cuda(), "flashattn: ", name, " must be a CUDA tensor (got device ", t.device(), ")");
-    TORCH_CHECK(t.device() == q.device(), "flashattn: ", name, " is on ", t.device(), " but q is on ",
-                q.device(), "; all inputs must be on one device");
+    TORCH_CHECK(t.is_cuda(), "flashattn: ", name, " must be a CUDA tensor (got device ", t.device().str(), ")");
+    TORCH_CHECK(t.device() == q.device(), "flashattn: ", name, " is on ", t.device().str(), " but q is on ",
+                q.device().str(), "; all inputs must be on one device");
     TORCH_CHECK(t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16, "flashattn: ", name,
                 " must be float16 or bfloat16 (got ", t.scalar_type(), ")");
     TORCH_CHECK(t.scalar_type() == q.scalar_type(), "flashattn: ", name, " has dtype ", t.scalar_type(),
                 " but q has ", q.scalar_type(), "; q, k and v must share a dtype");
     TORCH_CHECK(t.dim() == 4, "flashattn: ", name, " must be 4-D (batch, seqlen, heads, head_dim), got ",
-                t.dim(), "-D of shape ", t.sizes());
+                str(t.dim()), "-D of shape ", str(t.sizes()));
     TORCH_CHECK(t.stride(-1) == 1, "flashattn: the last dimension of ", name,
-                " must be contiguous (stride 1, got ", t.stride(-1), "); call .contiguous()");
+                " must be contiguous (stride 1, got ", str(t.stride(-1)), "); call .contiguous()");
     for (int d = 0; d < 3; ++d) {
         TORCH_CHECK(t.size(d) <= 1 || t.stride(d) % kAlignElems == 0, "flashattn: ", name, " stride ",
-                    t.strides(), " must be a multiple of ", kAlignElems,
+                    str(t.strides()), " must be a multiple of ", str(kAlignElems),
                     " elements in every dimension but the last (flash_attn_func copies such inputs)");
     }
     TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0 || t.numel() == 0, "flashattn: ", name,
@@ -68,21 +89,21 @@ std::tuple<at::Tensor, at::Tensor> mha_fwd(const at::Tensor& q,  // [B, Sq, H, D
     check_input(v, "v", q);
     const int64_t batch = q.size(0), seqlen_q = q.size(1), num_heads = q.size(2), head_dim = q.size(3);
     const int64_t seqlen_k = k.size(1), num_heads_k = k.size(2);
-    TORCH_CHECK(k.size(0) == batch && v.size(0) == batch, "flashattn: batch sizes differ: q ", q.sizes(),
-                ", k ", k.sizes(), ", v ", v.sizes());
-    TORCH_CHECK(k.sizes() == v.sizes(), "flashattn: k ", k.sizes(), " and v ", v.sizes(),
+    TORCH_CHECK(k.size(0) == batch && v.size(0) == batch, "flashattn: batch sizes differ: q ", str(q.sizes()),
+                ", k ", str(k.sizes()), ", v ", str(v.sizes()));
+    TORCH_CHECK(k.sizes() == v.sizes(), "flashattn: k ", str(k.sizes()), " and v ", str(v.sizes()),
                 " must have the same shape");
-    TORCH_CHECK(k.size(3) == head_dim, "flashattn: head_dim of q (", head_dim, ") and k/v (", k.size(3),
+    TORCH_CHECK(k.size(3) == head_dim, "flashattn: head_dim of q (", str(head_dim), ") and k/v (", str(k.size(3)),
                 ") must match");
-    TORCH_CHECK(head_dim <= flash::kMaxHeadDim, "flashattn: head_dim ", head_dim,
-                " is not supported; the maximum is ", flash::kMaxHeadDim);
+    TORCH_CHECK(head_dim <= flash::kMaxHeadDim, "flashattn: head_dim ", str(head_dim),
+                " is not supported; the maximum is ", str(flash::kMaxHeadDim));
     TORCH_CHECK(head_dim % kAlignElems == 0, "flashattn: the kernel needs head_dim to be a multiple of ",
-                kAlignElems, " (got ", head_dim, "); flash_attn_func pads it for you");
+                str(kAlignElems), " (got ", str(head_dim), "); flash_attn_func pads it for you");
     TORCH_CHECK(num_heads_k > 0 && num_heads % num_heads_k == 0, "flashattn: the number of query heads (",
-                num_heads, ") must be a multiple of the number of key/value heads (", num_heads_k, ")");
+                str(num_heads), ") must be a multiple of the number of key/value heads (", str(num_heads_k), ")");
     TORCH_CHECK(std::isfinite(softmax_scale) && softmax_scale > 0, "flashattn: softmax_scale must be a ",
-                "positive finite number (got ", softmax_scale, ")");
-    TORCH_CHECK(batch <= 65535 && num_heads <= 65535, "flashattn: batch (", batch, ") and heads (", num_heads,
+                "positive finite number (got ", str_real(softmax_scale), ")");
+    TORCH_CHECK(batch <= 65535 && num_heads <= 65535, "flashattn: batch (", str(batch), ") and heads (", str(num_heads),
                 ") must each be at most 65535");
     TORCH_CHECK(seqlen_q <= INT32_MAX && seqlen_k <= INT32_MAX, "flashattn: sequence lengths must fit in int32");
 
@@ -119,9 +140,9 @@ std::tuple<at::Tensor, at::Tensor> mha_fwd(const at::Tensor& q,  // [B, Sq, H, D
     params.max_smem_per_block = max_smem_per_block;
 
     const cudaError_t err = flash::run_fwd(params, c10::cuda::getCurrentCUDAStream().stream());
-    TORCH_CHECK(err == cudaSuccess, "flashattn: forward kernel (head_dim ", flash::fwd_kernel_head_dim(head_dim),
+    TORCH_CHECK(err == cudaSuccess, "flashattn: forward kernel (head_dim ", str(flash::fwd_kernel_head_dim(head_dim)),
                 ", ", q.scalar_type(), causal ? ", causal" : "", ") failed to launch: ", cudaGetErrorString(err),
-                " (the device allows ", max_smem_per_block, " bytes of shared memory per block)");
+                " (the device allows ", str(max_smem_per_block), " bytes of shared memory per block)");
     return {out, lse};
 }
 

@@ -134,7 +134,7 @@ elif [ "$sanitize" -eq 1 ]; then
     } >"$outdir/sanitize.log" 2>&1
     sanitize_rc=$?
     tail -n 6 "$outdir/sanitize.log"
-    sanitize_summary="$(grep -c 'ERROR SUMMARY: 0 errors' "$outdir/sanitize.log") clean runs of 2, exit $sanitize_rc, $((SECONDS - sanitize_started)) s"
+    sanitize_summary="$(grep -cE 'ERROR SUMMARY: 0 errors|RACECHECK SUMMARY: 0 hazards' "$outdir/sanitize.log") clean runs of 2 (memcheck, racecheck), exit $sanitize_rc, $((SECONDS - sanitize_started)) s"
 fi
 
 # ---- benchmark ----------------------------------------------------------------

@@ -317,3 +317,47 @@ def test_extension_that_fails_to_load_is_reported(monkeypatch):
     ) as info:
         _extension._load_extension()
     assert info.value.__cause__ is undefined
+
+
+def _binding_cases():
+    """(label, make(q, k, v) -> op args, message fragment) for the C++ binding's own checks.
+
+    flash_attn_func stops bad input before it reaches the binding; calling the
+    operator directly exercises the binding's messages (numbers and shapes in
+    them included) on the device."""
+
+    def args(q, k, v, scale=0.125, causal=False):
+        return (q, k, v, scale, causal)
+
+    return [
+        ("fp32", lambda q, k, v: args(q.float(), k.float(), v.float()), "q must be float16 or bfloat16"),
+        ("dtype mix", lambda q, k, v: args(q, k.bfloat16(), v), "k has dtype"),
+        ("3-D q", lambda q, k, v: args(q[0], k, v), "q must be 4-D"),
+        ("last dim strided", lambda q, k, v: args(q, k.transpose(1, 3).contiguous().transpose(1, 3), v),
+         "last dimension of k must be contiguous"),
+        ("row stride", lambda q, k, v: args(q, torch.cat([k, k[..., :1]], -1)[..., :64], v),
+         "k stride"),
+        ("kv shapes", lambda q, k, v: args(q, k, v[:, :-1]), "k (2, 40, 2, 64) and v (2, 39, 2, 64)"),
+        ("batch", lambda q, k, v: args(q, k[:1], v[:1]), "batch sizes differ"),
+        ("head dim %8", lambda q, k, v: args(q[..., :60], k[..., :60], v[..., :60]),
+         "multiple of 8 (got 60)"),
+        ("heads", lambda q, k, v: args(q[:, :, :3], k, v), "query heads (3) must be a multiple"),
+        ("scale", lambda q, k, v: args(q, k, v, scale=-1.0), "softmax_scale must be a positive finite number"),
+    ]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("label, make, match", _binding_cases(), ids=[c[0] for c in _binding_cases()])
+def test_binding_rejects_bad_input(label, make, match):
+    q = torch.randn(2, 30, 4, 64, device="cuda", dtype=torch.float16)
+    k = torch.randn(2, 40, 2, 64, device="cuda", dtype=torch.float16)
+    v = torch.randn(2, 40, 2, 64, device="cuda", dtype=torch.float16)
+    with pytest.raises(RuntimeError, match=re.escape(match)):
+        torch.ops.flashattn.fwd(*make(q, k, v))
+
+
+@pytest.mark.gpu
+def test_binding_rejects_head_dim_over_256():
+    q = torch.randn(1, 8, 2, 264, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match=re.escape("head_dim 264 is not supported; the maximum is 256")):
+        torch.ops.flashattn.fwd(q, q, q, 0.1, False)
