@@ -41,8 +41,28 @@ struct FwdParams {
     bool is_causal;  // bottom-right aligned: query i sees key j iff j <= i + Sk - Sq
 };
 
+// Backward over the same tensors as the forward (the FwdParams part: q, k, v,
+// out, lse, read only), plus dout [B, Sq, H, D] and the gradients dq [B, Sq, H, D],
+// dk and dv [B, Sk, Hk, D]; dk/dv of a KV head sum its query heads' shares.
+struct BwdParams : FwdParams {
+    const void* __restrict__ do_ptr;
+    void* __restrict__ dq_ptr;
+    void* __restrict__ dk_ptr;
+    void* __restrict__ dv_ptr;
+    float* __restrict__ dsum_ptr;  // [B, H, Sq] scratch: D = rowsum(dout * out), fp32
+
+    int64_t do_batch_stride, do_row_stride, do_head_stride;
+    int64_t dq_batch_stride, dq_row_stride, dq_head_stride;
+    int64_t dk_batch_stride, dk_row_stride, dk_head_stride;
+    int64_t dv_batch_stride, dv_row_stride, dv_head_stride;
+};
+
 // Runs the forward pass on `stream`. Returns the launch error, if any.
 cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream);
+
+// Runs the backward pass on `stream`: no atomics, so the result is bitwise
+// reproducible. Returns the launch error, if any.
+cudaError_t run_bwd(const BwdParams& params, cudaStream_t stream);
 
 // Head dims a kernel is compiled for; other head dims run on the next larger one.
 constexpr int kMaxHeadDim = 256;

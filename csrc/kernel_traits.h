@@ -113,6 +113,42 @@ constexpr int kSmallSmemPerBlock = 99 * 1024;
 template <int kHeadDim> struct FwdSmallSmemConfig : FwdConfig<kHeadDim> {};
 template <> struct FwdSmallSmemConfig<256> { static constexpr int kBlockM = 128, kBlockN = 32, kNWarps = 8; };
 
+// Backward tiles. Each of the 4 warps owns 16 rows of the block's "own" tile
+// (64 keys in the dK/dV kernel, 64 queries in the dQ kernel) and the block
+// streams tiles of kStreamRows of the other side past them. At head dims over
+// 128 the stream tiles shrink to 32 rows, keeping four 16-bit tiles within the
+// 99 KB of sm_86/sm_89 and the score fragments small.
+template <int kHeadDim_, typename Element_>
+struct BwdKernelTraits {
+    using Element = Element_;
+    static constexpr int kHeadDim = kHeadDim_;
+    static constexpr int kNWarps = 4;
+    static constexpr int kNThreads = kNWarps * 32;
+    static constexpr int kOwnRows = 16 * kNWarps;
+    static constexpr int kStreamRows = kHeadDim <= 128 ? 64 : 32;
+    static constexpr int kNTilesS = kStreamRows / 8;      // n8 tiles of a warp's score fragment
+    static constexpr int kNTilesD = kHeadDim / 8;         // n8 tiles of a warp's gradient fragment
+    static constexpr int kKStepsD = kHeadDim / 16;        // k16 steps of a GEMM over the head dim
+    static constexpr int kKStepsStream = kStreamRows / 16;  // k16 steps of a GEMM over the stream rows
+    // dK and dV together are 2 * kHeadDim / 2 fp32 registers per thread: past
+    // d128 the dK/dV kernel runs twice, once per gradient.
+    static constexpr bool kSplitDkDv = kHeadDim > 128;
+
+    using OwnTile = SmemTile<kOwnRows, kHeadDim>;
+    using StreamTile = SmemTile<kStreamRows, kHeadDim>;
+    // dK/dV kernel: K, V own; Q, dO streamed with their rows' lse and D.
+    // dQ kernel: Q, dO own; K, V streamed.
+    static constexpr int kSmemOwnOffset0 = 0;
+    static constexpr int kSmemOwnOffset1 = OwnTile::kBytes;
+    static constexpr int kSmemStreamOffset0 = 2 * OwnTile::kBytes;
+    static constexpr int kSmemStreamOffset1 = kSmemStreamOffset0 + StreamTile::kBytes;
+    static constexpr int kSmemRowStatsOffset = kSmemStreamOffset1 + StreamTile::kBytes;
+    static constexpr int kSmemBytes = kSmemRowStatsOffset + 2 * kStreamRows * 4;
+
+    static_assert(kHeadDim % 32 == 0 && kStreamRows % 16 == 0, "whole mma steps");
+    static_assert(kSmemBytes <= kSmallSmemPerBlock, "backward tiles must fit sm_86/sm_89");
+};
+
 template <int kHeadDim, typename Element, typename Config = FwdConfig<kHeadDim>>
 using FwdTraitsFor = FwdKernelTraits<kHeadDim, Config::kBlockM, Config::kBlockN, Config::kNWarps, Element>;
 

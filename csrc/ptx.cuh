@@ -91,4 +91,18 @@ __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
     return *reinterpret_cast<uint32_t*>(&h);
 }
 
+// One packed 16-bit pair widened to two fp32 values (x = low half).
+template <typename T>
+__device__ __forceinline__ float2 unpack2(uint32_t bits);
+
+template <>
+__device__ __forceinline__ float2 unpack2<__half>(uint32_t bits) {
+    return __half22float2(*reinterpret_cast<const __half2*>(&bits));
+}
+
+template <>
+__device__ __forceinline__ float2 unpack2<__nv_bfloat16>(uint32_t bits) {
+    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&bits));
+}
+
 }  // namespace flash

@@ -1,0 +1,341 @@
+// The backward kernels. Nothing of size [Sq, Sk] is stored: each recomputes
+// the probabilities of one tile from Q, K and the forward's log-sum-exp,
+// P = exp(S * scale - lse), and folds the tile into its gradients:
+//   dV = P^T dO,  dP = dO V^T,  dS = P * (dP - D),  dK = scale * dS^T Q,  dQ = scale * dS K,
+// with D = rowsum(dO * O) from the preprocess kernel. dK/dV and dQ come from
+// two kernels that each own their output rows, so no gradient is ever added
+// to by two blocks: no atomics, and bitwise reproducible results.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#include "flash.h"
+#include "gemm.cuh"
+#include "kernel_traits.h"
+#include "mask.cuh"
+#include "ptx.cuh"
+#include "tile_copy.cuh"
+
+namespace flash {
+
+constexpr float kLog2e = 1.4426950408889634f;
+
+// The forward's natural-log lse of a query row, in base 2 for exp2. A row that
+// saw no key (lse = -inf) or lies past the sequence gets +inf, so that every p
+// of the row is exp2(s - inf) = 0 rather than exp2(-inf + inf) = NaN.
+__device__ __forceinline__ float lse_log2_of_row(const float* lse_row, int row, int seqlen_q) {
+    const float lse = row < seqlen_q ? lse_row[row] : -INFINITY;
+    return lse == -INFINITY ? INFINITY : lse * kLog2e;
+}
+
+// D[b, h, i] = sum_d dO[b, i, h, d] * O[b, i, h, d] in fp32: one warp per row.
+template <typename Element>
+__global__ void __launch_bounds__(128) bwd_dot_do_o_kernel(const BwdParams params) {
+    const int64_t row = static_cast<int64_t>(blockIdx.x) * 4 + threadIdx.x / 32;  // (b * H + h) * Sq + i
+    const int lane = threadIdx.x % 32;
+    const int64_t rows = static_cast<int64_t>(params.batch) * params.num_heads * params.seqlen_q;
+    if (row >= rows) return;
+    const int i = static_cast<int>(row % params.seqlen_q);
+    const int64_t bh = row / params.seqlen_q;
+    const int h = static_cast<int>(bh % params.num_heads);
+    const int b = static_cast<int>(bh / params.num_heads);
+    const Element* dout = static_cast<const Element*>(params.do_ptr) + b * params.do_batch_stride +
+                          i * params.do_row_stride + h * params.do_head_stride;
+    const Element* out = static_cast<const Element*>(params.o_ptr) + b * params.o_batch_stride +
+                         i * params.o_row_stride + h * params.o_head_stride;
+    float sum = 0.f;
+    for (int col = lane * 8; col < params.head_dim; col += 32 * 8) {  // 16-byte chunks
+        const uint4 d4 = *reinterpret_cast<const uint4*>(dout + col);
+        const uint4 o4 = *reinterpret_cast<const uint4*>(out + col);
+        const uint32_t d_words[4] = {d4.x, d4.y, d4.z, d4.w};
+        const uint32_t o_words[4] = {o4.x, o4.y, o4.z, o4.w};
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+            const float2 d2 = unpack2<Element>(d_words[w]);
+            const float2 o2 = unpack2<Element>(o_words[w]);
+            sum += d2.x * o2.x + d2.y * o2.y;
+        }
+    }
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+    if (lane == 0) params.dsum_ptr[row] = sum;
+}
+
+// p = exp2(s * scale_log2 - lse_log2) in place, with lse_log2 per column
+// (transposed tiles: columns are queries) or per row.
+template <int kNTiles>
+__device__ __forceinline__ void probs_from_scores_by_column(float (&s)[1][kNTiles][4], const float* lse_log2_smem,
+                                                            float scale_log2, int lane) {
+#pragma unroll
+    for (int j = 0; j < kNTiles; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const float lse_log2 = lse_log2_smem[j * 8 + (lane % 4) * 2 + e % 2];
+            s[0][j][e] = exp2_approx(fmaf(s[0][j][e], scale_log2, -lse_log2));
+        }
+    }
+}
+
+// dK and dV for one tile of kOwnRows keys of one KV head: walks the query tiles
+// of every query head that shares the KV head, so the group sum of GQA happens
+// in registers. Has_dK / Has_dV select the gradients of this pass (both at
+// head dims up to 128; one each past that, to fit the registers).
+template <typename Traits, bool Is_causal, bool Has_dK, bool Has_dV>
+__global__ void __launch_bounds__(Traits::kNThreads) bwd_dk_dv_kernel(const BwdParams params) {
+    using Element = typename Traits::Element;
+    using OwnTile = typename Traits::OwnTile;
+    using StreamTile = typename Traits::StreamTile;
+    constexpr int kOwnRows = Traits::kOwnRows;
+    constexpr int kStreamRows = Traits::kStreamRows;
+    constexpr int kNThreads = Traits::kNThreads;
+
+    extern __shared__ __align__(128) char smem[];
+    char* k_smem_ptr = smem + Traits::kSmemOwnOffset0;
+    char* v_smem_ptr = smem + Traits::kSmemOwnOffset1;
+    const uint32_t k_smem = smem_addr(k_smem_ptr);
+    const uint32_t v_smem = smem_addr(v_smem_ptr);
+    const uint32_t q_smem = smem_addr(smem + Traits::kSmemStreamOffset0);
+    const uint32_t do_smem = smem_addr(smem + Traits::kSmemStreamOffset1);
+    float* lse_log2_smem = reinterpret_cast<float*>(smem + Traits::kSmemRowStatsOffset);  // [kStreamRows]
+    float* dsum_smem = lse_log2_smem + kStreamRows;                                        // [kStreamRows]
+
+    const int tid = threadIdx.x;
+    const int lane = tid % 32;
+    const int warp_row0 = (tid / 32) * 16;
+    const int n0 = blockIdx.x * kOwnRows;
+    const int head_k = blockIdx.y;
+    const int batch = blockIdx.z;
+    const int seqlen_q = params.seqlen_q;
+    const int seqlen_k = params.seqlen_k;
+
+    const TileCopy<OwnTile, kNThreads> own_copy(tid);
+    const TileCopy<StreamTile, kNThreads> stream_copy(tid);
+    const Element* k = static_cast<const Element*>(params.k_ptr) + batch * params.k_batch_stride +
+                       head_k * params.k_head_stride + n0 * params.k_row_stride;
+    const Element* v = static_cast<const Element*>(params.v_ptr) + batch * params.v_batch_stride +
+                       head_k * params.v_head_stride + n0 * params.v_row_stride;
+    own_copy.load_async(k_smem, k, params.k_row_stride, seqlen_k - n0, params.head_dim);
+    own_copy.load_async(v_smem, v, params.v_row_stride, seqlen_k - n0, params.head_dim);
+    cp_async_commit();
+
+    float dk[1][Traits::kNTilesD][4];
+    float dv[1][Traits::kNTilesD][4];
+    clear(dk);
+    clear(dv);
+
+    // Query tiles that see a key of this tile: query i sees key j iff (causal)
+    // j <= i + Sk - Sq, so the first is the one holding i = n0 - (Sk - Sq).
+    const int m_blocks = (seqlen_q + kStreamRows - 1) / kStreamRows;
+    const int first_query = Is_causal ? max(0, n0 - (seqlen_k - seqlen_q)) : 0;
+    const int m_begin = min(m_blocks, first_query / kStreamRows);
+
+    auto step = [&](const Element* q, const Element* dout, const float* lse_row, const float* dsum_row, int m0,
+                    auto is_masked) {
+        constexpr bool Is_masked = decltype(is_masked)::value;
+        __syncthreads();  // every warp is done with the previous Q, dO, lse, D
+        stream_copy.load_async(q_smem, q + m0 * params.q_row_stride, params.q_row_stride, seqlen_q - m0,
+                               params.head_dim);
+        stream_copy.load_async(do_smem, dout + m0 * params.do_row_stride, params.do_row_stride, seqlen_q - m0,
+                               params.head_dim);
+        cp_async_commit();
+        if (tid < kStreamRows) {
+            lse_log2_smem[tid] = lse_log2_of_row(lse_row, m0 + tid, seqlen_q);
+            dsum_smem[tid] = m0 + tid < seqlen_q ? dsum_row[m0 + tid] : 0.f;
+        }
+        cp_async_wait<0>();
+        __syncthreads();
+
+        // S^T = K Q^T for the warp's 16 keys, then P^T.
+        float p[1][Traits::kNTilesS][4];
+        clear(p);
+        gemm_smem_smem<Element, 1, Traits::kNTilesS, Traits::kKStepsD, OwnTile, StreamTile>(p, k_smem, warp_row0,
+                                                                                            q_smem, lane);
+        if constexpr (Is_masked) {
+            apply_causal_mask_transposed(p, n0 + warp_row0, m0, seqlen_q, seqlen_k, lane);
+        }
+        probs_from_scores_by_column(p, lse_log2_smem, params.softmax_scale_log2, lane);
+
+        if constexpr (Has_dV) {  // dV += P^T dO
+            gemm_regs_smem<Element, 1, Traits::kNTilesD, Traits::kKStepsStream, StreamTile>(dv, p, do_smem, lane);
+        }
+        if constexpr (Has_dK) {
+            // dP^T = V dO^T, then dS^T = P^T * (dP^T - D) in place.
+            float ds[1][Traits::kNTilesS][4];
+            clear(ds);
+            gemm_smem_smem<Element, 1, Traits::kNTilesS, Traits::kKStepsD, OwnTile, StreamTile>(
+                ds, v_smem, warp_row0, do_smem, lane);
+#pragma unroll
+            for (int j = 0; j < Traits::kNTilesS; ++j) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    ds[0][j][e] = p[0][j][e] * (ds[0][j][e] - dsum_smem[j * 8 + (lane % 4) * 2 + e % 2]);
+                }
+            }
+            // dK += dS^T Q (scaled once, at the end)
+            gemm_regs_smem<Element, 1, Traits::kNTilesD, Traits::kKStepsStream, StreamTile>(dk, ds, q_smem, lane);
+        }
+    };
+
+    for (int g = 0; g < params.heads_per_kv_head; ++g) {
+        const int head = head_k * params.heads_per_kv_head + g;
+        const Element* q = static_cast<const Element*>(params.q_ptr) + batch * params.q_batch_stride +
+                           head * params.q_head_stride;
+        const Element* dout = static_cast<const Element*>(params.do_ptr) + batch * params.do_batch_stride +
+                              head * params.do_head_stride;
+        const int64_t row_stats = (static_cast<int64_t>(batch) * params.num_heads + head) * seqlen_q;
+        const float* lse_row = params.lse_ptr + row_stats;
+        const float* dsum_row = params.dsum_ptr + row_stats;
+        for (int m_block = m_begin; m_block < m_blocks; ++m_block) {
+            const int m0 = m_block * kStreamRows;
+            // Masked only where the tile's first query does not see its last key.
+            if (Is_causal && m0 + seqlen_k - seqlen_q < n0 + kOwnRows - 1) {
+                step(q, dout, lse_row, dsum_row, m0, std::true_type{});
+            } else {
+                step(q, dout, lse_row, dsum_row, m0, std::false_type{});
+            }
+        }
+    }
+
+    // Epilogue: stage through the K and V tiles (no longer read) and store.
+    cp_async_wait<0>();  // with no query tile the K/V copies may still be in flight
+    __syncthreads();
+    if constexpr (Has_dK) {
+#pragma unroll
+        for (int j = 0; j < Traits::kNTilesD; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) dk[0][j][e] *= params.softmax_scale;
+        store_fragment<Element, OwnTile>(dk, k_smem_ptr, warp_row0, lane);
+    }
+    if constexpr (Has_dV) store_fragment<Element, OwnTile>(dv, v_smem_ptr, warp_row0, lane);
+    __syncthreads();
+    if constexpr (Has_dK) {
+        Element* dk_out = static_cast<Element*>(params.dk_ptr) + batch * params.dk_batch_stride +
+                          head_k * params.dk_head_stride + n0 * params.dk_row_stride;
+        own_copy.store(k_smem_ptr, dk_out, params.dk_row_stride, seqlen_k - n0, params.head_dim);
+    }
+    if constexpr (Has_dV) {
+        Element* dv_out = static_cast<Element*>(params.dv_ptr) + batch * params.dv_batch_stride +
+                          head_k * params.dv_head_stride + n0 * params.dv_row_stride;
+        own_copy.store(v_smem_ptr, dv_out, params.dv_row_stride, seqlen_k - n0, params.head_dim);
+    }
+}
+
+// dQ for one tile of kOwnRows queries of one head: walks the key tiles the
+// tile sees, as the forward does.
+template <typename Traits, bool Is_causal>
+__global__ void __launch_bounds__(Traits::kNThreads) bwd_dq_kernel(const BwdParams params) {
+    using Element = typename Traits::Element;
+    using OwnTile = typename Traits::OwnTile;
+    using StreamTile = typename Traits::StreamTile;
+    constexpr int kOwnRows = Traits::kOwnRows;
+    constexpr int kStreamRows = Traits::kStreamRows;
+    constexpr int kNThreads = Traits::kNThreads;
+
+    extern __shared__ __align__(128) char smem[];
+    char* q_smem_ptr = smem + Traits::kSmemOwnOffset0;
+    const uint32_t q_smem = smem_addr(q_smem_ptr);
+    const uint32_t do_smem = smem_addr(smem + Traits::kSmemOwnOffset1);
+    const uint32_t k_smem = smem_addr(smem + Traits::kSmemStreamOffset0);
+    const uint32_t v_smem = smem_addr(smem + Traits::kSmemStreamOffset1);
+
+    const int tid = threadIdx.x;
+    const int lane = tid % 32;
+    const int warp_row0 = (tid / 32) * 16;
+    const int m0 = blockIdx.x * kOwnRows;
+    const int head = blockIdx.y;
+    const int batch = blockIdx.z;
+    const int head_k = head / params.heads_per_kv_head;
+    const int seqlen_q = params.seqlen_q;
+    const int seqlen_k = params.seqlen_k;
+
+    const TileCopy<OwnTile, kNThreads> own_copy(tid);
+    const TileCopy<StreamTile, kNThreads> stream_copy(tid);
+    const Element* q = static_cast<const Element*>(params.q_ptr) + batch * params.q_batch_stride +
+                       head * params.q_head_stride + m0 * params.q_row_stride;
+    const Element* dout = static_cast<const Element*>(params.do_ptr) + batch * params.do_batch_stride +
+                          head * params.do_head_stride + m0 * params.do_row_stride;
+    const Element* k = static_cast<const Element*>(params.k_ptr) + batch * params.k_batch_stride +
+                       head_k * params.k_head_stride;
+    const Element* v = static_cast<const Element*>(params.v_ptr) + batch * params.v_batch_stride +
+                       head_k * params.v_head_stride;
+    own_copy.load_async(q_smem, q, params.q_row_stride, seqlen_q - m0, params.head_dim);
+    own_copy.load_async(do_smem, dout, params.do_row_stride, seqlen_q - m0, params.head_dim);
+    cp_async_commit();
+
+    // This thread's two rows (g and g + 8 of the warp's 16).
+    const int64_t row_stats = (static_cast<int64_t>(batch) * params.num_heads + head) * seqlen_q;
+    float lse_log2[2], dsum[2];
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        const int row = m0 + warp_row0 + half * 8 + lane / 4;
+        lse_log2[half] = lse_log2_of_row(params.lse_ptr + row_stats, row, seqlen_q);
+        dsum[half] = row < seqlen_q ? params.dsum_ptr[row_stats + row] : 0.f;
+    }
+
+    // Key tiles as in the forward: [0, n_blocks) seen, [n_unmasked, n_blocks) masked.
+    int n_blocks = (seqlen_k + kStreamRows - 1) / kStreamRows;
+    int n_unmasked = seqlen_k / kStreamRows;
+    if (Is_causal) {
+        const int diag = m0 + seqlen_k - seqlen_q;
+        const int last_key_end = min(m0 + kOwnRows, seqlen_q) + seqlen_k - seqlen_q;
+        n_blocks = min(n_blocks, last_key_end <= 0 ? 0 : (last_key_end + kStreamRows - 1) / kStreamRows);
+        n_unmasked = min(n_unmasked, diag + 1 <= 0 ? 0 : (diag + 1) / kStreamRows);
+    }
+
+    float dq[1][Traits::kNTilesD][4];
+    clear(dq);
+    auto step = [&](int n_block, auto is_masked) {
+        constexpr bool Is_masked = decltype(is_masked)::value;
+        const int n0 = n_block * kStreamRows;
+        __syncthreads();  // every warp is done with the previous K, V
+        stream_copy.load_async(k_smem, k + n0 * params.k_row_stride, params.k_row_stride, seqlen_k - n0,
+                               params.head_dim);
+        stream_copy.load_async(v_smem, v + n0 * params.v_row_stride, params.v_row_stride, seqlen_k - n0,
+                               params.head_dim);
+        cp_async_commit();
+        cp_async_wait<0>();
+        __syncthreads();
+
+        float p[1][Traits::kNTilesS][4];  // S = Q K^T, then P
+        clear(p);
+        gemm_smem_smem<Element, 1, Traits::kNTilesS, Traits::kKStepsD, OwnTile, StreamTile>(p, q_smem, warp_row0,
+                                                                                            k_smem, lane);
+        if constexpr (Is_masked) {
+            apply_mask<Is_causal>(p, m0 + warp_row0, n0, seqlen_q, seqlen_k, lane);
+        }
+        float ds[1][Traits::kNTilesS][4];  // dP = dO V^T, then dS
+        clear(ds);
+        gemm_smem_smem<Element, 1, Traits::kNTilesS, Traits::kKStepsD, OwnTile, StreamTile>(ds, do_smem, warp_row0,
+                                                                                            v_smem, lane);
+#pragma unroll
+        for (int j = 0; j < Traits::kNTilesS; ++j) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const float prob =
+                    exp2_approx(fmaf(p[0][j][e], params.softmax_scale_log2, -lse_log2[e / 2]));
+                ds[0][j][e] = prob * (ds[0][j][e] - dsum[e / 2]);
+            }
+        }
+        // dQ += dS K (scaled once, at the end)
+        gemm_regs_smem<Element, 1, Traits::kNTilesD, Traits::kKStepsStream, StreamTile>(dq, ds, k_smem, lane);
+    };
+    int n_block = n_blocks - 1;
+    for (; n_block >= n_unmasked; --n_block) step(n_block, std::true_type{});
+    for (; n_block >= 0; --n_block) step(n_block, std::false_type{});
+
+    cp_async_wait<0>();
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < Traits::kNTilesD; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dq[0][j][e] *= params.softmax_scale;
+    store_fragment<Element, OwnTile>(dq, q_smem_ptr, warp_row0, lane);
+    __syncthreads();
+    Element* dq_out = static_cast<Element*>(params.dq_ptr) + batch * params.dq_batch_stride +
+                      head * params.dq_head_stride + m0 * params.dq_row_stride;
+    own_copy.store(q_smem_ptr, dq_out, params.dq_row_stride, seqlen_q - m0, params.head_dim);
+}
+
+}  // namespace flash

@@ -1,0 +1,51 @@
+// Launches the backward kernels for one (dtype, head dim, causal) instantiation.
+#pragma once
+
+#include "bwd_kernel.cuh"
+#include "flash.h"
+#include "kernel_traits.h"
+
+namespace flash {
+
+template <typename Kernel>
+cudaError_t launch_with_smem(Kernel kernel, dim3 grid, int threads, int smem_bytes, const BwdParams& params,
+                             cudaStream_t stream) {
+    if (smem_bytes > params.max_smem_per_block) return cudaErrorInvalidConfiguration;
+    // Dynamic shared memory above 48 KB must be opted into per kernel.
+    if (smem_bytes > 48 * 1024) {
+        cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
+        if (err != cudaSuccess) return err;
+    }
+    kernel<<<grid, threads, smem_bytes, stream>>>(params);
+    return cudaGetLastError();
+}
+
+template <typename Element, int kHeadDim, bool Is_causal>
+cudaError_t run_bwd_(const BwdParams& params, cudaStream_t stream) {
+    using Traits = BwdKernelTraits<kHeadDim, Element>;
+    constexpr int kSmem = Traits::kSmemBytes;
+
+    const int64_t rows = static_cast<int64_t>(params.batch) * params.num_heads * params.seqlen_q;
+    bwd_dot_do_o_kernel<Element><<<static_cast<unsigned>((rows + 3) / 4), 128, 0, stream>>>(params);
+    cudaError_t err = cudaGetLastError();
+    if (err != cudaSuccess) return err;
+
+    const dim3 grid_kv((params.seqlen_k + Traits::kOwnRows - 1) / Traits::kOwnRows, params.num_heads_k,
+                       params.batch);
+    if constexpr (Traits::kSplitDkDv) {
+        err = launch_with_smem(&bwd_dk_dv_kernel<Traits, Is_causal, /*Has_dK=*/false, /*Has_dV=*/true>, grid_kv,
+                               Traits::kNThreads, kSmem, params, stream);
+        if (err != cudaSuccess) return err;
+        err = launch_with_smem(&bwd_dk_dv_kernel<Traits, Is_causal, /*Has_dK=*/true, /*Has_dV=*/false>, grid_kv,
+                               Traits::kNThreads, kSmem, params, stream);
+    } else {
+        err = launch_with_smem(&bwd_dk_dv_kernel<Traits, Is_causal, /*Has_dK=*/true, /*Has_dV=*/true>, grid_kv,
+                               Traits::kNThreads, kSmem, params, stream);
+    }
+    if (err != cudaSuccess) return err;
+
+    const dim3 grid_q((params.seqlen_q + Traits::kOwnRows - 1) / Traits::kOwnRows, params.num_heads, params.batch);
+    return launch_with_smem(&bwd_dq_kernel<Traits, Is_causal>, grid_q, Traits::kNThreads, kSmem, params, stream);
+}
+
+}  // namespace flash

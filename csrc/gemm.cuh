@@ -1,0 +1,117 @@
+// Warp-level GEMMs on mma.sync m16n8k16 fragments.
+//
+// Accumulators are [kMTiles][kNTiles][4] fp32 fragments: m16 tile `mt`, n8 tile
+// `j`; a thread holds rows lane/4 and lane/4 + 8, columns 2*(lane%4) and +1.
+// Tiles in shared memory are SmemTile<rows, cols> of 16-bit elements.
+#pragma once
+
+#include <cstdint>
+
+#include "kernel_traits.h"
+#include "ptx.cuh"
+
+namespace flash {
+
+template <int kMTiles, int kNTiles>
+__device__ __forceinline__ void clear(float (&acc)[kMTiles][kNTiles][4]) {
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+        for (int j = 0; j < kNTiles; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[mt][j][e] = 0.f;
+}
+
+// acc[m][n] += sum_k A[m][k] * B[n][k], both operands row-major in shared memory:
+// A = rows a_row0 .. a_row0 + 16*kMTiles of ATile, B = rows 0 .. 8*kNTiles of
+// BTile, k over the first 16*kKSteps columns of both. (Q K^T, dO V^T, K Q^T ...)
+template <typename Element, int kMTiles, int kNTiles, int kKSteps, typename ATile, typename BTile>
+__device__ __forceinline__ void gemm_smem_smem(float (&acc)[kMTiles][kNTiles][4], uint32_t a_smem, int a_row0,
+                                               uint32_t b_smem, int lane) {
+    static_assert(kNTiles % 2 == 0, "ldmatrix.x4 loads two n8 tiles of B");
+    // ldmatrix.x4 lane roles. A: matrices {rows 0-7, 8-15} x {k 0-7, 8-15}. B,
+    // stored [n][k] (already the "col" operand): matrices {n 0-7} x {k 0-7, 8-15},
+    // then {n 8-15} x {k 0-7, 8-15}.
+    const auto a_lane = ATile::lane_offsets(a_row0 + lane % 16, lane / 16);
+    const auto b_lane = BTile::lane_offsets((lane / 16) * 8 + lane % 8, (lane / 8) % 2);
+#pragma unroll
+    for (int kk = 0; kk < kKSteps; ++kk) {
+        uint32_t a[kMTiles][4];
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+            ldmatrix_x4(a[mt], a_smem + ATile::offset(a_lane, mt * 16, kk * 2));
+        }
+#pragma unroll
+        for (int jp = 0; jp < kNTiles / 2; ++jp) {
+            uint32_t b[4];
+            ldmatrix_x4(b, b_smem + BTile::offset(b_lane, jp * 16, kk * 2));
+            const uint32_t b_lo[2] = {b[0], b[1]};
+            const uint32_t b_hi[2] = {b[2], b[3]};
+#pragma unroll
+            for (int mt = 0; mt < kMTiles; ++mt) {
+                mma_m16n8k16<Element>(acc[mt][2 * jp], a[mt], b_lo);
+                mma_m16n8k16<Element>(acc[mt][2 * jp + 1], a[mt], b_hi);
+            }
+        }
+    }
+}
+
+// acc[m][n] += sum_k A[m][k] * B[k][n] with A in registers: the fp32 accumulator
+// fragment `a` of an earlier GEMM (its n8 tiles 2kk, 2kk+1 are the k16 step kk),
+// rounded to 16 bits, is exactly the A-operand fragment of this mma. B = rows
+// (k) 0 .. 16*kKSteps of BTile, columns (n) 0 .. 8*kNTiles, read transposed by
+// ldmatrix.trans. (P V, P^T dO, dS^T Q, dS K ...)
+template <typename Element, int kMTiles, int kNTiles, int kKSteps, typename BTile>
+__device__ __forceinline__ void gemm_regs_smem(float (&acc)[kMTiles][kNTiles][4],
+                                               const float (&a)[kMTiles][2 * kKSteps][4], uint32_t b_smem,
+                                               int lane) {
+    static_assert(kNTiles % 2 == 0, "ldmatrix.x4 loads two n8 tiles of B");
+    // ldmatrix.x4.trans on B stored [k][n]: matrices {k 0-7, 8-15} x {n 0-7}, then
+    // {k 0-7, 8-15} x {n 8-15}; .trans hands each lane two k of one n.
+    const auto b_lane = BTile::lane_offsets(((lane / 8) % 2) * 8 + lane % 8, lane / 16);
+#pragma unroll
+    for (int kk = 0; kk < kKSteps; ++kk) {
+        uint32_t a_frag[kMTiles][4];
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+            a_frag[mt][0] = pack2<Element>(a[mt][2 * kk][0], a[mt][2 * kk][1]);
+            a_frag[mt][1] = pack2<Element>(a[mt][2 * kk][2], a[mt][2 * kk][3]);
+            a_frag[mt][2] = pack2<Element>(a[mt][2 * kk + 1][0], a[mt][2 * kk + 1][1]);
+            a_frag[mt][3] = pack2<Element>(a[mt][2 * kk + 1][2], a[mt][2 * kk + 1][3]);
+        }
+#pragma unroll
+        for (int jp = 0; jp < kNTiles / 2; ++jp) {
+            uint32_t b[4];
+            ldmatrix_x4_trans(b, b_smem + BTile::offset(b_lane, kk * 16, jp * 2));
+            const uint32_t b_lo[2] = {b[0], b[1]};
+            const uint32_t b_hi[2] = {b[2], b[3]};
+#pragma unroll
+            for (int mt = 0; mt < kMTiles; ++mt) {
+                mma_m16n8k16<Element>(acc[mt][2 * jp], a_frag[mt], b_lo);
+                mma_m16n8k16<Element>(acc[mt][2 * jp + 1], a_frag[mt], b_hi);
+            }
+        }
+    }
+}
+
+// Writes an accumulator fragment, rounded to 16 bits, into rows row0 .. row0 +
+// 16*kMTiles of a shared-memory tile (to be stored to global memory with
+// 16-byte writes by TileCopy).
+template <typename Element, typename Tile, int kMTiles, int kNTiles>
+__device__ __forceinline__ void store_fragment(const float (&acc)[kMTiles][kNTiles][4], char* smem_tile, int row0,
+                                               int lane) {
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            const int row = row0 + mt * 16 + half * 8 + lane / 4;
+#pragma unroll
+            for (int j = 0; j < kNTiles; ++j) {
+                *reinterpret_cast<uint32_t*>(smem_tile + Tile::offset(row, j) + (lane % 4) * 4) =
+                    pack2<Element>(acc[mt][j][2 * half], acc[mt][j][2 * half + 1]);
+            }
+        }
+    }
+}
+
+}  // namespace flash
