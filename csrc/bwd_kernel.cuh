@@ -2,9 +2,13 @@
 // the probabilities of one tile from Q, K and the forward's log-sum-exp,
 // P = exp(S * scale - lse), and folds the tile into its gradients:
 //   dV = P^T dO,  dP = dO V^T,  dS = P * (dP - D),  dK = scale * dS^T Q,  dQ = scale * dS K,
-// with D = rowsum(dO * O) from the preprocess kernel. dK/dV and dQ come from
-// two kernels that each own their output rows, so no gradient is ever added
-// to by two blocks: no atomics, and bitwise reproducible results.
+// with D = rowsum(dO * O) from the preprocess kernel. The dK/dV kernel owns a
+// tile of keys and walks the query tiles. dQ either comes out of that same
+// walk, each block adding its share with fp32 atomics into a zeroed buffer
+// (five GEMMs per tile, like FlashAttention-2; the order of the additions,
+// hence the rounding, varies run to run), or, for deterministic=True, from a
+// dQ kernel that owns a tile of queries and walks the key tiles (recomputing
+// S and dP: seven GEMMs, bitwise reproducible).
 #pragma once
 
 #include <cmath>
@@ -78,11 +82,51 @@ __device__ __forceinline__ void probs_from_scores_by_column(float (&s)[1][kNTile
     }
 }
 
+// Adds this step's dQ share, dS [queries, keys] K [keys, D], to the fp32 dQ
+// buffer: the dS^T tile is in shared memory; each warp takes 16 queries and a
+// compile-time set of kDqChunkCols-column chunks of D.
+template <typename Traits>
+__device__ __forceinline__ void add_dq_share(float* dq_accum, int64_t dq_row_stride, int m0, int seqlen_q,
+                                             uint32_t ds_smem, uint32_t k_smem, int warp, int lane) {
+    using Element = typename Traits::Element;
+    constexpr int kMTiles = Traits::kStreamRows / 16;
+    constexpr int kWarpsPerMTile = Traits::kNWarps / kMTiles;
+    constexpr int kChunks = Traits::kHeadDim / Traits::kDqChunkCols;
+    constexpr int kChunkTiles = Traits::kDqChunkCols / 8;
+    const int mt = warp % kMTiles;
+    const int slot = warp / kMTiles;
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c) {
+        if (c % kWarpsPerMTile != slot) continue;  // warp-uniform
+        float acc[1][kChunkTiles][4];
+        clear(acc);
+        gemm_smemT_smem<Element, kChunkTiles, Traits::kOwnRows / 16, typename Traits::DsTile,
+                        typename Traits::OwnTile>(acc, ds_smem, mt * 16, k_smem, c * kChunkTiles, lane);
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            const int row = m0 + mt * 16 + half * 8 + lane / 4;
+            if (row >= seqlen_q) continue;
+            float* dst = dq_accum + row * dq_row_stride + c * Traits::kDqChunkCols + (lane % 4) * 2;
+#pragma unroll
+            for (int j = 0; j < kChunkTiles; ++j) {
+#if __CUDA_ARCH__ >= 900
+                atomicAdd(reinterpret_cast<float2*>(dst + j * 8),
+                          make_float2(acc[0][j][2 * half], acc[0][j][2 * half + 1]));
+#else
+                atomicAdd(dst + j * 8, acc[0][j][2 * half]);
+                atomicAdd(dst + j * 8 + 1, acc[0][j][2 * half + 1]);
+#endif
+            }
+        }
+    }
+}
+
 // dK and dV for one tile of kOwnRows keys of one KV head: walks the query tiles
 // of every query head that shares the KV head, so the group sum of GQA happens
 // in registers. Has_dK / Has_dV select the gradients of this pass (both at
-// head dims up to 128; one each past that, to fit the registers).
-template <typename Traits, bool Is_causal, bool Has_dK, bool Has_dV>
+// head dims up to 128; one each past that, to fit the registers); Has_dQ adds
+// each step's dQ share to the fp32 buffer (with dK, which computes dS).
+template <typename Traits, bool Is_causal, bool Has_dK, bool Has_dV, bool Has_dQ>
 __global__ void __launch_bounds__(Traits::kNThreads) bwd_dk_dv_kernel(const BwdParams params) {
     using Element = typename Traits::Element;
     using OwnTile = typename Traits::OwnTile;
@@ -100,6 +144,8 @@ __global__ void __launch_bounds__(Traits::kNThreads) bwd_dk_dv_kernel(const BwdP
     const uint32_t do_smem = smem_addr(smem + Traits::kSmemStreamOffset1);
     float* lse_log2_smem = reinterpret_cast<float*>(smem + Traits::kSmemRowStatsOffset);  // [kStreamRows]
     float* dsum_smem = lse_log2_smem + kStreamRows;                                        // [kStreamRows]
+    char* ds_smem_ptr = smem + Traits::kSmemDsOffset;
+    static_assert(!Has_dQ || Has_dK, "dQ needs dS, which the dK pass computes");
 
     const int tid = threadIdx.x;
     const int lane = tid % 32;
@@ -130,6 +176,10 @@ __global__ void __launch_bounds__(Traits::kNThreads) bwd_dk_dv_kernel(const BwdP
     const int m_blocks = (seqlen_q + kStreamRows - 1) / kStreamRows;
     const int first_query = Is_causal ? max(0, n0 - (seqlen_k - seqlen_q)) : 0;
     const int m_begin = min(m_blocks, first_query / kStreamRows);
+
+    // dQ buffer [B, Sq, H, D] (fp32, contiguous) of the current query head.
+    float* dq_accum_head = nullptr;
+    const int64_t dq_accum_row_stride = static_cast<int64_t>(params.num_heads) * params.head_dim;
 
     auto step = [&](const Element* q, const Element* dout, const float* lse_row, const float* dsum_row, int m0,
                     auto is_masked) {
@@ -175,11 +225,21 @@ __global__ void __launch_bounds__(Traits::kNThreads) bwd_dk_dv_kernel(const BwdP
             }
             // dK += dS^T Q (scaled once, at the end)
             gemm_regs_smem<Element, 1, Traits::kNTilesD, Traits::kKStepsStream, StreamTile>(dk, ds, q_smem, lane);
+            if constexpr (Has_dQ) {
+                store_fragment<Element, typename Traits::DsTile>(ds, ds_smem_ptr, warp_row0, lane);
+                __syncthreads();  // the whole dS^T tile, every warp's keys, is in place
+                add_dq_share<Traits>(dq_accum_head, dq_accum_row_stride, m0, seqlen_q, smem_addr(ds_smem_ptr),
+                                     k_smem, tid / 32, lane);
+            }
         }
     };
 
     for (int g = 0; g < params.heads_per_kv_head; ++g) {
         const int head = head_k * params.heads_per_kv_head + g;
+        if constexpr (Has_dQ) {
+            dq_accum_head = params.dq_accum_ptr +
+                            (static_cast<int64_t>(batch) * seqlen_q * params.num_heads + head) * params.head_dim;
+        }
         const Element* q = static_cast<const Element*>(params.q_ptr) + batch * params.q_batch_stride +
                            head * params.q_head_stride;
         const Element* dout = static_cast<const Element*>(params.do_ptr) + batch * params.do_batch_stride +
@@ -336,6 +396,31 @@ __global__ void __launch_bounds__(Traits::kNThreads) bwd_dq_kernel(const BwdPara
     Element* dq_out = static_cast<Element*>(params.dq_ptr) + batch * params.dq_batch_stride +
                       head * params.dq_head_stride + m0 * params.dq_row_stride;
     own_copy.store(q_smem_ptr, dq_out, params.dq_row_stride, seqlen_q - m0, params.head_dim);
+}
+
+// dQ = softmax_scale * dq_accum, rounded to the input dtype and written in
+// dQ's layout: one thread per 8 consecutive head-dim elements.
+template <typename Element>
+__global__ void __launch_bounds__(256) bwd_convert_dq_kernel(const BwdParams params) {
+    const int chunks_per_row = params.head_dim / 8;
+    const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    const int64_t total = static_cast<int64_t>(params.batch) * params.seqlen_q * params.num_heads * chunks_per_row;
+    if (idx >= total) return;
+    const int col = static_cast<int>(idx % chunks_per_row) * 8;
+    int64_t rest = idx / chunks_per_row;  // (b * Sq + i) * H + h
+    const float* src = params.dq_accum_ptr + rest * params.head_dim + col;
+    const int h = static_cast<int>(rest % params.num_heads);
+    rest /= params.num_heads;
+    const int i = static_cast<int>(rest % params.seqlen_q);
+    const int b = static_cast<int>(rest / params.seqlen_q);
+    uint32_t words[4];
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+        words[w] = pack2<Element>(src[2 * w] * params.softmax_scale, src[2 * w + 1] * params.softmax_scale);
+    }
+    Element* dst = static_cast<Element*>(params.dq_ptr) + b * params.dq_batch_stride + i * params.dq_row_stride +
+                   h * params.dq_head_stride + col;
+    *reinterpret_cast<uint4*>(dst) = make_uint4(words[0], words[1], words[2], words[3]);
 }
 
 }  // namespace flash

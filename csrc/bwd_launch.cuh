@@ -32,20 +32,40 @@ cudaError_t run_bwd_(const BwdParams& params, cudaStream_t stream) {
 
     const dim3 grid_kv((params.seqlen_k + Traits::kOwnRows - 1) / Traits::kOwnRows, params.num_heads_k,
                        params.batch);
+    const dim3 grid_q((params.seqlen_q + Traits::kOwnRows - 1) / Traits::kOwnRows, params.num_heads, params.batch);
+    // Template flags: <Is_causal, Has_dK, Has_dV, Has_dQ>.
+    if (params.deterministic || Traits::kSmemBytesWithDs > params.max_smem_per_block) {
+        if constexpr (Traits::kSplitDkDv) {
+            err = launch_with_smem(&bwd_dk_dv_kernel<Traits, Is_causal, false, true, false>, grid_kv,
+                                   Traits::kNThreads, kSmem, params, stream);
+            if (err != cudaSuccess) return err;
+            err = launch_with_smem(&bwd_dk_dv_kernel<Traits, Is_causal, true, false, false>, grid_kv,
+                                   Traits::kNThreads, kSmem, params, stream);
+        } else {
+            err = launch_with_smem(&bwd_dk_dv_kernel<Traits, Is_causal, true, true, false>, grid_kv,
+                                   Traits::kNThreads, kSmem, params, stream);
+        }
+        if (err != cudaSuccess) return err;
+        return launch_with_smem(&bwd_dq_kernel<Traits, Is_causal>, grid_q, Traits::kNThreads, kSmem, params,
+                                stream);
+    }
+    // dq_accum arrives zeroed; the dK pass adds every block's dQ share to it.
+    constexpr int kSmemWithDs = Traits::kSmemBytesWithDs;
     if constexpr (Traits::kSplitDkDv) {
-        err = launch_with_smem(&bwd_dk_dv_kernel<Traits, Is_causal, /*Has_dK=*/false, /*Has_dV=*/true>, grid_kv,
+        err = launch_with_smem(&bwd_dk_dv_kernel<Traits, Is_causal, false, true, false>, grid_kv,
                                Traits::kNThreads, kSmem, params, stream);
         if (err != cudaSuccess) return err;
-        err = launch_with_smem(&bwd_dk_dv_kernel<Traits, Is_causal, /*Has_dK=*/true, /*Has_dV=*/false>, grid_kv,
-                               Traits::kNThreads, kSmem, params, stream);
+        err = launch_with_smem(&bwd_dk_dv_kernel<Traits, Is_causal, true, false, true>, grid_kv,
+                               Traits::kNThreads, kSmemWithDs, params, stream);
     } else {
-        err = launch_with_smem(&bwd_dk_dv_kernel<Traits, Is_causal, /*Has_dK=*/true, /*Has_dV=*/true>, grid_kv,
-                               Traits::kNThreads, kSmem, params, stream);
+        err = launch_with_smem(&bwd_dk_dv_kernel<Traits, Is_causal, true, true, true>, grid_kv, Traits::kNThreads,
+                               kSmemWithDs, params, stream);
     }
     if (err != cudaSuccess) return err;
-
-    const dim3 grid_q((params.seqlen_q + Traits::kOwnRows - 1) / Traits::kOwnRows, params.num_heads, params.batch);
-    return launch_with_smem(&bwd_dq_kernel<Traits, Is_causal>, grid_q, Traits::kNThreads, kSmem, params, stream);
+    const int64_t chunks = static_cast<int64_t>(params.batch) * params.seqlen_q * params.num_heads *
+                           (params.head_dim / 8);
+    bwd_convert_dq_kernel<Element><<<static_cast<unsigned>((chunks + 255) / 256), 256, 0, stream>>>(params);
+    return cudaGetLastError();
 }
 
 }  // namespace flash

@@ -49,19 +49,24 @@ struct BwdParams : FwdParams {
     void* __restrict__ dq_ptr;
     void* __restrict__ dk_ptr;
     void* __restrict__ dv_ptr;
-    float* __restrict__ dsum_ptr;  // [B, H, Sq] scratch: D = rowsum(dout * out), fp32
+    float* __restrict__ dsum_ptr;      // [B, H, Sq] scratch: D = rowsum(dout * out), fp32
+    float* __restrict__ dq_accum_ptr;  // [B, Sq, H, D] fp32 scratch, zeroed (not deterministic only)
 
     int64_t do_batch_stride, do_row_stride, do_head_stride;
     int64_t dq_batch_stride, dq_row_stride, dq_head_stride;
     int64_t dk_batch_stride, dk_row_stride, dk_head_stride;
     int64_t dv_batch_stride, dv_row_stride, dv_head_stride;
+
+    // false: dQ is added up across key tiles with fp32 atomics inside the dK/dV
+    // pass (fewer FLOPs, order-dependent rounding); true: a separate dQ pass
+    // owns each dQ row (bitwise reproducible, recomputes S and dP).
+    bool deterministic;
 };
 
 // Runs the forward pass on `stream`. Returns the launch error, if any.
 cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream);
 
-// Runs the backward pass on `stream`: no atomics, so the result is bitwise
-// reproducible. Returns the launch error, if any.
+// Runs the backward pass on `stream`. Returns the launch error, if any.
 cudaError_t run_bwd(const BwdParams& params, cudaStream_t stream);
 
 // Head dims a kernel is compiled for; other head dims run on the next larger one.

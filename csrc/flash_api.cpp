@@ -162,8 +162,8 @@ std::tuple<at::Tensor, at::Tensor> mha_fwd(const at::Tensor& q,  // [B, Sq, H, D
     return {out, lse};
 }
 
-// The gradients of the forward above. Deterministic whatever `deterministic`
-// says: the kernels never add to a gradient from two blocks.
+// The gradients of the forward above. deterministic=true: bitwise reproducible
+// (no atomics); false: dQ is summed with fp32 atomics where that is faster.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> mha_bwd(const at::Tensor& dout,  // [B, Sq, H, D]
                                                        const at::Tensor& q,     // [B, Sq, H, D]
                                                        const at::Tensor& k,     // [B, Sk, Hk, D]
@@ -171,7 +171,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> mha_bwd(const at::Tensor& dout,  
                                                        const at::Tensor& out,   // [B, Sq, H, D]
                                                        const at::Tensor& lse,   // [B, H, Sq], fp32
                                                        double softmax_scale, bool causal, bool deterministic) {
-    (void)deterministic;
     const int max_smem_per_block = check_qkv(q, k, v, softmax_scale);
     check_input(dout, "dout", q);
     check_input(out, "out", q);
@@ -193,6 +192,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> mha_bwd(const at::Tensor& dout,  
     }
     if (seqlen_q == 0) return {dq, dk.zero_(), dv.zero_()};
     at::Tensor dsum = at::empty({batch, num_heads, seqlen_q}, q.options().dtype(at::kFloat));
+    at::Tensor dq_accum;
+    if (!deterministic) dq_accum = at::zeros({batch, seqlen_q, num_heads, q.size(3)}, q.options().dtype(at::kFloat));
 
     flash::BwdParams params{};
     set_params(params, q, k, v, out, lse, softmax_scale, causal, max_smem_per_block);
@@ -201,6 +202,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> mha_bwd(const at::Tensor& dout,  
     params.dk_ptr = dk.data_ptr();
     params.dv_ptr = dv.data_ptr();
     params.dsum_ptr = dsum.data_ptr<float>();
+    params.dq_accum_ptr = deterministic ? nullptr : dq_accum.data_ptr<float>();
+    params.deterministic = deterministic;
     params.do_batch_stride = dout.stride(0), params.do_row_stride = dout.stride(1),
     params.do_head_stride = dout.stride(2);
     params.dq_batch_stride = dq.stride(0), params.dq_row_stride = dq.stride(1), params.dq_head_stride = dq.stride(2);

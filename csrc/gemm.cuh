@@ -94,6 +94,36 @@ __device__ __forceinline__ void gemm_regs_smem(float (&acc)[kMTiles][kNTiles][4]
     }
 }
 
+// acc[m][n] += sum_k A[m][k] * B[k][n] with A stored transposed, [k][m], in
+// ATileT (columns a_col0 .. a_col0 + 16 are this warp's m), B = rows (k) of
+// BTile and its columns (n) from 8*n_tile0 on (n_tile0 even, a compile-time
+// constant after unrolling), both read by ldmatrix.trans. (dQ = dS K from the
+// dS^T tile the dK/dV pass holds.)
+template <typename Element, int kNTiles, int kKSteps, typename ATileT, typename BTile>
+__device__ __forceinline__ void gemm_smemT_smem(float (&acc)[1][kNTiles][4], uint32_t a_smem, int a_col0,
+                                                uint32_t b_smem, int n_tile0, int lane) {
+    static_assert(kNTiles % 2 == 0, "ldmatrix.x4 loads two n8 tiles of B");
+    // A: matrices {m 0-7, 8-15} x {k 0-7, 8-15} come from storage rows k and
+    // chunks m; .trans turns each into the row-major A fragment.
+    const int a_row = (lane / 16) * 8 + lane % 8;
+    const int a_chunk = a_col0 / 8 + (lane / 8) % 2;
+    const auto b_lane = BTile::lane_offsets(((lane / 8) % 2) * 8 + lane % 8, lane / 16);
+#pragma unroll
+    for (int kk = 0; kk < kKSteps; ++kk) {
+        uint32_t a[4];
+        ldmatrix_x4_trans(a, a_smem + ATileT::offset(kk * 16 + a_row, a_chunk));
+#pragma unroll
+        for (int jp = 0; jp < kNTiles / 2; ++jp) {
+            uint32_t b[4];
+            ldmatrix_x4_trans(b, b_smem + BTile::offset(b_lane, kk * 16, n_tile0 + jp * 2));
+            const uint32_t b_lo[2] = {b[0], b[1]};
+            const uint32_t b_hi[2] = {b[2], b[3]};
+            mma_m16n8k16<Element>(acc[0][2 * jp], a, b_lo);
+            mma_m16n8k16<Element>(acc[0][2 * jp + 1], a, b_hi);
+        }
+    }
+}
+
 // Writes an accumulator fragment, rounded to 16 bits, into rows row0 .. row0 +
 // 16*kMTiles of a shared-memory tile (to be stored to global memory with
 // 16-byte writes by TileCopy).

@@ -113,16 +113,17 @@ constexpr int kSmallSmemPerBlock = 99 * 1024;
 template <int kHeadDim> struct FwdSmallSmemConfig : FwdConfig<kHeadDim> {};
 template <> struct FwdSmallSmemConfig<256> { static constexpr int kBlockM = 128, kBlockN = 32, kNWarps = 8; };
 
-// Backward tiles. Each of the 4 warps owns 16 rows of the block's "own" tile
-// (64 keys in the dK/dV kernel, 64 queries in the dQ kernel) and the block
-// streams tiles of kStreamRows of the other side past them. At head dims over
-// 128 the stream tiles shrink to 32 rows, keeping four 16-bit tiles within the
-// 99 KB of sm_86/sm_89 and the score fragments small.
+// Backward tiles. Each warp owns 16 rows of the block's "own" tile (keys in
+// the dK/dV kernel, queries in the dQ kernel) and the block streams tiles of
+// kStreamRows of the other side past them. 8 warps (128-row own tiles) up to
+// d128 halve the dQ atomics per FLOP against 4 (benchmarks/NOTES.md, b3);
+// past d128 the own tiles are 64 rows and the stream tiles 32, keeping the
+// four 16-bit tiles within the 99 KB of sm_86/sm_89 and the fragments small.
 template <int kHeadDim_, typename Element_>
 struct BwdKernelTraits {
     using Element = Element_;
     static constexpr int kHeadDim = kHeadDim_;
-    static constexpr int kNWarps = 4;
+    static constexpr int kNWarps = kHeadDim <= 128 ? 8 : 4;
     static constexpr int kNThreads = kNWarps * 32;
     static constexpr int kOwnRows = 16 * kNWarps;
     static constexpr int kStreamRows = kHeadDim <= 128 ? 64 : 32;
@@ -144,9 +145,19 @@ struct BwdKernelTraits {
     static constexpr int kSmemStreamOffset1 = kSmemStreamOffset0 + StreamTile::kBytes;
     static constexpr int kSmemRowStatsOffset = kSmemStreamOffset1 + StreamTile::kBytes;
     static constexpr int kSmemBytes = kSmemRowStatsOffset + 2 * kStreamRows * 4;
+    // The dK/dV pass that also adds up dQ keeps the step's dS^T [keys, queries]
+    // after the rest. GPUs that cannot give a block that much take the
+    // deterministic path, which needs none.
+    using DsTile = SmemTile<kOwnRows, kStreamRows>;
+    static constexpr int kSmemDsOffset = kSmemBytes;
+    static constexpr int kSmemBytesWithDs = kSmemDsOffset + DsTile::kBytes;
+    // dQ of a step is computed and added to memory this many head-dim columns at a time.
+    static constexpr int kDqChunkCols = 32;
 
-    static_assert(kHeadDim % 32 == 0 && kStreamRows % 16 == 0, "whole mma steps");
+    static_assert(kHeadDim % kDqChunkCols == 0 && kStreamRows % 16 == 0, "whole mma steps");
+    static_assert(kNWarps % (kStreamRows / 16) == 0, "whole warps per 16 queries of dQ");
     static_assert(kSmemBytes <= kSmallSmemPerBlock, "backward tiles must fit sm_86/sm_89");
+    static_assert(kSmemBytesWithDs <= 163 * 1024, "shared memory over the sm_80 per-block limit");
 };
 
 template <int kHeadDim, typename Element, typename Config = FwdConfig<kHeadDim>>
