@@ -1,24 +1,35 @@
-"""Forward speed of flashattn against PyTorch's SDPA backends and the naive reference.
+"""Forward and backward speed of flashattn against PyTorch's SDPA backends and the naive reference.
 
 On a GPU (CUDA available and flashattn's kernels built) it runs the
 FlashAttention sweep: bf16 and fp16, B*S = 16384 tokens, H*D = 2048, head dims
-64/128/256, S from 512 to 16k, causal and not; for each shape it times
-flashattn, SDPA's FLASH_ATTENTION, CUDNN_ATTENTION and EFFICIENT_ATTENTION
-backends and the naive reference (all in this process, on the same tensors),
-and measures the peak memory of one forward for flashattn and the naive
-reference.
+64/128/256, S from 512 to 16k, causal and not; for each shape and each pass it
+times flashattn, SDPA's FLASH_ATTENTION, CUDNN_ATTENTION and EFFICIENT_ATTENTION
+backends and the naive reference (all in this process, on the same tensors).
+The passes (--passes):
+
+- fwd: out = fn().
+- bwd: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True), after one
+  forward outside the timed region; FLOPs 2.5x the forward's.
+- fwdbwd: out = fn() and torch.autograd.grad(out, (q, k, v), dout) together;
+  FLOPs 3.5x the forward's.
+
+It also measures the peak memory of one forward, and of one training step
+(forward + backward, B=1 H=16 D=128 bf16, S up to 64k), for flashattn and the
+naive reference.
 
 On a CPU-only machine it runs a small CPU comparison instead (flashattn's
-blockwise CPU path against the naive reference) and says what it could not run.
+blockwise CPU path against the naive reference; the forward, and with --passes
+the gradients too) and says what it could not run.
 
-Results: results.csv (one row per config x backend) and results.md (header
-with GPU, versions, commit, date; one table per dtype; the memory table) in
---out, and the Markdown tables printed last on stdout.
+Results: results.csv (one row per config x pass x backend) and results.md
+(header with GPU, versions, commit, date; one table per dtype and pass; the
+memory tables) in --out, and the Markdown tables printed last on stdout.
 
-Before any timing, each backend's output is compared once against flashattn's
-(max abs diff column), and flashattn's against an fp32 reference on a slice
-of the batch and heads, so that a broken kernel cannot post a fast number: a
-mismatch is shown as such instead of its speed.
+Before any timing, each backend's output (its gradients dq, dk, dv in the bwd
+and fwdbwd passes) is compared once against flashattn's (max abs diff column),
+and flashattn's against an fp32 reference on a slice of the batch and heads,
+so that a broken kernel cannot post a fast number: a mismatch is shown as such
+instead of its speed.
 """
 from __future__ import annotations
 
@@ -64,6 +75,25 @@ QUICK_SEQLENS = (2048, 8192)
 MEMORY_SHAPE = dict(batch=4, heads=32, headdim=64, dtype="fp16", causal=True)
 MEMORY_SEQLENS = (4096, 8192, 16384)
 
+# Peak memory of a training step (forward + backward): the issue's anchor,
+# where flashattn trains at S = 64k and the naive reference runs out of memory
+# long before.
+TRAIN_MEMORY_SHAPE = dict(batch=1, heads=16, headdim=128, dtype="bf16", causal=False)
+TRAIN_MEMORY_SEQLENS = (4096, 8192, 16384, 32768, 65536)
+QUICK_TRAIN_MEMORY_SEQLENS = (8192, 65536)
+
+PASSES = ("fwd", "bwd", "fwdbwd")
+PASS_TITLES = {"fwd": "forward", "bwd": "backward", "fwdbwd": "forward + backward"}
+# FLOPs of a pass in units of the forward's: the backward runs five GEMMs of
+# the forward's size (S = Q K^T recomputed, dV, dP, dK, dQ) where the forward
+# runs two.
+PASS_FLOP_FACTORS = {"fwd": 1.0, "bwd": 2.5, "fwdbwd": 3.5}
+# do_bench settings of the bwd and fwdbwd passes: shorter than the forward's,
+# so that the full GPU run (72 configs x 5 backends x 3 passes) stays under
+# ~8 minutes on an H100; a backward call is 2-3x a forward call, so the
+# median still comes from dozens of calls.
+GRAD_WARMUP_MS, GRAD_REP_MS = 10, 50
+
 CPU_BATCH, CPU_HEADS, CPU_HEADDIM = 1, 8, 64
 CPU_SEQLENS = (256, 512, 1024, 2048)
 CPU_QUICK_SEQLENS = (256, 512)
@@ -73,6 +103,14 @@ CPU_QUICK_SEQLENS = (256, 512)
 MISMATCH_EPS_FACTOR = 8
 # The naive reference does the softmax in the input dtype, so it gets more room.
 NAIVE_TOL_FACTOR = 4
+# Gradients sum over whole sequences (dK, dV over every query row, dQ over
+# every key), so they get 4x the outputs' room. Their tolerance scales with
+# their own magnitude, without the outputs' floor of 1: with random inputs
+# they are far below 1 (max |dq| ~ 0.1 at S = 8k), where that floor would
+# accept anything. Measured in bf16 and fp16, the naive reference's gradients
+# stay within 5% of this tolerance, so it gets no extra room here.
+GRAD_TOL_FACTOR = 4
+GRAD_NAMES = ("dq", "dk", "dv")
 # The fp32 reference check runs on this slice of the batch and heads, so that
 # the reference fits in memory at S = 16k.
 REF_CHECK_BATCH, REF_CHECK_HEADS = 1, 2
@@ -92,6 +130,7 @@ class Row:
     seqlen: int
     headdim: int
     backend: str
+    pass_: str = "fwd"        # fwd | bwd | fwdbwd; the CSV column "pass"
     status: str = "ok"        # ok | n/a | OOM | mismatch | error
     median_ms: float | None = None
     tflops: float | None = None
@@ -99,6 +138,22 @@ class Row:
     peak_mem_bytes: int | None = None
     extra_mem_bytes: int | None = None
     notes: str = ""
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One benchmarked configuration; it makes the speed rows of its backends."""
+    device: str
+    dtype: str
+    causal: bool
+    batch: int
+    heads: int
+    seqlen: int
+    headdim: int
+
+    def row(self, backend, pass_):
+        return Row("speed", self.device, self.dtype, self.causal, self.batch, self.heads,
+                   self.seqlen, self.headdim, backend, pass_)
 
 
 @dataclass
@@ -197,10 +252,58 @@ def check_output(row, out, reference, what, tol):
     return ok
 
 
-def make_qkv(batch, seqlen, heads, headdim, dtype, device, seed):
+def grad_tolerances(dtype, references):
+    """Tolerances of (dq, dk, dv), each scaled by its reference's magnitude (see GRAD_TOL_FACTOR)."""
+    eps = torch.finfo(dtype).eps
+    return [MISMATCH_EPS_FACTOR * GRAD_TOL_FACTOR * eps * g.float().abs().max().item() for g in references]
+
+
+def check_grads(row, grads, references, what, tols):
+    """check_output for (dq, dk, dv): the row's max_abs_diff is the largest of the
+    three, and a mismatch of any one marks the row."""
+    diffs = [max_abs_diff(g, r) for g, r in zip(grads, references)]
+    row.max_abs_diff = max(diffs, key=lambda d: d if math.isfinite(d) else math.inf)
+    row.notes = f"diff vs {what}: " + ", ".join(f"{n} {d:.3g}" for n, d in zip(GRAD_NAMES, diffs))
+    bad = [f"{n} {d:.3g} > tolerance {t:.3g}" for n, d, t in zip(GRAD_NAMES, diffs, tols)
+           if not (math.isfinite(d) and d <= t)]
+    if bad:
+        row.status = "mismatch"
+        row.notes = f"max abs diff vs {what}: " + ", ".join(bad)
+    return not bad
+
+
+def make_qkv(batch, seqlen, heads, headdim, dtype, device, seed, count=3):
+    """q, k, v (and dout with count=4), each [B, S, H, D], flash_attn_func's layout."""
     gen = torch.Generator(device=device).manual_seed(seed)
-    shape = (batch, seqlen, heads, headdim)  # [B, S, H, D], flash_attn_func's layout
-    return [torch.randn(shape, generator=gen, device=device, dtype=dtype) for _ in range(3)]
+    shape = (batch, seqlen, heads, headdim)
+    return [torch.randn(shape, generator=gen, device=device, dtype=dtype) for _ in range(count)]
+
+
+def grad_leaves(tensors):
+    """Leaves that share the tensors' storage and require grad: the gradient
+    passes get their own, so that the forward pass times inputs without autograd."""
+    return [t.detach().requires_grad_() for t in tensors]
+
+
+def grad_step(fn, inputs, dout, pass_):
+    """The call that a gradient pass times, for fn() -> out computed from the leaves inputs.
+
+    bwd: the forward runs here, once, outside the timed call, and the call
+    keeps its graph (retain_graph) so that it can repeat. fwdbwd: the call runs
+    the forward and the backward."""
+    if pass_ == "bwd":
+        out = fn()
+        return lambda: torch.autograd.grad(out, inputs, dout, retain_graph=True)
+    return lambda: torch.autograd.grad(fn(), inputs, dout)
+
+
+def reference_grads(q, k, v, dout, softmax_scale, causal):
+    """(dq, dk, dv) of the fp32 reference through autograd, in fp32."""
+    from flashattn.reference import attention_ref
+
+    leaves = [t.detach().float().requires_grad_() for t in (q, k, v)]
+    out, _ = attention_ref(*leaves, softmax_scale=softmax_scale, causal=causal, upcast=True)
+    return torch.autograd.grad(out, leaves, dout.float())
 
 
 def free_cuda_memory():
@@ -212,16 +315,28 @@ def free_cuda_memory():
 # Timing
 # ----------------------------------------------------------------------------
 
-def cuda_timer(warmup_ms, rep_ms):
-    """Median milliseconds of fn(): triton's do_bench if importable, else CUDA events."""
+def cuda_timers(settings):
+    """A median-milliseconds timer of fn() for each pass, and the header's line saying how.
+
+    settings: {pass: (warmup_ms, rep_ms)}. triton's do_bench if importable, else CUDA events.
+    """
+    # Passes that share settings are named together; one group needs no names.
+    groups = {}
+    for pass_, warmup_rep in settings.items():
+        groups.setdefault(warmup_rep, []).append(PASS_TITLES[pass_])
+    how = "; ".join(("" if len(groups) == 1 else ", ".join(names) + ": ") + f"warmup {warmup} ms, rep {rep} ms"
+                    for (warmup, rep), names in groups.items())
     try:
         from triton.testing import do_bench
     except ImportError:
         do_bench = None
     if do_bench is not None:
-        def timer(fn):
-            return float(do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
-        return timer, f"triton.testing.do_bench median (warmup {warmup_ms} ms, rep {rep_ms} ms)"
+        def make_timer(warmup_ms, rep_ms):
+            def timer(fn):
+                return float(do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
+            return timer
+        return ({pass_: make_timer(*warmup_rep) for pass_, warmup_rep in settings.items()},
+                f"triton.testing.do_bench median ({how})")
 
     # Like do_bench: flush L2 before each call, queue every call before waiting,
     # so neither cached inputs nor launch overhead shape the median.
@@ -238,11 +353,14 @@ def cuda_timer(warmup_ms, rep_ms):
         torch.cuda.synchronize()
         return [start.elapsed_time(end) for start, end in events]
 
-    def timer(fn):
-        estimate = max(statistics.median(timed_calls(fn, 5)), 1e-3)
-        timed_calls(fn, max(1, int(warmup_ms / estimate)))
-        return statistics.median(timed_calls(fn, max(5, int(rep_ms / estimate))))
-    return timer, f"CUDA events median (warmup {warmup_ms} ms, rep {rep_ms} ms; triton not importable)"
+    def make_timer(warmup_ms, rep_ms):
+        def timer(fn):
+            estimate = max(statistics.median(timed_calls(fn, 5)), 1e-3)
+            timed_calls(fn, max(1, int(warmup_ms / estimate)))
+            return statistics.median(timed_calls(fn, max(5, int(rep_ms / estimate))))
+        return timer
+    return ({pass_: make_timer(*warmup_rep) for pass_, warmup_rep in settings.items()},
+            f"CUDA events median ({how}; triton not importable)")
 
 
 def cpu_time(fn, budget_s, min_reps=3, max_reps=7):
@@ -293,73 +411,163 @@ def call_capturing_warnings(fn):
             raise RuntimeError("; ".join(reasons + [str(exc)])) from None
 
 
-def gpu_speed_rows(args, timer):
+def gpu_backend_fns(q, k, v, causal, scale):
+    """{backend: fn() -> out [B, S, H, D]} on q, k, v, and {backend: its context}.
+
+    Each backend runs, checked and timed, inside its context: SDPA's backend
+    choice stays out of the timed calls.
+    """
     from flashattn import flash_attn_func
     from flashattn.reference import attention_ref
 
+    fns = {
+        "flashattn": lambda: flash_attn_func(q, k, v, softmax_scale=scale, causal=causal),
+        "naive": lambda: attention_ref(q, k, v, softmax_scale=scale, causal=causal, upcast=False)[0],
+    }
+    contexts = dict.fromkeys(fns, contextlib.nullcontext)
+    for name, backend in sdpa_backends().items():
+        fns[name] = sdpa_fn(q, k, v, causal, scale)
+        contexts[name] = lambda backend=backend: sdpa_kernel(backend)
+    return fns, contexts
+
+
+def time_gpu_row(row, timer, fn, context, flops):
+    """The median time of fn() and its TFLOP/s into the row, or OOM / error where timing fails."""
+    try:
+        with context():
+            row.median_ms = call_capturing_warnings(lambda: timer(fn))
+        row.tflops = flops / (row.median_ms * 1e-3) / 1e12
+    except torch.cuda.OutOfMemoryError:
+        row.status = "OOM"
+    except Exception as exc:
+        row.status, row.notes = "error", short_reason(f"while timing: {exc}")
+
+
+def gpu_speed_rows(args, timers, seconds):
+    """Every config of the sweep, each pass, each backend; seconds[pass] accumulates the time spent."""
     backends = [b for b in GPU_BACKENDS if b in args.backends]
-    sdpa = sdpa_backends()
     configs = [(f"{dtype} causal={causal} D={d} S={s}", dtype, causal, d, s)
                for dtype in args.dtypes for causal in args.causal
                for d in args.headdims for s in args.seqlens]
     rows = []
     for _, dtype_name, causal, headdim, seqlen in progress(configs, "gpu sweep"):
-        dtype = DTYPES[dtype_name]
         batch = max(1, args.tokens // seqlen)
         heads = max(1, args.model_dim // headdim)
-        scale = 1.0 / math.sqrt(headdim)
-        flops = attention_flops(batch, heads, seqlen, headdim, causal)
-        free_cuda_memory()
-        q, k, v = make_qkv(batch, seqlen, heads, headdim, dtype, "cuda", seed=seqlen + headdim)
+        shape = Shape("cuda", dtype_name, causal, batch, heads, seqlen, headdim)
+        rows += gpu_config_rows(shape, backends, args.passes, timers, seconds)
+    return rows
 
-        # fp32 reference on a slice, to check flashattn itself.
-        sl = (slice(0, REF_CHECK_BATCH), slice(None), slice(0, REF_CHECK_HEADS))
-        ref_slice, _ = attention_ref(q[sl], k[sl], v[sl], softmax_scale=scale, causal=causal, upcast=True)
+
+def gpu_config_rows(shape, backends, passes, timers, seconds):
+    """The passes of every backend on one config, on one set of inputs."""
+    from flashattn.reference import attention_ref
+
+    dtype = DTYPES[shape.dtype]
+    scale = 1.0 / math.sqrt(shape.headdim)
+    flops = attention_flops(shape.batch, shape.heads, shape.seqlen, shape.headdim, shape.causal)
+    grad_passes = [p for p in passes if p != "fwd"]
+    free_cuda_memory()
+    q, k, v, *rest = make_qkv(shape.batch, shape.seqlen, shape.heads, shape.headdim, dtype, "cuda",
+                              seed=shape.seqlen + shape.headdim, count=4 if grad_passes else 3)
+    # The fp32 references run on a slice, to check flashattn itself.
+    sl = (slice(0, REF_CHECK_BATCH), slice(None), slice(0, REF_CHECK_HEADS))
+    rows = []
+    skip = {}  # backend -> why its gradient passes do not run
+    if "fwd" in passes:
+        started = time.perf_counter()
+        ref_slice, _ = attention_ref(q[sl], k[sl], v[sl], softmax_scale=scale, causal=shape.causal, upcast=True)
         tol = tolerance(dtype, ref_slice)
+        fns, contexts = gpu_backend_fns(q, k, v, shape.causal, scale)
+        rows += gpu_forward_rows(shape, backends, fns, contexts, (ref_slice, sl, tol), timers["fwd"], flops)
+        del ref_slice, fns, contexts
+        if any(r.backend == "naive" and r.status == "OOM" for r in rows):
+            skip["naive"] = "not run: the naive forward already ran out of memory"
+        seconds["fwd"] += time.perf_counter() - started
+    if grad_passes:
+        dout = rest[0]
+        started = time.perf_counter()
+        ref_grads = reference_grads(q[sl], k[sl], v[sl], dout[sl], scale, shape.causal)
+        tols = grad_tolerances(dtype, ref_grads)
+        inputs = grad_leaves((q, k, v))
+        fns, contexts = gpu_backend_fns(*inputs, shape.causal, scale)
+        for pass_ in grad_passes:  # the first one's time includes the fp32 reference's gradients
+            rows += gpu_grad_rows(pass_, shape, backends, fns, contexts, inputs, dout, (ref_grads, sl, tols),
+                                  timers[pass_], flops * PASS_FLOP_FACTORS[pass_], skip)
+            seconds[pass_] += time.perf_counter() - started
+            started = time.perf_counter()
+    return rows
 
-        fns = {
-            "flashattn": lambda: flash_attn_func(q, k, v, softmax_scale=scale, causal=causal),
-            "naive": lambda: attention_ref(q, k, v, softmax_scale=scale, causal=causal, upcast=False)[0],
-        }
-        # Each backend runs, checked and timed, inside its context: SDPA's
-        # backend choice stays out of the timed calls.
-        contexts = dict.fromkeys(fns, contextlib.nullcontext)
-        for name, backend in sdpa.items():
-            fns[name] = sdpa_fn(q, k, v, causal, scale)
-            contexts[name] = lambda backend=backend: sdpa_kernel(backend)
 
-        anchor = None  # flashattn's full output, once it passed the fp32 check
-        for name in backends:
-            row = Row("speed", "cuda", dtype_name, causal, batch, heads, seqlen, headdim, name)
-            rows.append(row)
-            try:
-                with contexts[name]():
-                    out = call_capturing_warnings(fns[name])
-                if anchor is not None:
-                    ok = check_output(row, out, anchor, "flashattn's output", tol)
-                else:
-                    ok = check_output(row, out[sl], ref_slice, REF_SLICE_NAME, tol)
-                if name == "flashattn" and ok:
-                    anchor = out
-                del out
-            except torch.cuda.OutOfMemoryError:
-                row.status = "OOM"
-            except Exception as exc:
-                row.status = "error" if name == "flashattn" else "n/a"
-                row.notes = short_reason(exc)
+def gpu_forward_rows(shape, backends, fns, contexts, reference, timer, flops):
+    """The fwd pass of every backend: check its output once, then time it.
+
+    reference: (the fp32 reference's output on the slice sl, sl, tolerance).
+    """
+    ref_slice, sl, tol = reference
+    rows = []
+    anchor = None  # flashattn's full output, once it passed the fp32 check
+    for name in backends:
+        row = shape.row(name, "fwd")
+        rows.append(row)
+        try:
+            with contexts[name]():
+                out = call_capturing_warnings(fns[name])
+            if anchor is not None:
+                ok = check_output(row, out, anchor, "flashattn's output", tol)
+            else:
+                ok = check_output(row, out[sl], ref_slice, REF_SLICE_NAME, tol)
+            if name == "flashattn" and ok:
+                anchor = out
+            del out
+        except torch.cuda.OutOfMemoryError:
+            row.status = "OOM"
+        except Exception as exc:
+            row.status = "error" if name == "flashattn" else "n/a"
+            row.notes = short_reason(exc)
+        free_cuda_memory()
+        if row.status in ("ok", "mismatch"):
+            time_gpu_row(row, timer, fns[name], contexts[name], flops)
             free_cuda_memory()
-            if row.status in ("ok", "mismatch"):
-                fn = fns[name]
-                try:
-                    with contexts[name]():
-                        row.median_ms = call_capturing_warnings(lambda: timer(fn))
-                    row.tflops = flops / (row.median_ms * 1e-3) / 1e12
-                except torch.cuda.OutOfMemoryError:
-                    row.status = "OOM"
-                except Exception as exc:
-                    row.status, row.notes = "error", short_reason(f"while timing: {exc}")
-                free_cuda_memory()
-        del q, k, v, anchor, ref_slice
+    return rows
+
+
+def gpu_grad_rows(pass_, shape, backends, fns, contexts, inputs, dout, reference, timer, flops, skip):
+    """A gradient pass (bwd or fwdbwd) of every backend: check its (dq, dk, dv)
+    once, then time the pass's call (grad_step) on the same graph.
+
+    fns compute from the leaves inputs; reference: (the fp32 reference's
+    gradients on the slice sl, sl, their tolerances); skip: {backend: why not run}.
+    """
+    ref_grads, sl, tols = reference
+    rows = []
+    anchor = None  # flashattn's full gradients, once they passed the fp32 check
+    for name in backends:
+        row = shape.row(name, pass_)
+        rows.append(row)
+        if name in skip:
+            row.status, row.notes = "OOM", skip[name]
+            continue
+        fn, step, grads = fns[name], None, None
+        try:
+            with contexts[name]():
+                step = call_capturing_warnings(lambda: grad_step(fn, inputs, dout, pass_))
+                grads = call_capturing_warnings(step)
+            if anchor is not None:
+                ok = check_grads(row, grads, anchor, "flashattn's gradients", tols)
+            else:
+                ok = check_grads(row, [g[sl] for g in grads], ref_grads, REF_SLICE_NAME, tols)
+            if name == "flashattn" and ok:
+                anchor = grads
+        except torch.cuda.OutOfMemoryError:
+            row.status = "OOM"
+        except Exception as exc:
+            row.status = "error" if name == "flashattn" else "n/a"
+            row.notes = short_reason(exc)
+        grads = None
+        if row.status in ("ok", "mismatch"):
+            time_gpu_row(row, timer, step, contexts[name], flops)
+        step = None  # a bwd step holds its forward's graph
+        free_cuda_memory()
     return rows
 
 
@@ -401,6 +609,53 @@ def gpu_memory_rows(args):
     return rows
 
 
+def gpu_train_memory_rows(args):
+    """Peak memory of one training step, out = fn(); torch.autograd.grad(out, (q, k, v), dout),
+    for flashattn and the naive reference."""
+    from flashattn import flash_attn_func
+    from flashattn.reference import attention_ref
+
+    shape = TRAIN_MEMORY_SHAPE
+    fns = {
+        "flashattn": lambda q, k, v: flash_attn_func(q, k, v, causal=shape["causal"]),
+        "naive": lambda q, k, v: attention_ref(q, k, v, causal=shape["causal"], upcast=False)[0],
+    }
+    configs = [(f"training memory {name} S={s}", name, s) for s in args.train_memory_seqlens
+               for name in ("flashattn", "naive") if name in args.backends]
+    rows = []
+    for _, name, seqlen in progress(configs, "training-step memory"):
+        row = Row("memory", "cuda", shape["dtype"], shape["causal"], shape["batch"], shape["heads"],
+                  seqlen, shape["headdim"], name, "fwdbwd")
+        rows.append(row)
+        free_cuda_memory()
+        try:
+            row.peak_mem_bytes, base = train_step_peak_memory(fns[name], seqlen, shape)
+            row.extra_mem_bytes = row.peak_mem_bytes - base
+            row.notes = f"inputs q, k, v, dout: {fmt_bytes(base)}"
+        except torch.cuda.OutOfMemoryError:
+            row.status = "OOM"
+        except Exception as exc:
+            row.status, row.notes = "error", short_reason(exc)
+        free_cuda_memory()
+    return rows
+
+
+def train_step_peak_memory(fn, seqlen, shape):
+    """(peak allocated bytes, bytes allocated once the inputs exist) of one
+    forward + backward; its tensors are freed on return, OOM or not."""
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    q, k, v, dout = make_qkv(shape["batch"], seqlen, shape["heads"], shape["headdim"],
+                             DTYPES[shape["dtype"]], "cuda", seed=seqlen, count=4)
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    base = torch.cuda.memory_allocated()
+    out = fn(q, k, v)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    torch.cuda.synchronize()
+    del out, grads
+    return torch.cuda.max_memory_allocated(), base
+
+
 def gpu_header(timing):
     props = torch.cuda.get_device_properties(0)
     try:
@@ -435,34 +690,13 @@ def build_info():
 # ----------------------------------------------------------------------------
 
 def cpu_rows(args):
-    from flashattn import flash_attn_func
-    from flashattn.reference import attention_ref
-
     configs = [(f"cpu {dtype} causal={causal} D={d} S={s}", dtype, causal, d, s)
                for dtype in args.dtypes for causal in args.causal
                for d in args.headdims for s in args.seqlens]
     rows = []
     for _, dtype_name, causal, headdim, seqlen in progress(configs, "cpu run"):
-        dtype = DTYPES[dtype_name]
-        batch, heads = CPU_BATCH, CPU_HEADS
-        scale = 1.0 / math.sqrt(headdim)
-        flops = attention_flops(batch, heads, seqlen, headdim, causal)
-        q, k, v = make_qkv(batch, seqlen, heads, headdim, dtype, "cpu", seed=seqlen + headdim)
-        ref32, _ = attention_ref(q, k, v, softmax_scale=scale, causal=causal, upcast=True)
-        tol = tolerance(dtype, ref32)
-        fns = {
-            "flashattn": lambda: flash_attn_func(q, k, v, softmax_scale=scale, causal=causal),
-            "naive": lambda: attention_ref(q, k, v, softmax_scale=scale, causal=causal, upcast=False)[0],
-        }
-        for name in (b for b in CPU_BACKENDS if b in args.backends):
-            row = Row("speed", "cpu", dtype_name, causal, batch, heads, seqlen, headdim, name)
-            rows.append(row)
-            try:
-                check_output(row, fns[name](), ref32, "the fp32 reference", tol)
-                row.median_ms = cpu_time(fns[name], args.cpu_budget) * 1e3
-                row.tflops = flops / (row.median_ms * 1e-3) / 1e12
-            except Exception as exc:
-                row.status, row.notes = "error", short_reason(exc)
+        shape = Shape("cpu", dtype_name, causal, CPU_BATCH, CPU_HEADS, seqlen, headdim)
+        rows += cpu_config_rows(shape, args)
     # Analytic size of the largest score intermediate, counted in fp32 (torch
     # has no CPU peak-memory counter): flashattn's CPU path holds one block of
     # scores per (batch, head) at a time, the naive reference all of them.
@@ -480,6 +714,61 @@ def cpu_rows(args):
     return rows
 
 
+def cpu_config_rows(shape, args):
+    """The passes of flashattn's CPU path and the naive reference on one config,
+    each checked against the fp32 reference, then timed."""
+    from flashattn import flash_attn_func
+    from flashattn.reference import attention_ref
+
+    backends = [b for b in CPU_BACKENDS if b in args.backends]
+    dtype = DTYPES[shape.dtype]
+    causal = shape.causal
+    scale = 1.0 / math.sqrt(shape.headdim)
+    flops = attention_flops(shape.batch, shape.heads, shape.seqlen, shape.headdim, causal)
+    grad_passes = [p for p in args.passes if p != "fwd"]
+    q, k, v, *rest = make_qkv(shape.batch, shape.seqlen, shape.heads, shape.headdim, dtype, "cpu",
+                              seed=shape.seqlen + shape.headdim, count=4 if grad_passes else 3)
+
+    def backend_fns(q, k, v):
+        return {
+            "flashattn": lambda: flash_attn_func(q, k, v, softmax_scale=scale, causal=causal),
+            "naive": lambda: attention_ref(q, k, v, softmax_scale=scale, causal=causal, upcast=False)[0],
+        }
+
+    rows = []
+    if "fwd" in args.passes:
+        ref32, _ = attention_ref(q, k, v, softmax_scale=scale, causal=causal, upcast=True)
+        tol = tolerance(dtype, ref32)
+        fns = backend_fns(q, k, v)
+        for name in backends:
+            row = shape.row(name, "fwd")
+            rows.append(row)
+            try:
+                check_output(row, fns[name](), ref32, "the fp32 reference", tol)
+                row.median_ms = cpu_time(fns[name], args.cpu_budget) * 1e3
+                row.tflops = flops / (row.median_ms * 1e-3) / 1e12
+            except Exception as exc:
+                row.status, row.notes = "error", short_reason(exc)
+    if grad_passes:
+        dout = rest[0]
+        ref_grads = reference_grads(q, k, v, dout, scale, causal)
+        tols = grad_tolerances(dtype, ref_grads)
+        inputs = grad_leaves((q, k, v))
+        fns = backend_fns(*inputs)
+        for pass_ in grad_passes:
+            for name in backends:
+                row = shape.row(name, pass_)
+                rows.append(row)
+                try:
+                    step = grad_step(fns[name], inputs, dout, pass_)
+                    check_grads(row, step(), ref_grads, "the fp32 reference", tols)
+                    row.median_ms = cpu_time(step, args.cpu_budget) * 1e3
+                    row.tflops = flops * PASS_FLOP_FACTORS[pass_] / (row.median_ms * 1e-3) / 1e12
+                except Exception as exc:
+                    row.status, row.notes = "error", short_reason(exc)
+    return rows
+
+
 def cpu_header(reason):
     return {
         "device": f"CPU: {platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads",
@@ -494,9 +783,12 @@ def cpu_header(reason):
 
 
 CPU_NOT_RUN = [
-    "the TFLOP/s sweep of flashattn's CUDA kernels (bf16/fp16, B*S = 16k tokens, H*D = 2048, S 512..16k)",
+    "the TFLOP/s sweep of flashattn's CUDA kernels, forward, backward and forward + backward "
+    "(bf16/fp16, B*S = 16k tokens, H*D = 2048, S 512..16k)",
     "the SDPA baselines: FLASH_ATTENTION, CUDNN_ATTENTION, EFFICIENT_ATTENTION",
     "the measured peak CUDA memory of one forward (flashattn vs naive, B=4 H=32 D=64 fp16 causal)",
+    "the measured peak CUDA memory of a training step, forward + backward "
+    "(flashattn vs naive, B=1 H=16 D=128 bf16, S 4k..64k)",
 ]
 
 
@@ -506,8 +798,9 @@ CPU_NOT_RUN = [
 
 def write_csv(rows, path):
     names = [f.name for f in fields(Row)]
+    columns = {n: n.rstrip("_") for n in names}  # Row.pass_ is the column "pass"
     with open(path, "w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=names)
+        writer = csv.DictWriter(fh, fieldnames=list(columns.values()))
         writer.writeheader()
         for row in rows:
             record = {n: getattr(row, n) for n in names}
@@ -516,7 +809,7 @@ def write_csv(rows, path):
                     record[key] = f"{record[key]:.4f}"
             if record["max_abs_diff"] is not None:
                 record["max_abs_diff"] = f"{record['max_abs_diff']:.3e}"
-            writer.writerow(record)
+            writer.writerow({columns[n]: value for n, value in record.items()})
 
 
 def speed_cell(row, unit_scale=1.0):
@@ -536,22 +829,31 @@ def ratio_cell(num, den):
 
 
 def speed_tables(rows, device):
+    """One table per (dtype, pass); a run of the forward alone keeps its titles
+    unmarked, others say each pass's FLOP multiplier."""
     speed = [r for r in rows if r.kind == "speed"]
     lines = []
     backends = GPU_BACKENDS if device == "cuda" else CPU_BACKENDS
     present = [b for b in backends if any(r.backend == b for r in speed)]
+    passes = [p for p in PASSES if any(r.pass_ == p for r in speed)]
     unit, scale = ("TFLOP/s", 1.0) if device == "cuda" else ("GFLOP/s", 1e3)
-    for dtype in dict.fromkeys(r.dtype for r in speed):
+    tables = [(dtype, pass_) for dtype in dict.fromkeys(r.dtype for r in speed) for pass_ in passes]
+    for dtype, pass_ in tables:
         by_config = {}
         for r in speed:
-            if r.dtype == dtype:
+            if r.dtype == dtype and r.pass_ == pass_:
                 by_config.setdefault((r.causal, r.headdim, r.seqlen), {})[r.backend] = r
+        if not by_config:
+            continue
         head = ["causal", "D", "S", "B x H"] + [f"{b}" for b in present]
         if device == "cuda":
             head += ["flashattn/flash", "flashattn/cudnn"]
         else:
             head += ["flashattn ms", "naive ms"]
-        lines += [f"### {dtype} forward, {unit}", "", "| " + " | ".join(head) + " |",
+        title = PASS_TITLES[pass_]
+        if passes != ["fwd"]:
+            title += f" (FLOPs x{PASS_FLOP_FACTORS[pass_]:g})"
+        lines += [f"### {dtype} {title}, {unit}", "", "| " + " | ".join(head) + " |",
                   "|" + "---|" * len(head)]
         for (causal, d, s), cells in sorted(by_config.items()):
             any_row = next(iter(cells.values()))
@@ -569,7 +871,7 @@ def speed_tables(rows, device):
 
 
 def memory_table(rows, device):
-    mem = [r for r in rows if r.kind == "memory"]
+    mem = [r for r in rows if r.kind == "memory" and r.pass_ == "fwd"]
     if not mem:
         return []
     by_seqlen = {}
@@ -606,6 +908,43 @@ def memory_table(rows, device):
     return lines + [""]
 
 
+def train_memory_table(rows):
+    mem = [r for r in rows if r.kind == "memory" and r.pass_ == "fwdbwd"]
+    if not mem:
+        return []
+    by_seqlen = {}
+    for r in mem:
+        by_seqlen.setdefault(r.seqlen, {})[r.backend] = r
+    first = mem[0]
+    lines = [f"### Peak memory of a training step (forward + backward) (B={first.batch}, H={first.heads}, "
+             f"D={first.headdim}, {first.dtype}, {'causal' if first.causal else 'non-causal'}): "
+             "out = fn(); torch.autograd.grad(out, (q, k, v), dout); torch.cuda.max_memory_allocated "
+             "after reset; 'extra' is the peak above the inputs q, k, v, dout; flashattn's memory grows "
+             "linearly where each 'peak / previous' equals the ratio of the S", "",
+             "| S | inputs q+k+v+dout | flashattn extra | flashattn peak | flashattn peak / previous "
+             "| naive extra | naive peak |",
+             "|---|---|---|---|---|---|---|"]
+    previous = None  # (S, flashattn's peak) of the row above
+    for s, cells in sorted(by_seqlen.items()):
+        inputs = 4 * first.batch * first.heads * s * first.headdim * torch.finfo(DTYPES[first.dtype]).bits // 8
+        line = [str(s), fmt_bytes(inputs)]
+        for b in ("flashattn", "naive"):
+            r = cells.get(b)
+            if r is None:
+                line += ["-", "-"]
+            elif r.status != "ok":
+                line += [r.status, r.status]
+            else:
+                line += [fmt_bytes(r.extra_mem_bytes), fmt_bytes(r.peak_mem_bytes)]
+            if b == "flashattn":
+                peak = r.peak_mem_bytes if r is not None and r.status == "ok" else None
+                line.append(f"{peak / previous[1]:.2f} (S x{s / previous[0]:g})"
+                            if peak and previous and previous[1] else "-")
+                previous = (s, peak)
+        lines.append("| " + " | ".join(line) + " |")
+    return lines + [""]
+
+
 def notes_lines(rows):
     """Distinct reasons for n/a, errors and mismatches, so the tables stay narrow."""
     seen = {}
@@ -613,7 +952,8 @@ def notes_lines(rows):
         if r.status in ("n/a", "error", "mismatch") and r.notes:
             # Group notes that differ only in their numbers; show the first one.
             key = (r.backend, r.status, re.sub(r"[-+.\deE]*\d", "#", r.notes))
-            where = f"{r.dtype} causal={str(r.causal).lower()} D={r.headdim} S={r.seqlen}"
+            pass_ = "" if r.pass_ == "fwd" else f" {PASS_TITLES[r.pass_]}"
+            where = f"{r.dtype}{pass_} causal={str(r.causal).lower()} D={r.headdim} S={r.seqlen}"
             seen.setdefault(key, (r.notes, []))[1].append(where)
     if not seen:
         return []
@@ -625,7 +965,9 @@ def notes_lines(rows):
 
 
 def markdown(run, rows):
-    title = "flashattn forward benchmark" + (" (CPU run)" if run.device == "cpu" else "")
+    passes = [p for p in PASSES if any(r.pass_ == p for r in rows if r.kind == "speed")] or ["fwd"]
+    title = (f"flashattn {', '.join(PASS_TITLES[p] for p in passes)} benchmark"
+             + (" (CPU run)" if run.device == "cpu" else ""))
     lines = [f"# {title}", ""]
     lines += [f"- {key}: {value}" for key, value in run.header.items()]
     lines.append("")
@@ -636,8 +978,15 @@ def markdown(run, rows):
     lines += ["Cells: speed, or `n/a` (backend refused the shape; see Notes), `OOM`, "
               "`mismatch` (output differs from flashattn's / the fp32 reference: speed withheld, see CSV), "
               "`error`. Max abs diffs are in results.csv.", ""]
+    if passes != ["fwd"]:
+        lines += ["Passes: FLOPs are 4*B*H*S*S*D, halved for causal, times the pass's multiplier. "
+                  "The backward times torch.autograd.grad(out, (q, k, v), dout, retain_graph=True) after "
+                  "one forward outside the timed region; forward + backward times out = fn() and "
+                  "torch.autograd.grad(out, (q, k, v), dout) together. Their check compares the gradients "
+                  "dq, dk, dv, each within a tolerance scaled by its own magnitude.", ""]
     lines += speed_tables(rows, run.device)
     lines += memory_table(rows, run.device)
+    lines += train_memory_table(rows)
     lines += notes_lines(rows)
     return "\n".join(lines)
 
@@ -659,7 +1008,10 @@ def parse_args(argv=None):
     p.add_argument("--out", type=Path, default=None,
                    help="output folder (default benchmarks/results/<YYYY-MM-DD>-<gpu-slug>)")
     p.add_argument("--quick", action="store_true",
-                   help="a small subset: GPU bf16, D 64/128/256, S 2048/8192; CPU S 256/512")
+                   help="a small subset: GPU bf16, D 64/128/256, S 2048/8192, all passes, training-step "
+                        "memory at S 8192 and 65536; CPU S 256/512")
+    p.add_argument("--passes", type=lambda s: parse_list(s), default=None,
+                   help=f"comma list out of {','.join(PASSES)} (default: all on a GPU, fwd on the CPU)")
     p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
                    help="auto: cuda when a GPU and flashattn's kernels are there, else cpu")
     p.add_argument("--dtypes", type=lambda s: parse_list(s), default=None,
@@ -672,9 +1024,18 @@ def parse_args(argv=None):
     p.add_argument("--tokens", type=int, default=SWEEP_TOKENS, help="B*S of each GPU config")
     p.add_argument("--model-dim", type=int, default=SWEEP_MODEL_DIM, help="H*D of each GPU config")
     p.add_argument("--memory-seqlens", type=lambda s: parse_list(s, int), default=list(MEMORY_SEQLENS),
-                   help="sequence lengths of the peak-memory table ('' to skip it)")
+                   help="sequence lengths of the peak-memory table of one forward ('' to skip it)")
+    p.add_argument("--train-memory-seqlens", type=lambda s: parse_list(s, int), default=None,
+                   help="GPU: sequence lengths of the peak-memory table of a training step ('' to skip it; "
+                        f"default {','.join(map(str, TRAIN_MEMORY_SEQLENS))}, "
+                        f"--quick {','.join(map(str, QUICK_TRAIN_MEMORY_SEQLENS))}; "
+                        "none when --passes is fwd alone)")
     p.add_argument("--warmup", type=float, default=25, help="do_bench warm-up, ms")
     p.add_argument("--rep", type=float, default=100, help="do_bench repetition time, ms")
+    p.add_argument("--grad-warmup", type=float, default=GRAD_WARMUP_MS,
+                   help="do_bench warm-up of the bwd and fwdbwd passes, ms")
+    p.add_argument("--grad-rep", type=float, default=GRAD_REP_MS,
+                   help="do_bench repetition time of the bwd and fwdbwd passes, ms")
     p.add_argument("--cpu-budget", type=float, default=0.5,
                    help="CPU run: seconds of timed repeats per measurement (3 calls at least)")
     args = p.parse_args(argv)
@@ -687,6 +1048,11 @@ def parse_args(argv=None):
         unknown = set(args.dtypes) - set(DTYPES)
         if unknown:
             p.error(f"--dtypes: unknown {sorted(unknown)}; accepted: {', '.join(DTYPES)}")
+    if args.passes is not None:
+        unknown = set(args.passes) - set(PASSES)
+        if unknown or not args.passes:
+            p.error(f"--passes: got {sorted(unknown) or 'none'}; accepted: one or more of {', '.join(PASSES)}")
+        args.passes = [name for name in PASSES if name in args.passes]
     return args
 
 
@@ -719,13 +1085,19 @@ def main(argv=None):
         bad = [d for d in args.dtypes if d not in ("bf16", "fp16")]
         if bad:
             sys.exit(f"bench_attention.py: --dtypes {bad} not benchmarked on the GPU; accepted: bf16, fp16")
-        timer, timing = cuda_timer(args.warmup, args.rep)
+        args.passes = args.passes or list(PASSES)
+        if args.train_memory_seqlens is None and args.passes != ["fwd"]:
+            args.train_memory_seqlens = list(QUICK_TRAIN_MEMORY_SEQLENS if args.quick else TRAIN_MEMORY_SEQLENS)
+        settings = {p: (args.warmup, args.rep) if p == "fwd" else (args.grad_warmup, args.grad_rep)
+                    for p in args.passes}
+        timers, timing = cuda_timers(settings)
         run = RunInfo("cuda", gpu_header(timing))
         device_slug = slug(run.header["GPU"])
     else:
         args.dtypes = args.dtypes or ["fp32", "bf16"]
         args.headdims = args.headdims or [CPU_HEADDIM]
         args.seqlens = args.seqlens or list(CPU_QUICK_SEQLENS if args.quick else CPU_SEQLENS)
+        args.passes = args.passes or ["fwd"]
         run = RunInfo("cpu", cpu_header(why_cpu), list(CPU_NOT_RUN))
         device_slug = "cpu"
         print(f"bench_attention.py: {why_cpu}: running the small CPU comparison "
@@ -738,12 +1110,20 @@ def main(argv=None):
 
     started = time.perf_counter()
     if device == "cuda":
-        rows = gpu_speed_rows(args, timer)
+        seconds = dict.fromkeys(args.passes, 0.0)  # time spent in each pass, then in the memory tables
+        rows = gpu_speed_rows(args, timers, seconds)
+        memory_started = time.perf_counter()
         if args.memory_seqlens:
             rows += gpu_memory_rows(args)
+        if args.train_memory_seqlens:
+            rows += gpu_train_memory_rows(args)
+        seconds["memory tables"] = time.perf_counter() - memory_started
     else:
         rows = cpu_rows(args)
     run.header["wall time"] = f"{time.perf_counter() - started:.0f} s"
+    if device == "cuda" and args.passes != ["fwd"]:
+        run.header["wall time"] += " (" + ", ".join(f"{PASS_TITLES.get(k, k)} {v:.0f} s"
+                                                    for k, v in seconds.items()) + ")"
 
     write_csv(rows, out_dir / "results.csv")
     text = markdown(run, rows)

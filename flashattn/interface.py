@@ -1,8 +1,9 @@
 """flash_attn_func and friends: the public functions, with FlashAttention-2's signatures.
 
 Each checks its arguments (an error names the argument, what was given and
-what is accepted), prepares the inputs the CUDA kernel needs (head-dim padding,
-row alignment) and runs the operator through an autograd Function.
+what is accepted), prepares the inputs the CUDA kernels need (head-dim padding,
+row alignment) and runs the operators through an autograd Function, whose
+backward recomputes the attention probabilities from the saved LSE.
 """
 
 import math
@@ -13,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import ops  # noqa: F401  registers torch.ops.flashattn.fwd
+from . import ops  # noqa: F401  registers torch.ops.flashattn.fwd and .bwd
 from ._extension import HAS_CUDA_KERNELS, NOT_BUILT_REASON, unsupported_gpu_reason
 
 __all__ = ["flash_attn_func", "flash_attn_kvpacked_func", "flash_attn_qkvpacked_func", "FlashAttnFunc"]
@@ -31,27 +32,33 @@ _KV_LAYOUT = "(batch, seqlen_k, nheads_k, headdim)"
 
 
 class FlashAttnFunc(torch.autograd.Function):
-    """Autograd wrapper of torch.ops.flashattn.fwd on checked inputs; returns (out, softmax_lse).
+    """torch.ops.flashattn.fwd and .bwd as one autograd Function on checked inputs; returns (out, softmax_lse).
 
-    The backward pass comes with issue 3; until then asking for a gradient
-    raises instead of returning something wrong.
+    Saves only q, k, v, out and the fp32 LSE, never an [Sq, Sk] tensor: the
+    backward recomputes the probabilities from them, so training memory stays
+    linear in the sequence length. softmax_lse is not differentiable.
     """
 
     @staticmethod
     def forward(
-        ctx, q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: bool
+        ctx, q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: bool, deterministic: bool
     ) -> tuple[Tensor, Tensor]:
         out, softmax_lse = _flash_attn_forward(q, k, v, softmax_scale, causal)
+        ctx.save_for_backward(q, k, v, out, softmax_lse)
+        ctx.softmax_scale = softmax_scale
+        ctx.causal = causal
+        ctx.deterministic = deterministic
         ctx.mark_non_differentiable(softmax_lse)
         return out, softmax_lse
 
     @staticmethod
-    def backward(ctx, grad_out: Tensor, grad_lse: Tensor) -> None:
-        raise NotImplementedError(
-            "flashattn: the backward pass of flash_attn_func is not implemented yet (issue 3); "
-            "run the forward under torch.no_grad() or torch.inference_mode(), or with inputs that "
-            "do not require grad"
+    def backward(ctx, grad_out: Tensor, grad_lse: Tensor) -> tuple[Tensor, Tensor, Tensor, None, None, None]:
+        # grad_lse is only ever zeros: softmax_lse is marked non-differentiable.
+        q, k, v, out, softmax_lse = ctx.saved_tensors
+        dq, dk, dv = _flash_attn_backward(
+            grad_out, q, k, v, out, softmax_lse, ctx.softmax_scale, ctx.causal, ctx.deterministic
         )
+        return dq, dk, dv, None, None, None
 
 
 def flash_attn_func(
@@ -83,21 +90,24 @@ def flash_attn_func(
             j <= i + seqlen_k - seqlen_q. A query row that sees no key outputs 0.
         window_size, softcap, alibi_slopes, return_attn_probs: must keep their
             defaults: these options are not implemented yet.
-        deterministic: accepted for compatibility; it concerns only the backward pass.
+        deterministic: make the backward pass bitwise reproducible run after run
+            (on CUDA the default may sum dq with atomics, in a varying order).
 
     Returns:
-        out: (batch, seqlen_q, nheads, headdim) in the dtype of q.
+        out: (batch, seqlen_q, nheads, headdim) in the dtype of q. It is
+        differentiable with respect to q, k and v; the backward pass keeps
+        nothing of size seqlen_q x seqlen_k.
 
     Runs on CUDA tensors (fp16, bf16; GPU sm_80 or newer; kernels built) and on
     CPU tensors (fp16, bf16, fp32) with a PyTorch implementation of the same
     algorithm. On CUDA the kernel needs a head dim that is a multiple of 8 and
     16-byte aligned rows: a head dim that is not is zero-padded (which leaves
-    q @ k^T unchanged) and the output sliced back; an input whose start or
-    strides other than the last are not multiples of 8 elements is copied.
-    Everything else is read in place, e.g. slices of a packed qkv.
+    q @ k^T unchanged) and the output and gradients sliced back; an input whose
+    start or strides other than the last are not multiples of 8 elements is
+    copied. Everything else is read in place, e.g. slices of a packed qkv.
     """
     _reject_unimplemented(dropout_p, window_size, softcap, alibi_slopes, return_attn_probs)
-    return _attention(q, k, v, ("q", "k", "v"), softmax_scale, causal)
+    return _attention(q, k, v, ("q", "k", "v"), softmax_scale, causal, deterministic)
 
 
 def flash_attn_qkvpacked_func(
@@ -113,13 +123,14 @@ def flash_attn_qkvpacked_func(
 ) -> Tensor:
     """flash_attn_func on q, k, v packed as qkv: (batch, seqlen, 3, nheads, headdim).
 
-    q, k and v are read as slices of qkv, without a copy. Other arguments and
-    the result as in flash_attn_func.
+    q, k and v are read as slices of qkv, without a copy; the gradient of qkv
+    stacks their gradients. Other arguments and the result as in flash_attn_func.
     """
     _reject_unimplemented(dropout_p, window_size, softcap, alibi_slopes, return_attn_probs)
     _check_packed("qkv", qkv, 3, "(batch, seqlen, 3, nheads, headdim)")
     q, k, v = qkv.unbind(dim=2)
-    return _attention(q, k, v, ("qkv[:, :, 0]", "qkv[:, :, 1]", "qkv[:, :, 2]"), softmax_scale, causal)
+    names = ("qkv[:, :, 0]", "qkv[:, :, 1]", "qkv[:, :, 2]")
+    return _attention(q, k, v, names, softmax_scale, causal, deterministic)
 
 
 def flash_attn_kvpacked_func(
@@ -136,22 +147,28 @@ def flash_attn_kvpacked_func(
 ) -> Tensor:
     """flash_attn_func with k and v packed as kv: (batch, seqlen_k, 2, nheads_k, headdim).
 
-    k and v are read as slices of kv, without a copy. Other arguments and the
-    result as in flash_attn_func.
+    k and v are read as slices of kv, without a copy; the gradient of kv stacks
+    their gradients. Other arguments and the result as in flash_attn_func.
     """
     _reject_unimplemented(dropout_p, window_size, softcap, alibi_slopes, return_attn_probs)
     _check_packed("kv", kv, 2, "(batch, seqlen_k, 2, nheads_k, headdim)")
     k, v = kv.unbind(dim=2)
-    return _attention(q, k, v, ("q", "kv[:, :, 0]", "kv[:, :, 1]"), softmax_scale, causal)
+    return _attention(q, k, v, ("q", "kv[:, :, 0]", "kv[:, :, 1]"), softmax_scale, causal, deterministic)
 
 
 def _attention(
-    q: object, k: object, v: object, names: tuple[str, str, str], softmax_scale: object, causal: bool
+    q: object,
+    k: object,
+    v: object,
+    names: tuple[str, str, str],
+    softmax_scale: object,
+    causal: bool,
+    deterministic: bool,
 ) -> Tensor:
     """Checks q, k, v (named as the caller knows them) and the scale, then runs the forward."""
     _check_qkv(q, k, v, names)
     scale = _resolve_softmax_scale(softmax_scale, q.shape[-1])
-    out, _ = FlashAttnFunc.apply(q, k, v, scale, bool(causal))
+    out, _ = FlashAttnFunc.apply(q, k, v, scale, bool(causal), bool(deterministic))
     return out
 
 
@@ -172,11 +189,41 @@ def _flash_attn_forward(
     return out[..., :head_dim], softmax_lse
 
 
+def _flash_attn_backward(
+    dout: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    softmax_lse: Tensor,
+    softmax_scale: float,
+    causal: bool,
+    deterministic: bool,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Runs the backward operator on the forward's inputs and results: dq, dk, dv.
+
+    The backward of every public function. On CUDA it pads and aligns dout,
+    q, k, v and out as the forward does (zero columns add nothing to
+    rowsum(dout * out), q @ k^T or any gradient) and slices the padding off
+    the gradients.
+    """
+    if not q.is_cuda:
+        return torch.ops.flashattn.bwd(dout, q, k, v, out, softmax_lse, softmax_scale, causal, deterministic)
+    head_dim = q.shape[-1]
+    pad = -head_dim % _KERNEL_CHUNK_ELEMS
+    dout, q, k, v, out = (_kernel_layout(t, pad) for t in (dout, q, k, v, out))
+    dq, dk, dv = torch.ops.flashattn.bwd(dout, q, k, v, out, softmax_lse, softmax_scale, causal, deterministic)
+    return dq[..., :head_dim], dk[..., :head_dim], dv[..., :head_dim]
+
+
 def _kernel_layout(t: Tensor, pad: int) -> Tensor:
-    """t as the CUDA kernel reads it: head dim zero-padded by `pad`, rows 16-byte aligned."""
+    """t as the CUDA kernels read it: head dim zero-padded by `pad`, contiguous rows 16-byte aligned."""
     if pad:
         return F.pad(t, (0, pad))  # a fresh, hence aligned, tensor
-    if _rows_aligned(t):
+    # q, k and v arrive with contiguous rows (checked), but the backward's dout is
+    # whatever the consumer of out produced: the gradient of out.sum() is a
+    # broadcast with stride 0 everywhere.
+    if t.stride(-1) == 1 and _rows_aligned(t):
         return t
     # clone, not contiguous(): a contiguous tensor at an odd storage offset stays misaligned.
     return t.clone(memory_format=torch.contiguous_format)

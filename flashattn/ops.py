@@ -1,4 +1,4 @@
-"""The flashattn operators: schema, fake (meta) implementation, CPU implementation.
+"""The flashattn operators: schemas, fake (meta) implementations, CPU implementations.
 
 ``torch.ops.flashattn.fwd(q, k, v, softmax_scale, causal) -> (out, softmax_lse)``
   q [B, Sq, H, D], k and v [B, Sk, Hk, D] with H % Hk == 0, any strides;
@@ -6,6 +6,14 @@
   contiguous. softmax_lse is the natural-log log-sum-exp of the scaled scores.
   Causal masking is aligned to the bottom-right corner: query i sees key j iff
   j <= i + Sk - Sq. A query row that sees no key gets out = 0, lse = -inf.
+
+``torch.ops.flashattn.bwd(dout, q, k, v, out, softmax_lse, softmax_scale, causal, deterministic) -> (dq, dk, dv)``
+  The gradients of fwd's out, given dout [B, Sq, H, D] and fwd's out and
+  softmax_lse on the same q, k, v, scale and mask; any strides. dq, dk and dv
+  have the shapes of q, k and v, their dtype, and are contiguous. dk and dv of
+  KV head j sum over the query heads that share it (h // (H // Hk) == j). A
+  query row that saw no key (lse = -inf) gets dq = 0 and adds nothing to dk,
+  dv. deterministic=True promises bitwise-identical results run after run.
 
 The CUDA implementation is registered by the compiled extension, which also
 defines the schema; without it the schema is defined here, so the operator and
@@ -20,12 +28,16 @@ from torch import Tensor
 
 from ._extension import HAS_CUDA_KERNELS
 
-__all__ = ["FWD_SCHEMA"]
+__all__ = ["BWD_SCHEMA", "FWD_SCHEMA"]
 
-# The single Python copy of the schema; csrc/flash_api.cpp holds the C++ one and
-# tests/test_ops.py checks that they agree.
+# The single Python copies of the schemas; csrc/flash_api.cpp holds the C++ ones
+# and tests/test_ops.py checks that they agree.
 FWD_SCHEMA = (
     "fwd(Tensor q, Tensor k, Tensor v, float softmax_scale, bool causal) -> (Tensor out, Tensor softmax_lse)"
+)
+BWD_SCHEMA = (
+    "bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, float softmax_scale, "
+    "bool causal, bool deterministic) -> (Tensor dq, Tensor dk, Tensor dv)"
 )
 
 # Tile sizes of the CPU implementation: at most one [BLOCK_M, BLOCK_N] block of
@@ -36,6 +48,7 @@ BLOCK_N = 128
 if not HAS_CUDA_KERNELS:
     _lib = torch.library.Library("flashattn", "DEF")
     _lib.define(FWD_SCHEMA)
+    _lib.define(BWD_SCHEMA)
 
 
 def _fwd_fake(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: bool) -> tuple[Tensor, Tensor]:
@@ -145,5 +158,125 @@ def _fwd_cpu(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: bool
     return out, softmax_lse
 
 
+def _bwd_fake(
+    dout: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    softmax_lse: Tensor,
+    softmax_scale: float,
+    causal: bool,
+    deterministic: bool,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Gradient shapes and dtypes without computing: what torch.compile traces the backward with."""
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _key_block_gradients(
+    k_blk: Tensor,  # [B, Hk, bn, D], fp32
+    v_blk: Tensor,  # [B, Hk, bn, D], fp32
+    q_heads: Tensor,  # [B, Hk, G, Sq, D]: the G query heads that share each KV head
+    do_heads: Tensor,  # [B, Hk, G, Sq, D]
+    lse: Tensor,  # [B, Hk, G, Sq], fp32, +inf on rows that saw no key
+    delta: Tensor,  # [B, Hk, G, Sq], fp32: rowsum(dO * O)
+    dq_acc: Tensor,  # [B, Hk, G, Sq, D], fp32, accumulated in place
+    key_start: int,
+    diagonal: int,
+    softmax_scale: float,
+    causal: bool,
+) -> tuple[Tensor, Tensor]:
+    """One block of keys walks every query block that can see it, in fp32.
+
+    Recomputes the probabilities from the scores and the saved LSE, adds the
+    block's share to dQ (unscaled) and returns its dK (unscaled) and dV
+    [B, Hk, bn, D], summed over the query heads of each KV head. Query row i
+    sees key j iff j <= i + diagonal when causal.
+    """
+    batch, num_heads_k, group, seqlen_q, head_dim = q_heads.shape
+    key_stop = key_start + k_blk.shape[2]
+    dk_blk = torch.zeros_like(k_blk)
+    dv_blk = torch.zeros_like(v_blk)
+    # Rows before the first one that sees key_start see nothing of this block: never visited.
+    first_visible = max(0, key_start - diagonal) if causal else 0
+    for first_row in range(first_visible // BLOCK_M * BLOCK_M, seqlen_q, BLOCK_M):
+        rows = slice(first_row, min(first_row + BLOCK_M, seqlen_q))
+        block_m = rows.stop - first_row
+        # As in the forward, the G heads of a group are stacked as rows of one
+        # matrix: each product with the K/V block serves them all without a copy
+        # of K/V, and P^T dO and dS^T Q sum over the group as they multiply.
+        q_rows = q_heads[:, :, :, rows].float().flatten(2, 3)  # [B, Hk, G * bm, D]
+        do_rows = do_heads[:, :, :, rows].float().flatten(2, 3)  # [B, Hk, G * bm, D]
+        scores = (q_rows @ k_blk.transpose(-1, -2)).unflatten(2, (group, block_m)) * softmax_scale
+        # Only blocks that cross the diagonal pay for the mask (see _attend_query_block).
+        if causal and key_stop - 1 > first_row + diagonal:
+            row_ids = torch.arange(first_row, rows.stop).unsqueeze(-1)
+            key_ids = torch.arange(key_start, key_stop)
+            scores = scores.masked_fill(key_ids > row_ids + diagonal, -math.inf)  # [bm, bn] broadcast
+        probs = torch.exp(scores - lse[:, :, :, rows].unsqueeze(-1)).flatten(2, 3)  # [B, Hk, G * bm, bn]
+        dv_blk += probs.transpose(-1, -2) @ do_rows
+        dprobs = do_rows @ v_blk.transpose(-1, -2)  # [B, Hk, G * bm, bn]
+        # The softmax's backward: dS = P * (dP - rowsum(P * dP)), and rowsum(P * dP) = rowsum(dO * O).
+        dscores = probs * (dprobs - delta[:, :, :, rows].flatten(2, 3).unsqueeze(-1))
+        dq_acc[:, :, :, rows] += (dscores @ k_blk).unflatten(2, (group, block_m))
+        dk_blk += dscores.transpose(-1, -2) @ q_rows
+    return dk_blk, dv_blk
+
+
+def _bwd_cpu(
+    dout: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    softmax_lse: Tensor,
+    softmax_scale: float,
+    causal: bool,
+    deterministic: bool,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """FlashAttention-2's backward in plain PyTorch: the readable statement of the algorithm.
+
+    Of the forward it needs only out and the LSE: the probabilities are
+    recomputed block by block, so memory stays linear in the sequence length.
+    Each block of BLOCK_N keys walks the blocks of BLOCK_M queries that can see
+    it, accumulating its dK and dV, while dQ is accumulated over key blocks;
+    all in fp32, converted to the input dtype once. The summation order is
+    fixed, so the result is bitwise reproducible whatever `deterministic` says.
+    """
+    batch, seqlen_q, num_heads, head_dim = q.shape
+    seqlen_k, num_heads_k = k.shape[1], k.shape[2]
+    group = num_heads // num_heads_k  # query head h uses KV head h // group
+
+    def grouped(t: Tensor) -> Tensor:
+        """[B, H, ...] as [B, Hk, G, ...], a view."""
+        return t.unflatten(1, (num_heads_k, group))
+
+    # The preprocess: D = rowsum(dO * O) per query row.
+    delta = grouped((dout.float() * out.float()).sum(dim=-1).transpose(1, 2))  # [B, Hk, G, Sq]
+    # A row that saw no key has lse -inf, which would make exp(S - lse) = inf;
+    # +inf makes its probabilities, hence all its gradients, 0.
+    lse = grouped(softmax_lse.masked_fill(softmax_lse == -math.inf, math.inf))  # [B, Hk, G, Sq]
+    q_heads = grouped(q.transpose(1, 2))  # [B, Hk, G, Sq, D], a view
+    do_heads = grouped(dout.transpose(1, 2))  # [B, Hk, G, Sq, D], a view
+    dq_acc = torch.zeros((batch, num_heads_k, group, seqlen_q, head_dim), dtype=torch.float32)
+    dk = k.new_empty((batch, seqlen_k, num_heads_k, head_dim))  # [B, Sk, Hk, D]
+    dv = v.new_empty((batch, seqlen_k, num_heads_k, head_dim))  # [B, Sk, Hk, D]
+    for key_start in range(0, seqlen_k, BLOCK_N):
+        keys = slice(key_start, min(key_start + BLOCK_N, seqlen_k))
+        k_blk = k[:, keys].transpose(1, 2).float()  # [B, Hk, bn, D]
+        v_blk = v[:, keys].transpose(1, 2).float()  # [B, Hk, bn, D]
+        dk_blk, dv_blk = _key_block_gradients(
+            k_blk, v_blk, q_heads, do_heads, lse, delta, dq_acc, key_start, seqlen_k - seqlen_q, softmax_scale, causal
+        )
+        # S = scale * Q K^T: dQ and dK take the scale once, on the sums.
+        dk[:, keys] = (dk_blk * softmax_scale).transpose(1, 2)  # cast to k's dtype on copy
+        dv[:, keys] = dv_blk.transpose(1, 2)
+    dq = q.new_empty((batch, seqlen_q, num_heads, head_dim))  # [B, Sq, H, D]
+    dq.copy_((dq_acc * softmax_scale).flatten(1, 2).transpose(1, 2))
+    return dq, dk, dv
+
+
 torch.library.register_fake("flashattn::fwd", _fwd_fake)
 torch.library.impl("flashattn::fwd", "cpu", _fwd_cpu)
+torch.library.register_fake("flashattn::bwd", _bwd_fake)
+torch.library.impl("flashattn::bwd", "cpu", _bwd_cpu)

@@ -1,11 +1,12 @@
-"""Runs every forward instantiation on awkward shapes, for compute-sanitizer.
+"""Runs every forward and backward instantiation on awkward shapes, for compute-sanitizer.
 
     compute-sanitizer --tool memcheck python scripts/sanitize_driver.py
     compute-sanitizer --tool racecheck python scripts/sanitize_driver.py --small
 
 Shapes are small (sanitizers slow kernels by orders of magnitude) but cover the
-sequence tails, Sq != Sk both ways, padded head dims, causal rows that see no
-key, GQA, and strided (non-contiguous) inputs. Exits non-zero on a CUDA error.
+sequence tails, Sq != Sk both ways, causal rows that see no key, GQA, and
+strided (non-contiguous) inputs; the backward runs both of its paths (dQ by
+atomics, and deterministic). Exits non-zero on a CUDA error.
 """
 import argparse
 import itertools
@@ -29,10 +30,14 @@ def main() -> None:
         q = packed[:, :sq, 0, :, :head_dim]  # strided views: no copy on the way in
         k = packed[:, :sk, 1, :2, :head_dim]
         v = packed[:, :sk, 2, :2, :head_dim]
-        flashattn.flash_attn_func(q, k, v, causal=causal)
+        scale = head_dim**-0.5
+        out, lse = torch.ops.flashattn.fwd(q, k, v, scale, causal)
+        dout = torch.randn_like(out)
+        for deterministic in (False, True):
+            torch.ops.flashattn.bwd(dout, q, k, v, out, lse, scale, causal, deterministic)
         cases += 1
     torch.cuda.synchronize()
-    print(f"sanitize driver: {cases} forward calls completed")
+    print(f"sanitize driver: {cases} forward and {2 * cases} backward calls completed")
 
 
 if __name__ == "__main__":

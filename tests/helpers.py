@@ -1,25 +1,33 @@
-"""What the tests share: random inputs, poisoned outputs, and the error bound.
+"""What the tests share: random inputs, poisoned outputs, and the error bounds.
 
 The bound (the project's testing rule): our error against an accurate reference may be at
 most twice the error of PyTorch doing the same math in the same low precision,
 plus a tiny epsilon for cases where PyTorch happens to be exact:
     max|ours - ref| <= 2 * max|torch_same_dtype - ref| + eps
+and three times for gradients, whose low-precision error compounds over more products.
 """
 
 import contextlib
 import math
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import pytest
 import torch
 from torch import Tensor
 
+from flashattn import flash_attn_func
 from flashattn.interface import _flash_attn_forward
 from flashattn.reference import attention_ref
 
 OUT_EPS = 1e-5
 LSE_EPS = 1e-4
+GRAD_FACTOR = 3
+# Where PyTorch's low-precision gradient is exact (one key: the softmax's gradient
+# is exactly 0), ours still carries fp32 rounding: sums of O(10) terms of O(10)
+# differ by ~1e-6 when added in another order. 1e-4 covers that and is far below
+# any bf16/fp16 error on gradients of standard normal inputs (~1e-3 and up).
+GRAD_EPS = 1e-4
 
 # Parametrize a test with `device` to run it on CPU and, where there is one, on the GPU.
 DEVICES = [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=pytest.mark.gpu)]
@@ -106,6 +114,34 @@ def run_forward(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: b
         return _flash_attn_forward(q, k, v, softmax_scale, causal)
 
 
+def run_backward(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    dout: Tensor,
+    softmax_scale: float,
+    causal: bool,
+    deterministic: bool = False,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """dq, dk, dv of flash_attn_func's out against dout, the backward with poisoned outputs.
+
+    The leaves are detached views of q, k, v: the backward sees their strides.
+    """
+    leaves = tuple(t.detach().requires_grad_() for t in (q, k, v))
+    out = flash_attn_func(*leaves, softmax_scale=softmax_scale, causal=causal, deterministic=deterministic)
+    with poisoned_allocations():
+        return torch.autograd.grad(out, leaves, dout)
+
+
+def reference_grads(
+    q: Tensor, k: Tensor, v: Tensor, dout: Tensor, softmax_scale: float, causal: bool, upcast: bool
+) -> tuple[Tensor, ...]:
+    """dq, dk, dv of attention_ref's out against dout through PyTorch's autograd, in the inputs' dtype."""
+    leaves = tuple(t.detach().requires_grad_() for t in (q, k, v))
+    out, _ = attention_ref(*leaves, softmax_scale, causal, upcast=upcast)
+    return torch.autograd.grad(out, leaves, dout.to(out.dtype))
+
+
 def max_abs_diff(a: Tensor, b: Tensor) -> float:
     return (a.double() - b.double()).abs().max().item() if a.numel() else 0.0
 
@@ -137,3 +173,32 @@ def assert_matches_reference(
     lse_err = max_abs_diff(lse[finite], lse_ref[finite])
     lse_bound = 2 * max_abs_diff(lse_lowp[finite], lse_ref[finite]) + LSE_EPS
     assert lse_err <= lse_bound, f"softmax_lse: max error {lse_err:.3g} > bound {lse_bound:.3g}"
+
+
+def assert_grads_match_reference(
+    grads: Sequence[Tensor],
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    dout: Tensor,
+    softmax_scale: float,
+    causal: bool,
+) -> None:
+    """dq, dk, dv of our backward on (q, k, v, dout) are within the gradient bound, with no NaN.
+
+    The accurate reference differentiates attention_ref on fp32 copies of the
+    inputs (float64 for fp32 inputs): differentiating through attention_ref's
+    own upcast would round its gradients back to the input dtype. The
+    low-precision yardstick differentiates attention_ref(upcast=False) in the
+    input dtype.
+    """
+    accurate_dtype = torch.float64 if q.dtype == torch.float32 else torch.float32
+    accurate = (t.to(accurate_dtype) for t in (q, k, v, dout))
+    refs = reference_grads(*accurate, softmax_scale, causal, upcast=True)
+    lowps = reference_grads(q, k, v, dout, softmax_scale, causal, upcast=False)
+    for name, grad, ref, lowp, t in zip(("dq", "dk", "dv"), grads, refs, lowps, (q, k, v)):
+        assert grad.shape == t.shape and grad.dtype == t.dtype, (name, grad.shape, grad.dtype)
+        assert not grad.isnan().any(), f"{name} has NaN: an element was never written, or 0/0"
+        err = max_abs_diff(grad, ref)
+        bound = GRAD_FACTOR * max_abs_diff(lowp, ref) + GRAD_EPS
+        assert err <= bound, f"{name}: max error {err:.3g} > bound {bound:.3g}"
