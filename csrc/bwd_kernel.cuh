@@ -334,15 +334,8 @@ __global__ void __launch_bounds__(Traits::kNThreads) bwd_dq_kernel(const BwdPara
         dsum[half] = row < seqlen_q ? params.dsum_ptr[row_stats + row] : 0.f;
     }
 
-    // Key tiles as in the forward: [0, n_blocks) seen, [n_unmasked, n_blocks) masked.
-    int n_blocks = (seqlen_k + kStreamRows - 1) / kStreamRows;
-    int n_unmasked = seqlen_k / kStreamRows;
-    if (Is_causal) {
-        const int diag = m0 + seqlen_k - seqlen_q;
-        const int last_key_end = min(m0 + kOwnRows, seqlen_q) + seqlen_k - seqlen_q;
-        n_blocks = min(n_blocks, last_key_end <= 0 ? 0 : (last_key_end + kStreamRows - 1) / kStreamRows);
-        n_unmasked = min(n_unmasked, diag + 1 <= 0 ? 0 : (diag + 1) / kStreamRows);
-    }
+    const KeyTileRange key_tiles = key_tile_range<Is_causal, kOwnRows, kStreamRows>(m0, seqlen_q, seqlen_k);
+    const int n_blocks = key_tiles.n_blocks, n_unmasked = key_tiles.n_unmasked;
 
     float dq[1][Traits::kNTilesD][4];
     clear(dq);

@@ -56,17 +56,8 @@ __global__ void __launch_bounds__(Traits::kNThreads) fwd_kernel(const FwdParams 
     const Element* v = static_cast<const Element*>(params.v_ptr) + batch * params.v_batch_stride +
                        head_k * params.v_head_stride;
 
-    // Key tiles [0, n_blocks) hold every key some row of this tile sees; tiles
-    // [n_unmasked, n_blocks) need a mask (sequence tail, causal diagonal).
-    int n_blocks = (seqlen_k + kBlockN - 1) / kBlockN;
-    int n_unmasked = seqlen_k / kBlockN;
-    if (Is_causal) {
-        const int diag = m0 + seqlen_k - seqlen_q;  // last key row m0 sees
-        // One past the last key that the tile's last real row sees.
-        const int last_key_end = min(m0 + kBlockM, seqlen_q) + seqlen_k - seqlen_q;
-        n_blocks = min(n_blocks, last_key_end <= 0 ? 0 : (last_key_end + kBlockN - 1) / kBlockN);
-        n_unmasked = min(n_unmasked, diag + 1 <= 0 ? 0 : (diag + 1) / kBlockN);
-    }
+    const KeyTileRange key_tiles = key_tile_range<Is_causal, kBlockM, kBlockN>(m0, seqlen_q, seqlen_k);
+    const int n_blocks = key_tiles.n_blocks, n_unmasked = key_tiles.n_unmasked;
 
     const TileCopy<typename Traits::QTile, kNThreads> q_copy(tid);
     const TileCopy<typename Traits::KTile, kNThreads> kv_copy(tid);  // K and V tiles share a shape

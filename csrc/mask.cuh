@@ -32,6 +32,27 @@ __device__ __forceinline__ void apply_mask(float (&s)[kMTiles][kNTilesS][4], int
     }
 }
 
+// The key tiles a tile of query rows [m0, m0 + kRows) walks, in tiles of
+// kKeys: [0, n_blocks) hold every key one of its rows sees, and tiles
+// [n_unmasked, n_blocks) need a mask (sequence tail, causal diagonal).
+struct KeyTileRange {
+    int n_blocks;
+    int n_unmasked;
+};
+
+template <bool Is_causal, int kRows, int kKeys>
+__device__ __forceinline__ KeyTileRange key_tile_range(int m0, int seqlen_q, int seqlen_k) {
+    KeyTileRange range{(seqlen_k + kKeys - 1) / kKeys, seqlen_k / kKeys};
+    if (Is_causal) {
+        const int diag = m0 + seqlen_k - seqlen_q;  // last key row m0 sees
+        // One past the last key that the tile's last real row sees.
+        const int last_key_end = min(m0 + kRows, seqlen_q) + seqlen_k - seqlen_q;
+        range.n_blocks = min(range.n_blocks, last_key_end <= 0 ? 0 : (last_key_end + kKeys - 1) / kKeys);
+        range.n_unmasked = min(range.n_unmasked, diag + 1 <= 0 ? 0 : (diag + 1) / kKeys);
+    }
+    return range;
+}
+
 // The causal mask on a transposed score tile (rows are keys, columns queries),
 // as the dK/dV kernel holds it: key j of row `key0 + ...` is hidden from query i
 // iff j > i + Sk - Sq. Tails need no mask there: padded keys only feed their own
