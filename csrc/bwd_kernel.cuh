@@ -27,11 +27,13 @@ namespace flash {
 constexpr float kLog2e = 1.4426950408889634f;
 
 // The forward's natural-log lse of a query row, in base 2 for exp2. A row that
-// saw no key (lse = -inf) or lies past the sequence gets +inf, so that every p
-// of the row is exp2(s - inf) = 0 rather than exp2(-inf + inf) = NaN.
+// saw no key (lse = -inf) or lies past the sequence (passed as -inf) gets +inf,
+// so that every p of the row is exp2(s - inf) = 0 rather than exp2(-inf + inf)
+// = NaN.
+__device__ __forceinline__ float lse_to_log2(float lse) { return lse == -INFINITY ? INFINITY : lse * kLog2e; }
+
 __device__ __forceinline__ float lse_log2_of_row(const float* lse_row, int row, int seqlen_q) {
-    const float lse = row < seqlen_q ? lse_row[row] : -INFINITY;
-    return lse == -INFINITY ? INFINITY : lse * kLog2e;
+    return lse_to_log2(row < seqlen_q ? lse_row[row] : -INFINITY);
 }
 
 // D[b, h, i] = sum_d dO[b, i, h, d] * O[b, i, h, d] in fp32: one warp per row.
@@ -67,55 +69,59 @@ __global__ void __launch_bounds__(128) bwd_dot_do_o_kernel(const BwdParams param
     if (lane == 0) params.dsum_ptr[row] = sum;
 }
 
-// p = exp2(s * scale_log2 - lse_log2) in place, with lse_log2 per column
-// (transposed tiles: columns are queries) or per row.
-template <int kNTiles>
-__device__ __forceinline__ void probs_from_scores_by_column(float (&s)[1][kNTiles][4], const float* lse_log2_smem,
-                                                            float scale_log2, int lane) {
+// p = exp2(s * scale_log2 - lse_log2) in place on a transposed score fragment
+// (columns are queries), lse_log2_smem starting at the warp's first query.
+template <int kMTiles, int kNTiles>
+__device__ __forceinline__ void probs_from_scores_by_column(float (&s)[kMTiles][kNTiles][4],
+                                                            const float* lse_log2_smem, float scale_log2, int lane) {
 #pragma unroll
     for (int j = 0; j < kNTiles; ++j) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
             const float lse_log2 = lse_log2_smem[j * 8 + (lane % 4) * 2 + e % 2];
-            s[0][j][e] = exp2_approx(fmaf(s[0][j][e], scale_log2, -lse_log2));
+#pragma unroll
+            for (int mt = 0; mt < kMTiles; ++mt) {
+                s[mt][j][e] = exp2_approx(fmaf(s[mt][j][e], scale_log2, -lse_log2));
+            }
         }
     }
 }
 
 // Adds this step's dQ share, dS [queries, keys] K [keys, D], to the fp32 dQ
-// buffer: the dS^T tile is in shared memory; each warp takes 16 queries and a
-// compile-time set of kDqChunkCols-column chunks of D.
+// buffer, from the dS^T tile in shared memory: units of kDqRows queries x
+// kDqCols columns, dealt round-robin to the warps.
 template <typename Traits>
 __device__ __forceinline__ void add_dq_share(float* dq_accum, int64_t dq_row_stride, int m0, int seqlen_q,
                                              uint32_t ds_smem, uint32_t k_smem, int warp, int lane) {
     using Element = typename Traits::Element;
-    constexpr int kMTiles = Traits::kStreamRows / 16;
-    constexpr int kWarpsPerMTile = Traits::kNWarps / kMTiles;
-    constexpr int kChunks = Traits::kHeadDim / Traits::kDqChunkCols;
-    constexpr int kChunkTiles = Traits::kDqChunkCols / 8;
-    const int mt = warp % kMTiles;
-    const int slot = warp / kMTiles;
-#pragma unroll
-    for (int c = 0; c < kChunks; ++c) {
-        if (c % kWarpsPerMTile != slot) continue;  // warp-uniform
-        float acc[1][kChunkTiles][4];
+    constexpr int kMTiles = Traits::kDqRows / 16;
+    constexpr int kNTiles = Traits::kDqCols / 8;
+    // Run-time unit indices keep one copy of the GEMM in the step's code.
+#pragma unroll 1
+    for (int unit = warp; unit < Traits::kDqUnits; unit += Traits::kNWarps) {
+        const int q0 = (unit % Traits::kDqRowUnits) * Traits::kDqRows;
+        const int col0 = (unit / Traits::kDqRowUnits) * Traits::kDqCols;
+        float acc[kMTiles][kNTiles][4];
         clear(acc);
-        gemm_smemT_smem<Element, kChunkTiles, Traits::kOwnRows / 16, typename Traits::DsTile,
-                        typename Traits::OwnTile>(acc, ds_smem, mt * 16, k_smem, c * kChunkTiles, lane);
+        gemm_smem_kn<Element, true, kMTiles, kNTiles, Traits::kKStepsOwn, typename Traits::ScoreTile,
+                     typename Traits::OwnTile>(acc, ds_smem, q0, k_smem, col0 / 8, opaque(lane));
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-            const int row = m0 + mt * 16 + half * 8 + lane / 4;
-            if (row >= seqlen_q) continue;
-            float* dst = dq_accum + row * dq_row_stride + c * Traits::kDqChunkCols + (lane % 4) * 2;
+        for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
-            for (int j = 0; j < kChunkTiles; ++j) {
+            for (int half = 0; half < 2; ++half) {
+                const int row = m0 + q0 + mt * 16 + half * 8 + lane / 4;
+                if (row >= seqlen_q) continue;
+                float* dst = dq_accum + row * dq_row_stride + col0 + (lane % 4) * 2;
+#pragma unroll
+                for (int j = 0; j < kNTiles; ++j) {
 #if __CUDA_ARCH__ >= 900
-                atomicAdd(reinterpret_cast<float2*>(dst + j * 8),
-                          make_float2(acc[0][j][2 * half], acc[0][j][2 * half + 1]));
+                    atomicAdd(reinterpret_cast<float2*>(dst + j * 8),
+                              make_float2(acc[mt][j][2 * half], acc[mt][j][2 * half + 1]));
 #else
-                atomicAdd(dst + j * 8, acc[0][j][2 * half]);
-                atomicAdd(dst + j * 8 + 1, acc[0][j][2 * half + 1]);
+                    atomicAdd(dst + j * 8, acc[mt][j][2 * half]);
+                    atomicAdd(dst + j * 8 + 1, acc[mt][j][2 * half + 1]);
 #endif
+                }
             }
         }
     }
@@ -125,31 +131,40 @@ __device__ __forceinline__ void add_dq_share(float* dq_accum, int64_t dq_row_str
 // of every query head that shares the KV head, so the group sum of GQA happens
 // in registers. Has_dK / Has_dV select the gradients of this pass (both at
 // head dims up to 128; one each past that, to fit the registers); Has_dQ adds
-// each step's dQ share to the fp32 buffer (with dK, which computes dS).
+// each step's dQ share to the fp32 buffer (with dK, which computes dS). Warp
+// layouts: BwdKernelTraits.
 template <typename Traits, bool Is_causal, bool Has_dK, bool Has_dV, bool Has_dQ>
 __global__ void __launch_bounds__(Traits::kNThreads) bwd_dk_dv_kernel(const BwdParams params) {
     using Element = typename Traits::Element;
     using OwnTile = typename Traits::OwnTile;
     using StreamTile = typename Traits::StreamTile;
+    using ScoreTile = typename Traits::ScoreTile;
     constexpr int kOwnRows = Traits::kOwnRows;
     constexpr int kStreamRows = Traits::kStreamRows;
     constexpr int kNThreads = Traits::kNThreads;
+    constexpr int kNTilesS = Traits::kNTilesS;
+    constexpr int kNTilesDkv = Traits::kNTilesDkv;
 
     extern __shared__ __align__(128) char smem[];
     char* k_smem_ptr = smem + Traits::kSmemOwnOffset0;
     char* v_smem_ptr = smem + Traits::kSmemOwnOffset1;
+    char* p_smem_ptr = smem + Traits::kSmemPOffset;    // P^T [keys, queries] of the step
+    char* ds_smem_ptr = smem + Traits::kSmemDsOffset;  // dS^T [keys, queries] of the step
     const uint32_t k_smem = smem_addr(k_smem_ptr);
     const uint32_t v_smem = smem_addr(v_smem_ptr);
-    const uint32_t q_smem = smem_addr(smem + Traits::kSmemStreamOffset0);
-    const uint32_t do_smem = smem_addr(smem + Traits::kSmemStreamOffset1);
+    const uint32_t q_smem0 = smem_addr(smem + Traits::kSmemStreamOffset0);  // stage s: + s * kSmemStageBytes
+    const uint32_t do_smem0 = smem_addr(smem + Traits::kSmemStreamOffset1);
     float* lse_log2_smem = reinterpret_cast<float*>(smem + Traits::kSmemRowStatsOffset);  // [kStreamRows]
     float* dsum_smem = lse_log2_smem + kStreamRows;                                        // [kStreamRows]
-    char* ds_smem_ptr = smem + Traits::kSmemDsOffset;
     static_assert(!Has_dQ || Has_dK, "dQ needs dS, which the dK pass computes");
 
     const int tid = threadIdx.x;
     const int lane = tid % 32;
-    const int warp_row0 = (tid / 32) * 16;
+    const int warp = tid / 32;
+    // The warp's 32 keys, its queries of S^T, and its columns of dK and dV.
+    const int key_row0 = (warp / Traits::kQueryWarps) * 32;
+    const int query_col0 = (warp % Traits::kQueryWarps) * Traits::kWarpQueries;
+    const int d_chunk0 = (warp % Traits::kQueryWarps) * kNTilesDkv;
     const int n0 = blockIdx.x * kOwnRows;
     const int head_k = blockIdx.y;
     const int batch = blockIdx.z;
@@ -166,8 +181,8 @@ __global__ void __launch_bounds__(Traits::kNThreads) bwd_dk_dv_kernel(const BwdP
     own_copy.load_async(v_smem, v, params.v_row_stride, seqlen_k - n0, params.head_dim);
     cp_async_commit();
 
-    float dk[1][Traits::kNTilesD][4];
-    float dv[1][Traits::kNTilesD][4];
+    float dk[2][kNTilesDkv][4];
+    float dv[2][kNTilesDkv][4];
     clear(dk);
     clear(dv);
 
@@ -177,84 +192,115 @@ __global__ void __launch_bounds__(Traits::kNThreads) bwd_dk_dv_kernel(const BwdP
     const int first_query = Is_causal ? max(0, n0 - (seqlen_k - seqlen_q)) : 0;
     const int m_begin = min(m_blocks, first_query / kStreamRows);
 
+    // The steps: every (query head of the group, query tile) pair, flattened so
+    // that the next step's tiles can be loaded while this one computes.
+    const int m_tiles = m_blocks - m_begin;
+    const int steps = params.heads_per_kv_head * m_tiles;
+    auto head_of = [&](int t) { return head_k * params.heads_per_kv_head + t / m_tiles; };
+    auto m0_of = [&](int t) { return (m_begin + t % m_tiles) * kStreamRows; };
+    // Starts step t's Q and dO copies into `stage` and its rows' lse and D loads
+    // into registers (read when the step begins).
+    float step_lse = -INFINITY, step_dsum = 0.f;
+    auto load_step = [&](int t, int stage) {
+        const int head = head_of(t);
+        const int m0 = m0_of(t);
+        const Element* q = static_cast<const Element*>(params.q_ptr) + batch * params.q_batch_stride +
+                           head * params.q_head_stride + m0 * params.q_row_stride;
+        const Element* dout = static_cast<const Element*>(params.do_ptr) + batch * params.do_batch_stride +
+                              head * params.do_head_stride + m0 * params.do_row_stride;
+        stream_copy.load_async(q_smem0 + stage * Traits::kSmemStageBytes, q, params.q_row_stride, seqlen_q - m0,
+                               params.head_dim);
+        stream_copy.load_async(do_smem0 + stage * Traits::kSmemStageBytes, dout, params.do_row_stride,
+                               seqlen_q - m0, params.head_dim);
+        if (tid < kStreamRows) {
+            const int64_t row = (static_cast<int64_t>(batch) * params.num_heads + head) * seqlen_q + m0 + tid;
+            const bool valid = m0 + tid < seqlen_q;
+            step_lse = valid ? params.lse_ptr[row] : -INFINITY;
+            step_dsum = valid ? params.dsum_ptr[row] : 0.f;
+        }
+    };
+
     // dQ buffer [B, Sq, H, D] (fp32, contiguous) of the current query head.
     float* dq_accum_head = nullptr;
     const int64_t dq_accum_row_stride = static_cast<int64_t>(params.num_heads) * params.head_dim;
 
-    auto step = [&](const Element* q, const Element* dout, const float* lse_row, const float* dsum_row, int m0,
-                    auto is_masked) {
+    // One step on the tiles in shared memory: q_smem, do_smem, the rows' lse and D.
+    auto compute = [&](uint32_t q_smem, uint32_t do_smem, int m0, auto is_masked) {
         constexpr bool Is_masked = decltype(is_masked)::value;
-        __syncthreads();  // every warp is done with the previous Q, dO, lse, D
-        stream_copy.load_async(q_smem, q + m0 * params.q_row_stride, params.q_row_stride, seqlen_q - m0,
-                               params.head_dim);
-        stream_copy.load_async(do_smem, dout + m0 * params.do_row_stride, params.do_row_stride, seqlen_q - m0,
-                               params.head_dim);
-        cp_async_commit();
-        if (tid < kStreamRows) {
-            lse_log2_smem[tid] = lse_log2_of_row(lse_row, m0 + tid, seqlen_q);
-            dsum_smem[tid] = m0 + tid < seqlen_q ? dsum_row[m0 + tid] : 0.f;
-        }
-        cp_async_wait<0>();
-        __syncthreads();
-
-        // S^T = K Q^T for the warp's 16 keys, then P^T.
-        float p[1][Traits::kNTilesS][4];
+        // S^T = K Q^T for the warp's keys and queries, then P^T.
+        float p[2][kNTilesS][4];
         clear(p);
-        gemm_smem_smem<Element, 1, Traits::kNTilesS, Traits::kKStepsD, OwnTile, StreamTile>(p, k_smem, warp_row0,
-                                                                                            q_smem, lane);
+        gemm_smem_smem<Element, 2, kNTilesS, Traits::kKStepsD, OwnTile, StreamTile>(p, k_smem, key_row0, q_smem,
+                                                                                     query_col0, opaque(lane));
         if constexpr (Is_masked) {
-            apply_causal_mask_transposed(p, n0 + warp_row0, m0, seqlen_q, seqlen_k, lane);
+            apply_causal_mask_transposed(p, n0 + key_row0, m0 + query_col0, seqlen_q, seqlen_k, lane);
         }
-        probs_from_scores_by_column(p, lse_log2_smem, params.softmax_scale_log2, lane);
-
-        if constexpr (Has_dV) {  // dV += P^T dO
-            gemm_regs_smem<Element, 1, Traits::kNTilesD, Traits::kKStepsStream, StreamTile>(dv, p, do_smem, lane);
-        }
+        probs_from_scores_by_column(p, lse_log2_smem + query_col0, params.softmax_scale_log2, lane);
+        if constexpr (Has_dV) store_fragment<Element, ScoreTile>(p, p_smem_ptr, key_row0, query_col0 / 8, lane);
         if constexpr (Has_dK) {
-            // dP^T = V dO^T, then dS^T = P^T * (dP^T - D) in place.
-            float ds[1][Traits::kNTilesS][4];
+            // dP^T = V dO^T, then dS^T = P^T * (dP^T - D).
+            float ds[2][kNTilesS][4];
             clear(ds);
-            gemm_smem_smem<Element, 1, Traits::kNTilesS, Traits::kKStepsD, OwnTile, StreamTile>(
-                ds, v_smem, warp_row0, do_smem, lane);
+            gemm_smem_smem<Element, 2, kNTilesS, Traits::kKStepsD, OwnTile, StreamTile>(
+                ds, v_smem, key_row0, do_smem, query_col0, opaque(lane));
 #pragma unroll
-            for (int j = 0; j < Traits::kNTilesS; ++j) {
+            for (int j = 0; j < kNTilesS; ++j) {
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
-                    ds[0][j][e] = p[0][j][e] * (ds[0][j][e] - dsum_smem[j * 8 + (lane % 4) * 2 + e % 2]);
+                    const float dsum = dsum_smem[query_col0 + j * 8 + (lane % 4) * 2 + e % 2];
+#pragma unroll
+                    for (int mt = 0; mt < 2; ++mt) ds[mt][j][e] = p[mt][j][e] * (ds[mt][j][e] - dsum);
                 }
             }
-            // dK += dS^T Q (scaled once, at the end)
-            gemm_regs_smem<Element, 1, Traits::kNTilesD, Traits::kKStepsStream, StreamTile>(dk, ds, q_smem, lane);
-            if constexpr (Has_dQ) {
-                store_fragment<Element, typename Traits::DsTile>(ds, ds_smem_ptr, warp_row0, lane);
-                __syncthreads();  // the whole dS^T tile, every warp's keys, is in place
-                add_dq_share<Traits>(dq_accum_head, dq_accum_row_stride, m0, seqlen_q, smem_addr(ds_smem_ptr),
-                                     k_smem, tid / 32, lane);
-            }
+            store_fragment<Element, ScoreTile>(ds, ds_smem_ptr, key_row0, query_col0 / 8, lane);
+        }
+        __syncthreads();  // the whole P^T and dS^T tiles, every warp's part, are in place
+
+        if constexpr (Has_dV) {  // dV += P^T dO
+            gemm_smem_kn<Element, false, 2, kNTilesDkv, Traits::kKStepsStream, ScoreTile, StreamTile>(
+                dv, smem_addr(p_smem_ptr), key_row0, do_smem, d_chunk0, opaque(lane));
+        }
+        if constexpr (Has_dK) {  // dK += dS^T Q (scaled once, at the end)
+            gemm_smem_kn<Element, false, 2, kNTilesDkv, Traits::kKStepsStream, ScoreTile, StreamTile>(
+                dk, smem_addr(ds_smem_ptr), key_row0, q_smem, d_chunk0, opaque(lane));
+        }
+        if constexpr (Has_dQ) {
+            add_dq_share<Traits>(dq_accum_head, dq_accum_row_stride, m0, seqlen_q, smem_addr(ds_smem_ptr), k_smem,
+                                 warp, lane);
         }
     };
 
-    for (int g = 0; g < params.heads_per_kv_head; ++g) {
-        const int head = head_k * params.heads_per_kv_head + g;
+    if constexpr (Traits::kStages == 2) {
+        if (steps > 0) load_step(0, 0);
+    }
+    cp_async_commit();
+    for (int t = 0; t < steps; ++t) {
+        const int stage = Traits::kStages == 2 ? t % 2 : 0;
+        __syncthreads();  // every warp is done with step t - 1: its stage, lse, D, P^T, dS^T
+        if constexpr (Traits::kStages == 1) load_step(t, 0);
+        if (tid < kStreamRows) {
+            lse_log2_smem[tid] = lse_to_log2(step_lse);
+            dsum_smem[tid] = step_dsum;
+        }
+        if constexpr (Traits::kStages == 2) {
+            if (t + 1 < steps) load_step(t + 1, stage ^ 1);
+        }
+        cp_async_commit();
+        cp_async_wait<Traits::kStages - 1>();  // this step's Q and dO (and K, V) have landed
+        __syncthreads();
+
+        const int m0 = m0_of(t);
         if constexpr (Has_dQ) {
             dq_accum_head = params.dq_accum_ptr +
-                            (static_cast<int64_t>(batch) * seqlen_q * params.num_heads + head) * params.head_dim;
+                            (static_cast<int64_t>(batch) * seqlen_q * params.num_heads + head_of(t)) * params.head_dim;
         }
-        const Element* q = static_cast<const Element*>(params.q_ptr) + batch * params.q_batch_stride +
-                           head * params.q_head_stride;
-        const Element* dout = static_cast<const Element*>(params.do_ptr) + batch * params.do_batch_stride +
-                              head * params.do_head_stride;
-        const int64_t row_stats = (static_cast<int64_t>(batch) * params.num_heads + head) * seqlen_q;
-        const float* lse_row = params.lse_ptr + row_stats;
-        const float* dsum_row = params.dsum_ptr + row_stats;
-        for (int m_block = m_begin; m_block < m_blocks; ++m_block) {
-            const int m0 = m_block * kStreamRows;
-            // Masked only where the tile's first query does not see its last key.
-            if (Is_causal && m0 + seqlen_k - seqlen_q < n0 + kOwnRows - 1) {
-                step(q, dout, lse_row, dsum_row, m0, std::true_type{});
-            } else {
-                step(q, dout, lse_row, dsum_row, m0, std::false_type{});
-            }
+        const uint32_t q_smem = q_smem0 + stage * Traits::kSmemStageBytes;
+        const uint32_t do_smem = do_smem0 + stage * Traits::kSmemStageBytes;
+        // Masked only where the tile's first query does not see its last key.
+        if (Is_causal && m0 + seqlen_k - seqlen_q < n0 + kOwnRows - 1) {
+            compute(q_smem, do_smem, m0, std::true_type{});
+        } else {
+            compute(q_smem, do_smem, m0, std::false_type{});
         }
     }
 
@@ -263,12 +309,14 @@ __global__ void __launch_bounds__(Traits::kNThreads) bwd_dk_dv_kernel(const BwdP
     __syncthreads();
     if constexpr (Has_dK) {
 #pragma unroll
-        for (int j = 0; j < Traits::kNTilesD; ++j)
+        for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) dk[0][j][e] *= params.softmax_scale;
-        store_fragment<Element, OwnTile>(dk, k_smem_ptr, warp_row0, lane);
+            for (int j = 0; j < kNTilesDkv; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) dk[mt][j][e] *= params.softmax_scale;
+        store_fragment<Element, OwnTile>(dk, k_smem_ptr, key_row0, d_chunk0, lane);
     }
-    if constexpr (Has_dV) store_fragment<Element, OwnTile>(dv, v_smem_ptr, warp_row0, lane);
+    if constexpr (Has_dV) store_fragment<Element, OwnTile>(dv, v_smem_ptr, key_row0, d_chunk0, lane);
     __syncthreads();
     if constexpr (Has_dK) {
         Element* dk_out = static_cast<Element*>(params.dk_ptr) + batch * params.dk_batch_stride +
@@ -351,19 +399,19 @@ __global__ void __launch_bounds__(Traits::kNThreads) bwd_dq_kernel(const BwdPara
         cp_async_wait<0>();
         __syncthreads();
 
-        float p[1][Traits::kNTilesS][4];  // S = Q K^T, then P
+        float p[1][Traits::kNTilesStream][4];  // S = Q K^T, then P
         clear(p);
-        gemm_smem_smem<Element, 1, Traits::kNTilesS, Traits::kKStepsD, OwnTile, StreamTile>(p, q_smem, warp_row0,
-                                                                                            k_smem, lane);
+        gemm_smem_smem<Element, 1, Traits::kNTilesStream, Traits::kKStepsD, OwnTile, StreamTile>(
+            p, q_smem, warp_row0, k_smem, 0, lane);
         if constexpr (Is_masked) {
             apply_mask<Is_causal>(p, m0 + warp_row0, n0, seqlen_q, seqlen_k, lane);
         }
-        float ds[1][Traits::kNTilesS][4];  // dP = dO V^T, then dS
+        float ds[1][Traits::kNTilesStream][4];  // dP = dO V^T, then dS
         clear(ds);
-        gemm_smem_smem<Element, 1, Traits::kNTilesS, Traits::kKStepsD, OwnTile, StreamTile>(ds, do_smem, warp_row0,
-                                                                                            v_smem, lane);
+        gemm_smem_smem<Element, 1, Traits::kNTilesStream, Traits::kKStepsD, OwnTile, StreamTile>(
+            ds, do_smem, warp_row0, v_smem, 0, lane);
 #pragma unroll
-        for (int j = 0; j < Traits::kNTilesS; ++j) {
+        for (int j = 0; j < Traits::kNTilesStream; ++j) {
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const float prob =
@@ -384,7 +432,7 @@ __global__ void __launch_bounds__(Traits::kNThreads) bwd_dq_kernel(const BwdPara
     for (int j = 0; j < Traits::kNTilesD; ++j)
 #pragma unroll
         for (int e = 0; e < 4; ++e) dq[0][j][e] *= params.softmax_scale;
-    store_fragment<Element, OwnTile>(dq, q_smem_ptr, warp_row0, lane);
+    store_fragment<Element, OwnTile>(dq, q_smem_ptr, warp_row0, 0, lane);
     __syncthreads();
     Element* dq_out = static_cast<Element*>(params.dq_ptr) + batch * params.dq_batch_stride +
                       head * params.dq_head_stride + m0 * params.dq_row_stride;

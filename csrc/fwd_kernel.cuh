@@ -87,7 +87,7 @@ __global__ void __launch_bounds__(Traits::kNThreads) fwd_kernel(const FwdParams 
         float s[Traits::kMTiles][Traits::kNTilesS][4];  // S = Q K^T for the warp's rows
         clear(s);
         gemm_smem_smem<Element, Traits::kMTiles, Traits::kNTilesS, Traits::kKStepsQK, typename Traits::QTile,
-                       typename Traits::KTile>(s, q_smem, warp_row0, k_smem, lane);
+                       typename Traits::KTile>(s, q_smem, warp_row0, k_smem, 0, lane);
         if constexpr (Is_masked) {
             apply_mask<Is_causal>(s, m0 + warp_row0, n0, seqlen_q, seqlen_k, lane);
         }
@@ -119,7 +119,7 @@ __global__ void __launch_bounds__(Traits::kNThreads) fwd_kernel(const FwdParams 
     cp_async_wait<0>();  // with no key tile the Q copy may still be in flight
     __syncthreads();
     using QTile = typename Traits::QTile;
-    store_fragment<Element, QTile>(o, smem + Traits::kSmemQOffset, warp_row0, lane);
+    store_fragment<Element, QTile>(o, smem + Traits::kSmemQOffset, warp_row0, 0, lane);
 #pragma unroll
     for (int r = 0; r < Traits::kRowsPerThread; ++r) {
         const int row = warp_row0 + (r / 2) * 16 + (r % 2) * 8 + lane / 4;

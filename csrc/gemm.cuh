@@ -23,17 +23,18 @@ __device__ __forceinline__ void clear(float (&acc)[kMTiles][kNTiles][4]) {
 }
 
 // acc[m][n] += sum_k A[m][k] * B[n][k], both operands row-major in shared memory:
-// A = rows a_row0 .. a_row0 + 16*kMTiles of ATile, B = rows 0 .. 8*kNTiles of
-// BTile, k over the first 16*kKSteps columns of both. (Q K^T, dO V^T, K Q^T ...)
+// A = rows a_row0 .. a_row0 + 16*kMTiles of ATile, B = rows b_row0 .. b_row0 +
+// 8*kNTiles of BTile (b_row0 a multiple of 8), k over the first 16*kKSteps
+// columns of both. (Q K^T, dO V^T, K Q^T ...)
 template <typename Element, int kMTiles, int kNTiles, int kKSteps, typename ATile, typename BTile>
 __device__ __forceinline__ void gemm_smem_smem(float (&acc)[kMTiles][kNTiles][4], uint32_t a_smem, int a_row0,
-                                               uint32_t b_smem, int lane) {
+                                               uint32_t b_smem, int b_row0, int lane) {
     static_assert(kNTiles % 2 == 0, "ldmatrix.x4 loads two n8 tiles of B");
     // ldmatrix.x4 lane roles. A: matrices {rows 0-7, 8-15} x {k 0-7, 8-15}. B,
     // stored [n][k] (already the "col" operand): matrices {n 0-7} x {k 0-7, 8-15},
     // then {n 8-15} x {k 0-7, 8-15}.
     const auto a_lane = ATile::lane_offsets(a_row0 + lane % 16, lane / 16);
-    const auto b_lane = BTile::lane_offsets((lane / 16) * 8 + lane % 8, (lane / 8) % 2);
+    const auto b_lane = BTile::lane_offsets(b_row0 + (lane / 16) * 8 + lane % 8, (lane / 8) % 2);
 #pragma unroll
     for (int kk = 0; kk < kKSteps; ++kk) {
         uint32_t a[kMTiles][4];
@@ -94,42 +95,57 @@ __device__ __forceinline__ void gemm_regs_smem(float (&acc)[kMTiles][kNTiles][4]
     }
 }
 
-// acc[m][n] += sum_k A[m][k] * B[k][n] with A stored transposed, [k][m], in
-// ATileT (columns a_col0 .. a_col0 + 16 are this warp's m), B = rows (k) of
-// BTile and its columns (n) from 8*n_tile0 on (n_tile0 even, a compile-time
-// constant after unrolling), both read by ldmatrix.trans. (dQ = dS K from the
-// dS^T tile the dK/dV pass holds.)
-template <typename Element, int kNTiles, int kKSteps, typename ATileT, typename BTile>
-__device__ __forceinline__ void gemm_smemT_smem(float (&acc)[1][kNTiles][4], uint32_t a_smem, int a_col0,
-                                                uint32_t b_smem, int n_tile0, int lane) {
+// acc[m][n] += sum_k A[m][k] * B[k][n] with both operands in shared memory and
+// k over the first 16*kKSteps rows of B. A is row-major [m][k] with this warp's
+// m at rows a_m0 .. a_m0 + 16*kMTiles, or, kATransposed, stored [k][m] with
+// them at columns a_m0 .. (a multiple of 16); B is [k][n] with the warp's n from
+// column 8*n_tile0 on (n_tile0 even). Both read by ldmatrix, B (and a stored-
+// transposed A) with .trans. (dV = P^T dO, dK = dS^T Q, dQ = dS K from the P^T
+// and dS^T tiles of the dK/dV pass.)
+template <typename Element, bool kATransposed, int kMTiles, int kNTiles, int kKSteps, typename ATile,
+          typename BTile>
+__device__ __forceinline__ void gemm_smem_kn(float (&acc)[kMTiles][kNTiles][4], uint32_t a_smem, int a_m0,
+                                             uint32_t b_smem, int n_tile0, int lane) {
     static_assert(kNTiles % 2 == 0, "ldmatrix.x4 loads two n8 tiles of B");
-    // A: matrices {m 0-7, 8-15} x {k 0-7, 8-15} come from storage rows k and
-    // chunks m; .trans turns each into the row-major A fragment.
-    const int a_row = (lane / 16) * 8 + lane % 8;
-    const int a_chunk = a_col0 / 8 + (lane / 8) % 2;
-    const auto b_lane = BTile::lane_offsets(((lane / 8) % 2) * 8 + lane % 8, lane / 16);
+    // A fragment matrices {m 0-7, 8-15} x {k 0-7, 8-15}: row-major, lanes 0-15
+    // give rows m at chunk k/8 = 0, lanes 16-31 at chunk 1; stored transposed,
+    // lanes address rows k (0-7, then 8-15 for lanes 16-31) at chunk m/8 = 0
+    // (lanes 0-7, 16-23) or 1, and .trans hands back the row-major fragment.
+    const auto a_lane = kATransposed ? ATile::lane_offsets((lane / 16) * 8 + lane % 8, (lane / 8) % 2, a_m0 / 8)
+                                     : ATile::lane_offsets(a_m0 + lane % 16, lane / 16);
+    const auto b_lane = BTile::lane_offsets(((lane / 8) % 2) * 8 + lane % 8, lane / 16, n_tile0);
 #pragma unroll
     for (int kk = 0; kk < kKSteps; ++kk) {
-        uint32_t a[4];
-        ldmatrix_x4_trans(a, a_smem + ATileT::offset(kk * 16 + a_row, a_chunk));
+        uint32_t a[kMTiles][4];
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+            if constexpr (kATransposed) {
+                ldmatrix_x4_trans(a[mt], a_smem + ATile::offset(a_lane, kk * 16, mt * 2));
+            } else {
+                ldmatrix_x4(a[mt], a_smem + ATile::offset(a_lane, mt * 16, kk * 2));
+            }
+        }
 #pragma unroll
         for (int jp = 0; jp < kNTiles / 2; ++jp) {
             uint32_t b[4];
-            ldmatrix_x4_trans(b, b_smem + BTile::offset(b_lane, kk * 16, n_tile0 + jp * 2));
+            ldmatrix_x4_trans(b, b_smem + BTile::offset(b_lane, kk * 16, jp * 2));
             const uint32_t b_lo[2] = {b[0], b[1]};
             const uint32_t b_hi[2] = {b[2], b[3]};
-            mma_m16n8k16<Element>(acc[0][2 * jp], a, b_lo);
-            mma_m16n8k16<Element>(acc[0][2 * jp + 1], a, b_hi);
+#pragma unroll
+            for (int mt = 0; mt < kMTiles; ++mt) {
+                mma_m16n8k16<Element>(acc[mt][2 * jp], a[mt], b_lo);
+                mma_m16n8k16<Element>(acc[mt][2 * jp + 1], a[mt], b_hi);
+            }
         }
     }
 }
 
 // Writes an accumulator fragment, rounded to 16 bits, into rows row0 .. row0 +
-// 16*kMTiles of a shared-memory tile (to be stored to global memory with
-// 16-byte writes by TileCopy).
+// 16*kMTiles and columns from 8*chunk0 on of a shared-memory tile (to be stored
+// to global memory with 16-byte writes by TileCopy, or read by a later GEMM).
 template <typename Element, typename Tile, int kMTiles, int kNTiles>
 __device__ __forceinline__ void store_fragment(const float (&acc)[kMTiles][kNTiles][4], char* smem_tile, int row0,
-                                               int lane) {
+                                               int chunk0, int lane) {
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
@@ -137,7 +153,7 @@ __device__ __forceinline__ void store_fragment(const float (&acc)[kMTiles][kNTil
             const int row = row0 + mt * 16 + half * 8 + lane / 4;
 #pragma unroll
             for (int j = 0; j < kNTiles; ++j) {
-                *reinterpret_cast<uint32_t*>(smem_tile + Tile::offset(row, j) + (lane % 4) * 4) =
+                *reinterpret_cast<uint32_t*>(smem_tile + Tile::offset(row, chunk0 + j) + (lane % 4) * 4) =
                     pack2<Element>(acc[mt][j][2 * half], acc[mt][j][2 * half + 1]);
             }
         }

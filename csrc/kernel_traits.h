@@ -39,21 +39,27 @@ struct SmemTile {
     }
 
     // ldmatrix addressing without per-load arithmetic. A lane that reads row
-    // `row_lane + R` and chunk `chunk_lane + C`, with R a multiple of 8 and C
-    // even (both compile-time in unrolled loops) and chunk_lane in {0, 1}, finds
-    // its swizzled chunk as (C % kBlockChunks) ^ chunk_lane ^ swizzle(row_lane):
-    // R leaves the swizzle unchanged and C's low bit is free. So one byte offset
-    // per even chunk position is precomputed and everything else is an immediate.
+    // `row_lane + R` and chunk `chunk_base + chunk_lane + C`, with R a multiple
+    // of 8 and C even (both compile-time in unrolled loops), chunk_lane in
+    // {0, 1} and chunk_base even (the warp's first column, at run time), finds
+    // its chunk in block (c / kBlockChunks) at swizzled position
+    // (c % kBlockChunks) ^ chunk_lane ^ swizzle(row_lane) for c = chunk_base +
+    // C: R leaves the swizzle unchanged, c's low bit is free, and C - C %
+    // kBlockChunks only moves whole blocks. So one byte offset per even
+    // position C % kBlockChunks is precomputed and everything else is an
+    // immediate (indexing by a run-time chunk would put the table in local
+    // memory).
     struct LaneOffsets {
         uint32_t base[kBlockChunks / 2];
     };
 
-    __device__ __forceinline__ static LaneOffsets lane_offsets(int row_lane, int chunk_lane) {
+    __device__ __forceinline__ static LaneOffsets lane_offsets(int row_lane, int chunk_lane, int chunk_base = 0) {
         LaneOffsets lo;
 #pragma unroll
         for (int i = 0; i < kBlockChunks / 2; ++i) {
-            lo.base[i] = static_cast<uint32_t>(row_lane * kBlockRowBytes +
-                                               ((2 * i) ^ chunk_lane ^ swizzle(row_lane)) * 16);
+            const int c = chunk_base + 2 * i;
+            lo.base[i] = static_cast<uint32_t>((c / kBlockChunks) * kBlockBytes + row_lane * kBlockRowBytes +
+                                               ((c % kBlockChunks) ^ chunk_lane ^ swizzle(row_lane)) * 16);
         }
         return lo;
     }
@@ -113,51 +119,99 @@ constexpr int kSmallSmemPerBlock = 99 * 1024;
 template <int kHeadDim> struct FwdSmallSmemConfig : FwdConfig<kHeadDim> {};
 template <> struct FwdSmallSmemConfig<256> { static constexpr int kBlockM = 128, kBlockN = 32, kNWarps = 8; };
 
-// Backward tiles. Each warp owns 16 rows of the block's "own" tile (keys in
-// the dK/dV kernel, queries in the dQ kernel) and the block streams tiles of
-// kStreamRows of the other side past them. 8 warps (128-row own tiles) up to
-// d128 halve the dQ atomics per FLOP against 4 (benchmarks/NOTES.md, b3);
-// past d128 the own tiles are 64 rows and the stream tiles 32, keeping the
-// four 16-bit tiles within the 99 KB of sm_86/sm_89 and the fragments small.
-template <int kHeadDim_, typename Element_>
+// Backward tile config per compiled head dim, {kNWarps, kOwnRows, kStreamRows}:
+// a block owns kOwnRows rows of one side (keys in the dK/dV kernel, queries in
+// the dQ kernel) and streams tiles of kStreamRows rows of the other side past
+// them. 8 warps and 128-key tiles up to d128, with 128-query stream tiles up
+// to d64 where the small fragments leave room (benchmarks/NOTES.md, b3-b4);
+// past d128, 4 warps and 64 keys keep the fragments in registers. kStages = 2
+// double-buffers the streamed tiles where one block fills an SM (its
+// registers) and nothing else would hide their loads; past d128 two
+// single-stage blocks share an SM instead.
+template <int kHeadDim> struct BwdConfig {
+    static constexpr int kNWarps = kHeadDim <= 128 ? 8 : 4;
+    static constexpr int kOwnRows = kHeadDim <= 128 ? 128 : 64;
+    static constexpr int kStreamRows = kHeadDim <= 64 ? 128 : kHeadDim <= 128 ? 64 : 32;
+    static constexpr int kStages = kHeadDim <= 128 ? 2 : 1;
+};
+// Half the own rows and warps and one stage, for the head dims whose tiles
+// need more than the 99 KB of sm_86/sm_89 (104-161 KB: all but d192).
+template <int kHeadDim> struct BwdSmallSmemConfig {
+    static constexpr int kNWarps = BwdConfig<kHeadDim>::kNWarps / 2;
+    static constexpr int kOwnRows = BwdConfig<kHeadDim>::kOwnRows / 2;
+    static constexpr int kStreamRows = BwdConfig<kHeadDim>::kStreamRows;
+    static constexpr int kStages = 1;
+};
+
+// Backward tiles and warp layouts. In the dK/dV kernel each step recomputes
+// the transposed scores S^T = K Q^T [own keys, streamed queries]: the warps
+// form a grid of kKeyWarps x kQueryWarps, each holding 32 keys x
+// kStreamRows / kQueryWarps queries, which writes P^T and dS^T to shared
+// memory; then dV += P^T dO and dK += dS^T Q split the same warps into
+// kKeyWarps x kQueryWarps tiles of 32 keys x kHeadDim / kQueryWarps columns,
+// and dQ = dS K (fused path) is cut into units of kDqRows queries x kDqCols
+// columns dealt round-robin to the warps. Each GEMM operand a warp reads from
+// shared memory then serves two m16 tiles, which is what bounds this kernel
+// (NOTES.md, b4). The dQ kernel gives each warp 16 own query rows.
+template <int kHeadDim_, typename Element_, typename Config = BwdConfig<kHeadDim_>>
 struct BwdKernelTraits {
     using Element = Element_;
     static constexpr int kHeadDim = kHeadDim_;
-    static constexpr int kNWarps = kHeadDim <= 128 ? 8 : 4;
+    static constexpr int kNWarps = Config::kNWarps;
     static constexpr int kNThreads = kNWarps * 32;
-    static constexpr int kOwnRows = 16 * kNWarps;
-    static constexpr int kStreamRows = kHeadDim <= 128 ? 64 : 32;
-    static constexpr int kNTilesS = kStreamRows / 8;      // n8 tiles of a warp's score fragment
-    static constexpr int kNTilesD = kHeadDim / 8;         // n8 tiles of a warp's gradient fragment
-    static constexpr int kKStepsD = kHeadDim / 16;        // k16 steps of a GEMM over the head dim
+    static constexpr int kOwnRows = Config::kOwnRows;
+    static constexpr int kStreamRows = Config::kStreamRows;
+    static constexpr int kKStepsD = kHeadDim / 16;          // k16 steps of a GEMM over the head dim
     static constexpr int kKStepsStream = kStreamRows / 16;  // k16 steps of a GEMM over the stream rows
+    static constexpr int kKStepsOwn = kOwnRows / 16;        // k16 steps of a GEMM over the own rows
     // dK and dV together are 2 * kHeadDim / 2 fp32 registers per thread: past
     // d128 the dK/dV kernel runs twice, once per gradient.
     static constexpr bool kSplitDkDv = kHeadDim > 128;
 
+    // dK/dV kernel warp grid.
+    static constexpr int kKeyWarps = kOwnRows / 32;
+    static constexpr int kQueryWarps = kNWarps / kKeyWarps;
+    static constexpr int kWarpQueries = kStreamRows / kQueryWarps;  // of S^T, per warp
+    static constexpr int kNTilesS = kWarpQueries / 8;               // n8 tiles of a warp's S^T
+    static constexpr int kWarpCols = kHeadDim / kQueryWarps;        // of dK, dV, per warp
+    static constexpr int kNTilesDkv = kWarpCols / 8;                // n8 tiles of a warp's dK, dV
+    // dQ units of the fused path: 32 x 32, or smaller where that leaves warps idle.
+    static constexpr bool kDqWide = (kStreamRows / 32) * (kHeadDim / 32) >= kNWarps;
+    static constexpr bool kDqTall = kDqWide || (kStreamRows / 32) * (kHeadDim / 16) >= kNWarps;
+    static constexpr int kDqRows = kDqTall ? 32 : 16;
+    static constexpr int kDqCols = kDqWide ? 32 : 16;
+    static constexpr int kDqRowUnits = kStreamRows / kDqRows;
+    static constexpr int kDqUnits = kDqRowUnits * (kHeadDim / kDqCols);
+    // dQ kernel: 16 own rows per warp, the whole stream tile.
+    static constexpr int kNTilesStream = kStreamRows / 8;  // n8 tiles of a dQ-kernel warp's S
+    static constexpr int kNTilesD = kHeadDim / 8;          // n8 tiles of a dQ-kernel warp's dQ
+
     using OwnTile = SmemTile<kOwnRows, kHeadDim>;
     using StreamTile = SmemTile<kStreamRows, kHeadDim>;
-    // dK/dV kernel: K, V own; Q, dO streamed with their rows' lse and D.
-    // dQ kernel: Q, dO own; K, V streamed.
+    using ScoreTile = SmemTile<kOwnRows, kStreamRows>;  // P^T and dS^T [keys, queries]
+    // dK/dV kernel: K, V own; kStages stages of Q, dO streamed; their rows' lse
+    // and D; P^T, dS^T. dQ kernel: Q, dO own; one stage of K, V streamed.
+    static constexpr int kStages = Config::kStages;
     static constexpr int kSmemOwnOffset0 = 0;
     static constexpr int kSmemOwnOffset1 = OwnTile::kBytes;
     static constexpr int kSmemStreamOffset0 = 2 * OwnTile::kBytes;
     static constexpr int kSmemStreamOffset1 = kSmemStreamOffset0 + StreamTile::kBytes;
-    static constexpr int kSmemRowStatsOffset = kSmemStreamOffset1 + StreamTile::kBytes;
-    static constexpr int kSmemBytes = kSmemRowStatsOffset + 2 * kStreamRows * 4;
-    // The dK/dV pass that also adds up dQ keeps the step's dS^T [keys, queries]
-    // after the rest. GPUs that cannot give a block that much take the
-    // deterministic path, which needs none.
-    using DsTile = SmemTile<kOwnRows, kStreamRows>;
-    static constexpr int kSmemDsOffset = kSmemBytes;
-    static constexpr int kSmemBytesWithDs = kSmemDsOffset + DsTile::kBytes;
-    // dQ of a step is computed and added to memory this many head-dim columns at a time.
-    static constexpr int kDqChunkCols = 32;
+    static constexpr int kSmemStageBytes = 2 * StreamTile::kBytes;
+    static constexpr int kSmemBytesDq = kSmemStreamOffset0 + kSmemStageBytes;
+    static constexpr int kSmemRowStatsOffset = kSmemStreamOffset0 + kStages * kSmemStageBytes;
+    static constexpr int kSmemPOffset = kSmemRowStatsOffset + 2 * kStreamRows * 4;
+    static constexpr int kSmemDsOffset = kSmemPOffset + ScoreTile::kBytes;
+    static constexpr int kSmemBytesDkDv = kSmemDsOffset + ScoreTile::kBytes;
+    static constexpr int kSmemBytes = kSmemBytesDkDv;  // the larger of the two
 
-    static_assert(kHeadDim % kDqChunkCols == 0 && kStreamRows % 16 == 0, "whole mma steps");
-    static_assert(kNWarps % (kStreamRows / 16) == 0, "whole warps per 16 queries of dQ");
-    static_assert(kSmemBytes <= kSmallSmemPerBlock, "backward tiles must fit sm_86/sm_89");
-    static_assert(kSmemBytesWithDs <= 163 * 1024, "shared memory over the sm_80 per-block limit");
+    static_assert(kOwnRows % 32 == 0 && kNWarps % kKeyWarps == 0, "32 keys per warp of the S^T grid");
+    static_assert(kNTilesS % 2 == 0 && kNTilesDkv % 2 == 0 && kNTilesStream % 2 == 0 && kDqCols % 16 == 0,
+                  "ldmatrix.x4 loads two n8 tiles");
+    static_assert(kWarpQueries % 16 == 0, "a warp's P^T columns are whole k16 steps of the dQ GEMM");
+    static_assert(kOwnRows == 16 * kNWarps, "the dQ kernel gives each warp 16 own rows");
+    static_assert(kStreamRows % kDqRows == 0 && kHeadDim % kDqCols == 0, "whole dQ units");
+    static_assert(kStages == 1 || kStages == 2, "one or two stages of streamed tiles");
+    static_assert(kSmemBytes <= 163 * 1024, "shared memory over the sm_80 per-block limit");
 };
 
 template <int kHeadDim, typename Element, typename Config = FwdConfig<kHeadDim>>

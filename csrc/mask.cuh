@@ -53,22 +53,26 @@ __device__ __forceinline__ KeyTileRange key_tile_range(int m0, int seqlen_q, int
     return range;
 }
 
-// The causal mask on a transposed score tile (rows are keys, columns queries),
-// as the dK/dV kernel holds it: key j of row `key0 + ...` is hidden from query i
-// iff j > i + Sk - Sq. Tails need no mask there: padded keys only feed their own
-// (discarded) gradient rows, and padded queries have p = 0 through lse = +inf.
-template <int kNTilesS>
-__device__ __forceinline__ void apply_causal_mask_transposed(float (&s)[1][kNTilesS][4], int key0, int query0,
-                                                             int seqlen_q, int seqlen_k, int lane) {
+// The causal mask on a transposed score fragment (rows are keys, columns
+// queries), as the dK/dV kernel holds it: the warp's first key is `key0`, its
+// first query `query0`, and key j is hidden from query i iff j > i + Sk - Sq.
+// Tails need no mask there: padded keys only feed their own (discarded)
+// gradient rows, and padded queries have p = 0 through lse = +inf.
+template <int kMTiles, int kNTilesS>
+__device__ __forceinline__ void apply_causal_mask_transposed(float (&s)[kMTiles][kNTilesS][4], int key0,
+                                                             int query0, int seqlen_q, int seqlen_k, int lane) {
     const int key_base = key0 + lane / 4;
     const int query_base = query0 + (lane % 4) * 2 + seqlen_k - seqlen_q;
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
+    for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
-        for (int j = 0; j < kNTilesS; ++j) {
+        for (int half = 0; half < 2; ++half) {
 #pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                if (key_base + half * 8 > query_base + j * 8 + e) s[0][j][2 * half + e] = -INFINITY;
+            for (int j = 0; j < kNTilesS; ++j) {
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    if (key_base + mt * 16 + half * 8 > query_base + j * 8 + e) s[mt][j][2 * half + e] = -INFINITY;
+                }
             }
         }
     }

@@ -7,6 +7,13 @@
 
 namespace flash {
 
+// v, opaque to the compiler: what is computed from the result is recomputed at
+// each use instead of being hoisted out of a loop and held in registers.
+__device__ __forceinline__ int opaque(int v) {
+    asm volatile("" : "+r"(v));
+    return v;
+}
+
 __device__ __forceinline__ uint32_t smem_addr(const void* ptr) {
     return static_cast<uint32_t>(__cvta_generic_to_shared(ptr));
 }

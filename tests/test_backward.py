@@ -8,6 +8,9 @@ _cpu_cases.
 
 import copy
 import itertools
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -67,12 +70,13 @@ def _check_backward(
     causal: bool,
     heads: tuple[int, int],
     layout: str = "contiguous",
+    deterministic: bool = False,
 ) -> None:
     seed = case_seed("backward", device, dtype, head_dim, seqlens, causal, heads, layout)
     q, k, v = random_qkv(BATCH, *seqlens, *heads, head_dim, dtype, device, seed, layout)
     dout = _random_dout(q.shape, dtype, device, seed)
     scale = head_dim**-0.5
-    grads = run_backward(q, k, v, dout, scale, causal)
+    grads = run_backward(q, k, v, dout, scale, causal, deterministic)
     assert_grads_match_reference(grads, q, k, v, dout, scale, causal)
 
 
@@ -238,6 +242,35 @@ def test_gradients_through_a_small_model(device, dtype):
         err = max_abs_diff(grad, reference[name])
         bound = GRAD_FACTOR * max_abs_diff(lowp[name], reference[name]) + GRAD_EPS
         assert err <= bound, f"{name}: max error {err:.3g} > bound {bound:.3g}"
+
+
+_SMALL_SMEM_CHECK = """
+import sys, torch, test_backward
+for dtype in (torch.float16, torch.bfloat16):
+    for head_dim in (96, 120, 128, 224, 256):
+        for causal in (False, True):
+            for deterministic in (False, True):
+                test_backward._check_backward("cuda", dtype, head_dim, (257, 300), causal, (4, 2),
+                                              deterministic=deterministic)
+print("small-smem backward ok")
+"""
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("smem_bytes, expect_ok", [(99 * 1024, True), (48 * 1024, False)])
+def test_backward_small_shared_memory_config(smem_bytes, expect_ok):
+    """GPUs that give a block 99 KB of shared memory (sm_86, sm_89) run the backward of the
+    head dims whose fastest tiles need more (d96, d128, d256) on half-size tiles, both paths.
+    FLASHATTN_MAX_SMEM_PER_BLOCK lowers the limit the binding reads, so the H100 takes that
+    path (a launch never exceeds the limit), and a limit no config fits is a clear error."""
+    env = {**os.environ, "FLASHATTN_MAX_SMEM_PER_BLOCK": str(smem_bytes)}
+    result = subprocess.run([sys.executable, "-c", _SMALL_SMEM_CHECK], cwd=os.path.dirname(__file__),
+                            env=env, capture_output=True, text=True)
+    if expect_ok:
+        assert result.returncode == 0 and "small-smem backward ok" in result.stdout, result.stderr[-3000:]
+    else:
+        assert result.returncode != 0
+        assert f"allows {smem_bytes} bytes of shared memory per block" in result.stderr, result.stderr[-3000:]
 
 
 @pytest.mark.gpu
