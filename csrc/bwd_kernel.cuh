@@ -272,22 +272,26 @@ __global__ void __launch_bounds__(Traits::kNThreads) bwd_dk_dv_kernel(const BwdP
 
     if constexpr (Traits::kStages == 2) {
         if (steps > 0) load_step(0, 0);
+        cp_async_commit();
     }
-    cp_async_commit();
     for (int t = 0; t < steps; ++t) {
         const int stage = Traits::kStages == 2 ? t % 2 : 0;
-        __syncthreads();  // every warp is done with step t - 1: its stage, lse, D, P^T, dS^T
-        if constexpr (Traits::kStages == 1) load_step(t, 0);
+        if constexpr (Traits::kStages == 1) {
+            __syncthreads();  // every warp is done with step t - 1's Q and dO
+            load_step(t, 0);
+            cp_async_commit();
+        }
+        cp_async_wait<0>();  // this step's Q and dO (and K, V) have landed
+        // Every warp is past step t - 1's P^T/dS^T barrier, so done with its lse and D.
         if (tid < kStreamRows) {
             lse_log2_smem[tid] = lse_to_log2(step_lse);
             dsum_smem[tid] = step_dsum;
         }
+        __syncthreads();  // the step's tiles and rows are visible; step t - 1 is done everywhere
         if constexpr (Traits::kStages == 2) {
-            if (t + 1 < steps) load_step(t + 1, stage ^ 1);
+            if (t + 1 < steps) load_step(t + 1, stage ^ 1);  // into the stage step t - 1 read
+            cp_async_commit();
         }
-        cp_async_commit();
-        cp_async_wait<Traits::kStages - 1>();  // this step's Q and dO (and K, V) have landed
-        __syncthreads();
 
         const int m0 = m0_of(t);
         if constexpr (Has_dQ) {
@@ -334,6 +338,7 @@ __global__ void __launch_bounds__(Traits::kNThreads) bwd_dk_dv_kernel(const BwdP
 // tile sees, as the forward does.
 template <typename Traits, bool Is_causal>
 __global__ void __launch_bounds__(Traits::kNThreads) bwd_dq_kernel(const BwdParams params) {
+    static_assert(Traits::kOwnRows == 16 * Traits::kNWarps, "each warp owns 16 query rows");
     using Element = typename Traits::Element;
     using OwnTile = typename Traits::OwnTile;
     using StreamTile = typename Traits::StreamTile;

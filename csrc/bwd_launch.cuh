@@ -42,8 +42,10 @@ cudaError_t launch_bwd(const BwdParams& params, cudaStream_t stream) {
         if (err != cudaSuccess) return err;
         const dim3 grid_q((params.seqlen_q + Traits::kOwnRows - 1) / Traits::kOwnRows, params.num_heads,
                           params.batch);
-        return launch_with_smem(&bwd_dq_kernel<Traits, Is_causal>, grid_q, Traits::kNThreads, Traits::kSmemBytesDq,
-                                params, stream);
+        using DqTraits = BwdKernelTraits<Traits::kHeadDim, typename Traits::Element,
+                                         BwdDqConfig<typename Traits::Config>>;
+        return launch_with_smem(&bwd_dq_kernel<DqTraits, Is_causal>, grid_q, DqTraits::kNThreads,
+                                DqTraits::kSmemBytesDq, params, stream);
     }
     // dq_accum arrives zeroed; the dK pass adds every block's dQ share to it.
     if constexpr (Traits::kSplitDkDv) {

@@ -119,27 +119,36 @@ constexpr int kSmallSmemPerBlock = 99 * 1024;
 template <int kHeadDim> struct FwdSmallSmemConfig : FwdConfig<kHeadDim> {};
 template <> struct FwdSmallSmemConfig<256> { static constexpr int kBlockM = 128, kBlockN = 32, kNWarps = 8; };
 
-// Backward tile config per compiled head dim, {kNWarps, kOwnRows, kStreamRows}:
-// a block owns kOwnRows rows of one side (keys in the dK/dV kernel, queries in
-// the dQ kernel) and streams tiles of kStreamRows rows of the other side past
-// them. 8 warps and 128-key tiles up to d128, with 128-query stream tiles up
-// to d64 where the small fragments leave room (benchmarks/NOTES.md, b3-b4);
-// past d128, 4 warps and 64 keys keep the fragments in registers. kStages = 2
-// double-buffers the streamed tiles where one block fills an SM (its
-// registers) and nothing else would hide their loads; past d128 two
-// single-stage blocks share an SM instead.
+// Backward tile config per compiled head dim, {kNWarps, kOwnRows, kStreamRows,
+// kStages}: a block owns kOwnRows rows of one side (keys in the dK/dV kernel,
+// queries in the dQ kernel) and streams tiles of kStreamRows rows of the other
+// side past them. 8 warps; 128-key tiles up to d128 and 64 past it, so that dK
+// and dV fit one pass in registers (FA2's shapes); 128-query stream tiles up
+// to d64, where the small fragments leave room to double the work per barrier
+// (benchmarks/NOTES.md, b3-b5). kStages = 2 double-buffers the streamed tiles
+// (one block fills an SM, so nothing else hides their loads) where that stays
+// within the 163 KB of sm_80.
 template <int kHeadDim> struct BwdConfig {
-    static constexpr int kNWarps = kHeadDim <= 128 ? 8 : 4;
+    static constexpr int kNWarps = 8;
     static constexpr int kOwnRows = kHeadDim <= 128 ? 128 : 64;
-    static constexpr int kStreamRows = kHeadDim <= 64 ? 128 : kHeadDim <= 128 ? 64 : 32;
+    static constexpr int kStreamRows = kHeadDim <= 64 ? 128 : 64;
     static constexpr int kStages = kHeadDim <= 128 ? 2 : 1;
 };
-// Half the own rows and warps and one stage, for the head dims whose tiles
-// need more than the 99 KB of sm_86/sm_89 (104-161 KB: all but d192).
+// Half-size tiles and one stage for the GPUs that give a block 99 KB of shared
+// memory (sm_86, sm_89), for the head dims whose tiles need more (104-161 KB:
+// all of them).
 template <int kHeadDim> struct BwdSmallSmemConfig {
-    static constexpr int kNWarps = BwdConfig<kHeadDim>::kNWarps / 2;
-    static constexpr int kOwnRows = BwdConfig<kHeadDim>::kOwnRows / 2;
-    static constexpr int kStreamRows = BwdConfig<kHeadDim>::kStreamRows;
+    static constexpr int kNWarps = kHeadDim <= 128 ? 4 : 2;
+    static constexpr int kOwnRows = kHeadDim <= 128 ? 64 : 32;
+    static constexpr int kStreamRows = kHeadDim <= 64 ? 128 : kHeadDim <= 128 ? 64 : 32;
+    static constexpr int kStages = 1;
+};
+// The deterministic path's dQ kernel: the same own and stream tiles, a warp
+// per 16 own (query) rows.
+template <typename Config> struct BwdDqConfig {
+    static constexpr int kNWarps = Config::kOwnRows / 16;
+    static constexpr int kOwnRows = Config::kOwnRows;
+    static constexpr int kStreamRows = Config::kStreamRows;
     static constexpr int kStages = 1;
 };
 
@@ -152,10 +161,11 @@ template <int kHeadDim> struct BwdSmallSmemConfig {
 // and dQ = dS K (fused path) is cut into units of kDqRows queries x kDqCols
 // columns dealt round-robin to the warps. Each GEMM operand a warp reads from
 // shared memory then serves two m16 tiles, which is what bounds this kernel
-// (NOTES.md, b4). The dQ kernel gives each warp 16 own query rows.
-template <int kHeadDim_, typename Element_, typename Config = BwdConfig<kHeadDim_>>
+// (NOTES.md, b4). The dQ kernel gives each warp 16 own query rows (BwdDqConfig).
+template <int kHeadDim_, typename Element_, typename Config_ = BwdConfig<kHeadDim_>>
 struct BwdKernelTraits {
     using Element = Element_;
+    using Config = Config_;
     static constexpr int kHeadDim = kHeadDim_;
     static constexpr int kNWarps = Config::kNWarps;
     static constexpr int kNThreads = kNWarps * 32;
@@ -164,9 +174,10 @@ struct BwdKernelTraits {
     static constexpr int kKStepsD = kHeadDim / 16;          // k16 steps of a GEMM over the head dim
     static constexpr int kKStepsStream = kStreamRows / 16;  // k16 steps of a GEMM over the stream rows
     static constexpr int kKStepsOwn = kOwnRows / 16;        // k16 steps of a GEMM over the own rows
-    // dK and dV together are 2 * kHeadDim / 2 fp32 registers per thread: past
-    // d128 the dK/dV kernel runs twice, once per gradient.
-    static constexpr bool kSplitDkDv = kHeadDim > 128;
+    // dK and dV accumulators take 2 * kOwnRows * kHeadDim / kNThreads fp32
+    // registers per thread: past 128 the dK/dV kernel runs twice, once per
+    // gradient.
+    static constexpr bool kSplitDkDv = 2 * kOwnRows * kHeadDim / kNThreads > 128;
 
     // dK/dV kernel warp grid.
     static constexpr int kKeyWarps = kOwnRows / 32;
@@ -208,7 +219,6 @@ struct BwdKernelTraits {
     static_assert(kNTilesS % 2 == 0 && kNTilesDkv % 2 == 0 && kNTilesStream % 2 == 0 && kDqCols % 16 == 0,
                   "ldmatrix.x4 loads two n8 tiles");
     static_assert(kWarpQueries % 16 == 0, "a warp's P^T columns are whole k16 steps of the dQ GEMM");
-    static_assert(kOwnRows == 16 * kNWarps, "the dQ kernel gives each warp 16 own rows");
     static_assert(kStreamRows % kDqRows == 0 && kHeadDim % kDqCols == 0, "whole dQ units");
     static_assert(kStages == 1 || kStages == 2, "one or two stages of streamed tiles");
     static_assert(kSmemBytes <= 163 * 1024, "shared memory over the sm_80 per-block limit");
