@@ -92,7 +92,7 @@ __device__ __forceinline__ void probs_from_scores_by_column(float (&s)[kMTiles][
 // kDqCols columns, dealt round-robin to the warps.
 template <typename Traits>
 __device__ __forceinline__ void add_dq_share(float* dq_accum, int64_t dq_row_stride, int m0, int seqlen_q,
-                                             uint32_t ds_smem, uint32_t k_smem, int warp, int lane) {
+                                             int head_dim, uint32_t ds_smem, uint32_t k_smem, int warp, int lane) {
     using Element = typename Traits::Element;
     constexpr int kMTiles = Traits::kDqRows / 16;
     constexpr int kNTiles = Traits::kDqCols / 8;
@@ -101,6 +101,7 @@ __device__ __forceinline__ void add_dq_share(float* dq_accum, int64_t dq_row_str
     for (int unit = warp; unit < Traits::kDqUnits; unit += Traits::kNWarps) {
         const int q0 = (unit % Traits::kDqRowUnits) * Traits::kDqRows;
         const int col0 = (unit / Traits::kDqRowUnits) * Traits::kDqCols;
+        if (col0 >= head_dim) continue;  // the compiled head dim's padding columns: no dQ there
         float acc[kMTiles][kNTiles][4];
         clear(acc);
         gemm_smem_kn<Element, true, kMTiles, kNTiles, Traits::kKStepsOwn, typename Traits::ScoreTile,
@@ -114,6 +115,7 @@ __device__ __forceinline__ void add_dq_share(float* dq_accum, int64_t dq_row_str
                 float* dst = dq_accum + row * dq_row_stride + col0 + (lane % 4) * 2;
 #pragma unroll
                 for (int j = 0; j < kNTiles; ++j) {
+                    if (col0 + j * 8 >= head_dim) break;  // head_dim is a multiple of 8
 #if __CUDA_ARCH__ >= 900
                     atomicAdd(reinterpret_cast<float2*>(dst + j * 8),
                               make_float2(acc[mt][j][2 * half], acc[mt][j][2 * half + 1]));
@@ -233,7 +235,7 @@ __global__ void __launch_bounds__(Traits::kNThreads) bwd_dk_dv_kernel(const BwdP
         gemm_smem_smem<Element, 2, kNTilesS, Traits::kKStepsD, OwnTile, StreamTile>(p, k_smem, key_row0, q_smem,
                                                                                      query_col0, opaque(lane));
         if constexpr (Is_masked) {
-            apply_causal_mask_transposed(p, n0 + key_row0, m0 + query_col0, seqlen_q, seqlen_k, lane);
+            apply_mask_transposed<Is_causal>(p, n0 + key_row0, m0 + query_col0, seqlen_q, seqlen_k, lane);
         }
         probs_from_scores_by_column(p, lse_log2_smem + query_col0, params.softmax_scale_log2, lane);
         if constexpr (Has_dV) store_fragment<Element, ScoreTile>(p, p_smem_ptr, key_row0, query_col0 / 8, lane);
@@ -265,8 +267,8 @@ __global__ void __launch_bounds__(Traits::kNThreads) bwd_dk_dv_kernel(const BwdP
                 dk, smem_addr(ds_smem_ptr), key_row0, q_smem, d_chunk0, opaque(lane));
         }
         if constexpr (Has_dQ) {
-            add_dq_share<Traits>(dq_accum_head, dq_accum_row_stride, m0, seqlen_q, smem_addr(ds_smem_ptr), k_smem,
-                                 warp, lane);
+            add_dq_share<Traits>(dq_accum_head, dq_accum_row_stride, m0, seqlen_q, params.head_dim,
+                                 smem_addr(ds_smem_ptr), k_smem, warp, lane);
         }
     };
 
@@ -300,8 +302,9 @@ __global__ void __launch_bounds__(Traits::kNThreads) bwd_dk_dv_kernel(const BwdP
         }
         const uint32_t q_smem = q_smem0 + stage * Traits::kSmemStageBytes;
         const uint32_t do_smem = do_smem0 + stage * Traits::kSmemStageBytes;
-        // Masked only where the tile's first query does not see its last key.
-        if (Is_causal && m0 + seqlen_k - seqlen_q < n0 + kOwnRows - 1) {
+        // Masked only where the tile's first query does not see its last key:
+        // on the causal diagonal, and on the sequence's last key tile.
+        if ((Is_causal && m0 + seqlen_k - seqlen_q < n0 + kOwnRows - 1) || n0 + kOwnRows > seqlen_k) {
             compute(q_smem, do_smem, m0, std::true_type{});
         } else {
             compute(q_smem, do_smem, m0, std::false_type{});

@@ -53,25 +53,30 @@ __device__ __forceinline__ KeyTileRange key_tile_range(int m0, int seqlen_q, int
     return range;
 }
 
-// The causal mask on a transposed score fragment (rows are keys, columns
-// queries), as the dK/dV kernel holds it: the warp's first key is `key0`, its
-// first query `query0`, and key j is hidden from query i iff j > i + Sk - Sq.
-// Tails need no mask there: padded keys only feed their own (discarded)
-// gradient rows, and padded queries have p = 0 through lse = +inf.
-template <int kMTiles, int kNTilesS>
-__device__ __forceinline__ void apply_causal_mask_transposed(float (&s)[kMTiles][kNTilesS][4], int key0,
-                                                             int query0, int seqlen_q, int seqlen_k, int lane) {
+// The mask on a transposed score fragment (rows are keys, columns queries), as
+// the dK/dV kernel holds it: the warp's first key is `key0`, its first query
+// `query0`. Keys past the sequence are hidden (a padded key row scores 0, and
+// exp(0 - lse) of a row with a low lse would overflow 16 bits in P^T and dS^T,
+// then meet K's zero rows in dQ as inf * 0), and, when causal, key j is hidden
+// from query i iff j > i + Sk - Sq. Padded queries need no mask: their lse is
+// +inf, so their p is 0.
+template <bool Is_causal, int kMTiles, int kNTilesS>
+__device__ __forceinline__ void apply_mask_transposed(float (&s)[kMTiles][kNTilesS][4], int key0, int query0,
+                                                      int seqlen_q, int seqlen_k, int lane) {
     const int key_base = key0 + lane / 4;
     const int query_base = query0 + (lane % 4) * 2 + seqlen_k - seqlen_q;
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
+            const int key = key_base + mt * 16 + half * 8;
 #pragma unroll
             for (int j = 0; j < kNTilesS; ++j) {
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
-                    if (key_base + mt * 16 + half * 8 > query_base + j * 8 + e) s[mt][j][2 * half + e] = -INFINITY;
+                    if (key >= seqlen_k || (Is_causal && key > query_base + j * 8 + e)) {
+                        s[mt][j][2 * half + e] = -INFINITY;
+                    }
                 }
             }
         }

@@ -93,7 +93,8 @@ struct OnlineSoftmax {
 
     // Normalises the output by the row sums and returns each row's natural-log
     // log-sum-exp of the scaled scores in lse[]. A row that saw no key gets
-    // output 0 and lse = -inf (the log of an empty sum).
+    // output 0 and lse = -inf (the log of an empty sum); a NaN score makes the
+    // sum, hence the row's output and lse, NaN (the max ignores NaN: fmaxf).
     template <int kNTilesO>
     __device__ __forceinline__ void finalize(float (&o)[kMTiles][kNTilesO][4], float softmax_scale,
                                              float (&lse)[kRows]) {
@@ -105,7 +106,7 @@ struct OnlineSoftmax {
                 float sum = row_sum[r];
                 sum += __shfl_xor_sync(0xffffffffu, sum, 1);
                 sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-                const bool empty = !(sum > 0.f);
+                const bool empty = sum == 0.f;
                 const float inv_sum = empty ? 0.f : 1.f / sum;
                 lse[r] = empty ? -INFINITY : row_max[r] * softmax_scale + __logf(sum);
 #pragma unroll
