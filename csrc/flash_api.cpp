@@ -59,7 +59,21 @@ int check_device(int device) {
     return std::min(smem, smem_cap);
 }
 
-void check_input(const at::Tensor& t, const char* name, const at::Tensor& q) {
+// The kernels read rows of 16-byte chunks: every stride but the last a multiple
+// of 8 elements, and a 16-byte aligned start.
+bool strides_aligned(const at::Tensor& t) {
+    for (int d = 0; d < 3; ++d) {
+        if (t.size(d) > 1 && t.stride(d) % kAlignElems != 0) return false;
+    }
+    return true;
+}
+
+bool start_aligned(const at::Tensor& t) {
+    return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0 || t.numel() == 0;
+}
+
+// Device, dtype and rank: what every tensor argument must have.
+void check_tensor(const at::Tensor& t, const char* name, const at::Tensor& q) {
     TORCH_CHECK(t.is_cuda(), "flashattn: ", name, " must be a CUDA tensor (got device ", t.device().str(), ")");
     TORCH_CHECK(t.device() == q.device(), "flashattn: ", name, " is on ", t.device().str(), " but q is on ",
                 q.device().str(), "; all inputs must be on one device");
@@ -69,14 +83,16 @@ void check_input(const at::Tensor& t, const char* name, const at::Tensor& q) {
                 " but q has ", q.scalar_type(), "; q, k and v must share a dtype");
     TORCH_CHECK(t.dim() == 4, "flashattn: ", name, " must be 4-D (batch, seqlen, heads, head_dim), got ",
                 str(t.dim()), "-D of shape ", str(t.sizes()));
+}
+
+// check_tensor, and a layout the kernels read in place.
+void check_input(const at::Tensor& t, const char* name, const at::Tensor& q) {
+    check_tensor(t, name, q);
     TORCH_CHECK(t.stride(-1) == 1, "flashattn: the last dimension of ", name,
                 " must be contiguous (stride 1, got ", str(t.stride(-1)), "); call .contiguous()");
-    for (int d = 0; d < 3; ++d) {
-        TORCH_CHECK(t.size(d) <= 1 || t.stride(d) % kAlignElems == 0, "flashattn: ", name, " stride ",
-                    str(t.strides()), " must be a multiple of ", str(kAlignElems),
-                    " elements in every dimension but the last (flash_attn_func copies such inputs)");
-    }
-    TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0 || t.numel() == 0, "flashattn: ", name,
+    TORCH_CHECK(strides_aligned(t), "flashattn: ", name, " stride ", str(t.strides()), " must be a multiple of ",
+                str(kAlignElems), " elements in every dimension but the last (flash_attn_func copies such inputs)");
+    TORCH_CHECK(start_aligned(t), "flashattn: ", name,
                 " must start at a 16-byte aligned address (flash_attn_func copies such inputs)");
 }
 
@@ -144,10 +160,12 @@ void check_launch(cudaError_t err, const char* pass, const at::Tensor& q, bool c
                 str(max_smem_per_block), " bytes of shared memory per block)");
 }
 
+// `deterministic` is in the schema for the backward, which autograd runs with
+// the forward's arguments; the forward is deterministic either way.
 std::tuple<at::Tensor, at::Tensor> mha_fwd(const at::Tensor& q,  // [B, Sq, H, D]
                                            const at::Tensor& k,  // [B, Sk, Hk, D]
                                            const at::Tensor& v,  // [B, Sk, Hk, D]
-                                           double softmax_scale, bool causal) {
+                                           double softmax_scale, bool causal, bool /*deterministic*/) {
     const int max_smem_per_block = check_qkv(q, k, v, softmax_scale);
     const c10::cuda::CUDAGuard device_guard(q.device());
     const int64_t batch = q.size(0), seqlen_q = q.size(1), num_heads = q.size(2), head_dim = q.size(3);
@@ -164,6 +182,10 @@ std::tuple<at::Tensor, at::Tensor> mha_fwd(const at::Tensor& q,  // [B, Sq, H, D
 
 // The gradients of the forward above. deterministic=true: bitwise reproducible
 // (no atomics); false: dQ is summed with fp32 atomics where that is faster.
+// dout may have any strides: it is whatever the consumer of out produced (the
+// gradient of out.sum() is a broadcast of stride 0, a slice of a larger
+// gradient starts anywhere), and it is copied when the kernels cannot read it
+// in place.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> mha_bwd(const at::Tensor& dout,  // [B, Sq, H, D]
                                                        const at::Tensor& q,     // [B, Sq, H, D]
                                                        const at::Tensor& k,     // [B, Sk, Hk, D]
@@ -172,7 +194,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> mha_bwd(const at::Tensor& dout,  
                                                        const at::Tensor& lse,   // [B, H, Sq], fp32
                                                        double softmax_scale, bool causal, bool deterministic) {
     const int max_smem_per_block = check_qkv(q, k, v, softmax_scale);
-    check_input(dout, "dout", q);
+    check_tensor(dout, "dout", q);
     check_input(out, "out", q);
     TORCH_CHECK(dout.sizes() == q.sizes() && out.sizes() == q.sizes(), "flashattn: dout ", str(dout.sizes()),
                 " and out ", str(out.sizes()), " must have the shape of q ", str(q.sizes()));
@@ -195,17 +217,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> mha_bwd(const at::Tensor& dout,  
     at::Tensor dq_accum;
     if (!deterministic) dq_accum = at::zeros({batch, seqlen_q, num_heads, q.size(3)}, q.options().dtype(at::kFloat));
 
+    const bool dout_readable = dout.stride(-1) == 1 && strides_aligned(dout) && start_aligned(dout);
+    const at::Tensor dout_rows = dout_readable ? dout : dout.clone(at::MemoryFormat::Contiguous);
+
     flash::BwdParams params{};
     set_params(params, q, k, v, out, lse, softmax_scale, causal, max_smem_per_block);
-    params.do_ptr = dout.data_ptr();
+    params.do_ptr = dout_rows.data_ptr();
     params.dq_ptr = dq.data_ptr();
     params.dk_ptr = dk.data_ptr();
     params.dv_ptr = dv.data_ptr();
     params.dsum_ptr = dsum.data_ptr<float>();
     params.dq_accum_ptr = deterministic ? nullptr : dq_accum.data_ptr<float>();
     params.deterministic = deterministic;
-    params.do_batch_stride = dout.stride(0), params.do_row_stride = dout.stride(1),
-    params.do_head_stride = dout.stride(2);
+    params.do_batch_stride = dout_rows.stride(0), params.do_row_stride = dout_rows.stride(1),
+    params.do_head_stride = dout_rows.stride(2);
     params.dq_batch_stride = dq.stride(0), params.dq_row_stride = dq.stride(1), params.dq_head_stride = dq.stride(2);
     params.dk_batch_stride = dk.stride(0), params.dk_row_stride = dk.stride(1), params.dk_head_stride = dk.stride(2);
     params.dv_batch_stride = dv.stride(0), params.dv_row_stride = dv.stride(1), params.dv_head_stride = dv.stride(2);
@@ -219,7 +244,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> mha_bwd(const at::Tensor& dout,  
 // The schema is mirrored in flashattn/ops.py (used when the extension is not
 // built); tests/test_ops.py checks that the two agree.
 TORCH_LIBRARY(flashattn, m) {
-    m.def("fwd(Tensor q, Tensor k, Tensor v, float softmax_scale, bool causal) -> (Tensor out, Tensor softmax_lse)");
+    m.def(
+        "fwd(Tensor q, Tensor k, Tensor v, float softmax_scale, bool causal, bool deterministic=False) "
+        "-> (Tensor out, Tensor softmax_lse)");
     m.def(
         "bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, float softmax_scale, "
         "bool causal, bool deterministic) -> (Tensor dq, Tensor dk, Tensor dv)");

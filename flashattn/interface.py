@@ -2,13 +2,14 @@
 
 Each checks its arguments (an error names the argument, what was given and
 what is accepted), prepares the inputs the CUDA kernels need (head-dim padding,
-row alignment) and runs the operators through an autograd Function, whose
-backward recomputes the attention probabilities from the saved LSE.
+row alignment) and runs torch.ops.flashattn.fwd. The operator is
+differentiable (flashattn.ops registers its autograd formula, which runs
+flashattn::bwd on the saved q, k, v, out and LSE), so the padding and copies
+made here are differentiated by autograd like any other tensor operation.
 """
 
 import math
-from collections.abc import Sequence
-from numbers import Real
+from numbers import Integral, Real
 
 import torch
 import torch.nn.functional as F
@@ -17,7 +18,7 @@ from torch import Tensor
 from . import ops  # noqa: F401  registers torch.ops.flashattn.fwd and .bwd
 from ._extension import HAS_CUDA_KERNELS, NOT_BUILT_REASON, unsupported_gpu_reason
 
-__all__ = ["flash_attn_func", "flash_attn_kvpacked_func", "flash_attn_qkvpacked_func", "FlashAttnFunc"]
+__all__ = ["flash_attn_func", "flash_attn_kvpacked_func", "flash_attn_qkvpacked_func"]
 
 MAX_HEAD_DIM = 256
 CUDA_DTYPES = (torch.float16, torch.bfloat16)
@@ -29,36 +30,6 @@ _KERNEL_CHUNK_BYTES = 16
 
 _Q_LAYOUT = "(batch, seqlen_q, nheads, headdim)"
 _KV_LAYOUT = "(batch, seqlen_k, nheads_k, headdim)"
-
-
-class FlashAttnFunc(torch.autograd.Function):
-    """torch.ops.flashattn.fwd and .bwd as one autograd Function on checked inputs; returns (out, softmax_lse).
-
-    Saves only q, k, v, out and the fp32 LSE, never an [Sq, Sk] tensor: the
-    backward recomputes the probabilities from them, so training memory stays
-    linear in the sequence length. softmax_lse is not differentiable.
-    """
-
-    @staticmethod
-    def forward(
-        ctx, q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: bool, deterministic: bool
-    ) -> tuple[Tensor, Tensor]:
-        out, softmax_lse = _flash_attn_forward(q, k, v, softmax_scale, causal)
-        ctx.save_for_backward(q, k, v, out, softmax_lse)
-        ctx.softmax_scale = softmax_scale
-        ctx.causal = causal
-        ctx.deterministic = deterministic
-        ctx.mark_non_differentiable(softmax_lse)
-        return out, softmax_lse
-
-    @staticmethod
-    def backward(ctx, grad_out: Tensor, grad_lse: Tensor) -> tuple[Tensor, Tensor, Tensor, None, None, None]:
-        # grad_lse is only ever zeros: softmax_lse is marked non-differentiable.
-        q, k, v, out, softmax_lse = ctx.saved_tensors
-        dq, dk, dv = _flash_attn_backward(
-            grad_out, q, k, v, out, softmax_lse, ctx.softmax_scale, ctx.causal, ctx.deterministic
-        )
-        return dq, dk, dv, None, None, None
 
 
 def flash_attn_func(
@@ -87,11 +58,19 @@ def flash_attn_func(
         dropout_p: must be 0.0: dropout is not implemented yet.
         softmax_scale: scale of q @ k^T; default 1 / sqrt(headdim).
         causal: mask aligned to the bottom-right corner: query i sees key j iff
-            j <= i + seqlen_k - seqlen_q. A query row that sees no key outputs 0.
+            j <= i + seqlen_k - seqlen_q. A query row that sees no key outputs 0
+            (and gets zero gradients).
         window_size, softcap, alibi_slopes, return_attn_probs: must keep their
             defaults: these options are not implemented yet.
         deterministic: make the backward pass bitwise reproducible run after run
             (on CUDA the default may sum dq with atomics, in a varying order).
+
+    The options not implemented yet are checked as FlashAttention-2 checks them
+    before they are refused: dropout_p outside [0, 1), a window_size that is not
+    two ints >= -1, a negative softcap, or alibi_slopes that are not an fp32
+    (nheads,) or (batch, nheads) tensor on q's device raise ValueError or
+    TypeError (RuntimeError for the device); a valid value other than the
+    default raises NotImplementedError. Each error names the argument.
 
     Returns:
         out: (batch, seqlen_q, nheads, headdim) in the dtype of q. It is
@@ -106,8 +85,9 @@ def flash_attn_func(
     start or strides other than the last are not multiples of 8 elements is
     copied. Everything else is read in place, e.g. slices of a packed qkv.
     """
-    _reject_unimplemented(dropout_p, window_size, softcap, alibi_slopes, return_attn_probs)
-    return _attention(q, k, v, ("q", "k", "v"), softmax_scale, causal, deterministic)
+    _check_qkv(q, k, v, ("q", "k", "v"))
+    _check_unimplemented(q, dropout_p, window_size, softcap, alibi_slopes, return_attn_probs)
+    return _attention(q, k, v, softmax_scale, causal, deterministic)
 
 
 def flash_attn_qkvpacked_func(
@@ -126,11 +106,11 @@ def flash_attn_qkvpacked_func(
     q, k and v are read as slices of qkv, without a copy; the gradient of qkv
     stacks their gradients. Other arguments and the result as in flash_attn_func.
     """
-    _reject_unimplemented(dropout_p, window_size, softcap, alibi_slopes, return_attn_probs)
     _check_packed("qkv", qkv, 3, "(batch, seqlen, 3, nheads, headdim)")
     q, k, v = qkv.unbind(dim=2)
-    names = ("qkv[:, :, 0]", "qkv[:, :, 1]", "qkv[:, :, 2]")
-    return _attention(q, k, v, names, softmax_scale, causal, deterministic)
+    _check_qkv(q, k, v, ("qkv[:, :, 0]", "qkv[:, :, 1]", "qkv[:, :, 2]"))
+    _check_unimplemented(q, dropout_p, window_size, softcap, alibi_slopes, return_attn_probs)
+    return _attention(q, k, v, softmax_scale, causal, deterministic)
 
 
 def flash_attn_kvpacked_func(
@@ -150,80 +130,45 @@ def flash_attn_kvpacked_func(
     k and v are read as slices of kv, without a copy; the gradient of kv stacks
     their gradients. Other arguments and the result as in flash_attn_func.
     """
-    _reject_unimplemented(dropout_p, window_size, softcap, alibi_slopes, return_attn_probs)
     _check_packed("kv", kv, 2, "(batch, seqlen_k, 2, nheads_k, headdim)")
     k, v = kv.unbind(dim=2)
-    return _attention(q, k, v, ("q", "kv[:, :, 0]", "kv[:, :, 1]"), softmax_scale, causal, deterministic)
+    _check_qkv(q, k, v, ("q", "kv[:, :, 0]", "kv[:, :, 1]"))
+    _check_unimplemented(q, dropout_p, window_size, softcap, alibi_slopes, return_attn_probs)
+    return _attention(q, k, v, softmax_scale, causal, deterministic)
 
 
-def _attention(
-    q: object,
-    k: object,
-    v: object,
-    names: tuple[str, str, str],
-    softmax_scale: object,
-    causal: bool,
-    deterministic: bool,
-) -> Tensor:
-    """Checks q, k, v (named as the caller knows them) and the scale, then runs the forward."""
-    _check_qkv(q, k, v, names)
+def _attention(q: Tensor, k: Tensor, v: Tensor, softmax_scale: object, causal: bool, deterministic: bool) -> Tensor:
+    """Checks the scale and runs the forward on checked q, k and v; returns out."""
     scale = _resolve_softmax_scale(softmax_scale, q.shape[-1])
-    out, _ = FlashAttnFunc.apply(q, k, v, scale, bool(causal), bool(deterministic))
+    out, _ = _flash_attn_forward(q, k, v, scale, bool(causal), bool(deterministic))
     return out
 
 
 def _flash_attn_forward(
-    q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: bool
+    q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: bool, deterministic: bool = False
 ) -> tuple[Tensor, Tensor]:
     """Runs the operator on checked inputs: out [B, Sq, H, D] and softmax_lse [B, H, Sq].
 
     The forward of every public function; tests call it to see the LSE. On CUDA
-    it pads and aligns the inputs as flash_attn_func describes.
+    it pads and aligns the inputs as flash_attn_func describes. out is
+    differentiable in q, k and v; `deterministic` picks the backward's path.
     """
     if not q.is_cuda:
-        return torch.ops.flashattn.fwd(q, k, v, softmax_scale, causal)
+        return torch.ops.flashattn.fwd(q, k, v, softmax_scale, causal, deterministic)
     head_dim = q.shape[-1]
     pad = -head_dim % _KERNEL_CHUNK_ELEMS
     q, k, v = (_kernel_layout(t, pad) for t in (q, k, v))
-    out, softmax_lse = torch.ops.flashattn.fwd(q, k, v, softmax_scale, causal)
+    out, softmax_lse = torch.ops.flashattn.fwd(q, k, v, softmax_scale, causal, deterministic)
     return out[..., :head_dim], softmax_lse
 
 
-def _flash_attn_backward(
-    dout: Tensor,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    out: Tensor,
-    softmax_lse: Tensor,
-    softmax_scale: float,
-    causal: bool,
-    deterministic: bool,
-) -> tuple[Tensor, Tensor, Tensor]:
-    """Runs the backward operator on the forward's inputs and results: dq, dk, dv.
-
-    The backward of every public function. On CUDA it pads and aligns dout,
-    q, k, v and out as the forward does (zero columns add nothing to
-    rowsum(dout * out), q @ k^T or any gradient) and slices the padding off
-    the gradients.
-    """
-    if not q.is_cuda:
-        return torch.ops.flashattn.bwd(dout, q, k, v, out, softmax_lse, softmax_scale, causal, deterministic)
-    head_dim = q.shape[-1]
-    pad = -head_dim % _KERNEL_CHUNK_ELEMS
-    dout, q, k, v, out = (_kernel_layout(t, pad) for t in (dout, q, k, v, out))
-    dq, dk, dv = torch.ops.flashattn.bwd(dout, q, k, v, out, softmax_lse, softmax_scale, causal, deterministic)
-    return dq[..., :head_dim], dk[..., :head_dim], dv[..., :head_dim]
-
-
 def _kernel_layout(t: Tensor, pad: int) -> Tensor:
-    """t as the CUDA kernels read it: head dim zero-padded by `pad`, contiguous rows 16-byte aligned."""
+    """t, whose last dimension is contiguous (checked), as the CUDA kernels read it: head dim
+    zero-padded by `pad` (zero columns change neither q @ k^T nor any other column of the
+    output or the gradients), rows 16-byte aligned."""
     if pad:
         return F.pad(t, (0, pad))  # a fresh, hence aligned, tensor
-    # q, k and v arrive with contiguous rows (checked), but the backward's dout is
-    # whatever the consumer of out produced: the gradient of out.sum() is a
-    # broadcast with stride 0 everywhere.
-    if t.stride(-1) == 1 and _rows_aligned(t):
+    if _rows_aligned(t):
         return t
     # clone, not contiguous(): a contiguous tensor at an odd storage offset stays misaligned.
     return t.clone(memory_format=torch.contiguous_format)
@@ -248,14 +193,21 @@ def _not_implemented(name: str, given: object, default: object) -> NotImplemente
     )
 
 
-def _reject_unimplemented(
-    dropout_p: float,
-    window_size: Sequence[int],
-    softcap: float,
-    alibi_slopes: Tensor | None,
-    return_attn_probs: bool,
+def _check_unimplemented(
+    q: Tensor,
+    dropout_p: object,
+    window_size: object,
+    softcap: object,
+    alibi_slopes: object,
+    return_attn_probs: object,
 ) -> None:
-    """Options a later issue implements are refused by name, never ignored."""
+    """The options a later issue implements: a value no implementation would accept is a
+    ValueError or TypeError naming the option; a valid one other than the default is
+    refused by name, never ignored."""
+    _check_dropout_p(dropout_p)
+    _check_window_size(window_size)
+    _check_softcap(softcap)
+    _check_alibi_slopes(alibi_slopes, q)
     if dropout_p != 0.0:
         raise _not_implemented("dropout_p", dropout_p, 0.0)
     if tuple(window_size) != (-1, -1):
@@ -266,6 +218,55 @@ def _reject_unimplemented(
         raise _not_implemented("alibi_slopes", alibi_slopes, None)
     if return_attn_probs:
         raise _not_implemented("return_attn_probs", return_attn_probs, False)
+
+
+def _is_real(x: object) -> bool:
+    """A Python or NumPy real number, not a bool."""
+    return isinstance(x, Real) and not isinstance(x, bool)
+
+
+def _check_dropout_p(dropout_p: object) -> None:
+    if not _is_real(dropout_p):
+        raise TypeError(f"flashattn: dropout_p must be a number in [0, 1), got {type(dropout_p).__name__}")
+    if not 0 <= dropout_p < 1:
+        raise ValueError(f"flashattn: dropout_p must be in [0, 1), got {dropout_p}")
+
+
+def _check_window_size(window_size: object) -> None:
+    accepted = "a pair (left, right) of ints >= -1, -1 meaning unbounded on that side"
+    if not isinstance(window_size, (tuple, list)):
+        raise TypeError(f"flashattn: window_size must be {accepted}, got {type(window_size).__name__}")
+    if len(window_size) != 2:
+        raise ValueError(f"flashattn: window_size must be {accepted}, got {window_size!r}")
+    if not all(isinstance(side, Integral) and not isinstance(side, bool) for side in window_size):
+        raise TypeError(f"flashattn: window_size must be {accepted}, got {window_size!r}")
+    if min(window_size) < -1:
+        raise ValueError(f"flashattn: window_size must be {accepted}, got {window_size!r}")
+
+
+def _check_softcap(softcap: object) -> None:
+    if not _is_real(softcap):
+        raise TypeError(f"flashattn: softcap must be a finite number >= 0, got {type(softcap).__name__}")
+    if not 0 <= softcap < math.inf:  # NaN fails too
+        raise ValueError(f"flashattn: softcap must be a finite number >= 0 (0: no capping), got {softcap}")
+
+
+def _check_alibi_slopes(alibi_slopes: object, q: Tensor) -> None:
+    """None, or fp32 slopes of shape (nheads,) or (batch, nheads) on q's device."""
+    if alibi_slopes is None:
+        return
+    batch, _, num_heads, _ = q.shape
+    accepted = f"a float32 tensor of shape (nheads,) = ({num_heads},) or (batch, nheads) = ({batch}, {num_heads})"
+    if not isinstance(alibi_slopes, Tensor):
+        raise TypeError(f"flashattn: alibi_slopes must be {accepted}, got {type(alibi_slopes).__name__}")
+    if alibi_slopes.dtype != torch.float32:
+        raise TypeError(f"flashattn: alibi_slopes must be {accepted}, got dtype {alibi_slopes.dtype}")
+    if alibi_slopes.shape not in ((num_heads,), (batch, num_heads)):
+        raise ValueError(f"flashattn: alibi_slopes must be {accepted}, got shape {tuple(alibi_slopes.shape)}")
+    if alibi_slopes.device != q.device:
+        raise RuntimeError(
+            f"flashattn: alibi_slopes is on {alibi_slopes.device} but q is on {q.device}; they must be on one device"
+        )
 
 
 def _check_packed(name: str, packed: object, count: int, layout: str) -> None:

@@ -1,11 +1,15 @@
-"""The flashattn operators: schemas, fake (meta) implementations, CPU implementations.
+"""The flashattn operators: schemas, fake (meta) implementations, CPU implementations, autograd.
 
-``torch.ops.flashattn.fwd(q, k, v, softmax_scale, causal) -> (out, softmax_lse)``
+``torch.ops.flashattn.fwd(q, k, v, softmax_scale, causal, deterministic=False) -> (out, softmax_lse)``
   q [B, Sq, H, D], k and v [B, Sk, Hk, D] with H % Hk == 0, any strides;
   out [B, Sq, H, D] in q's dtype and softmax_lse [B, H, Sq] in fp32, both
   contiguous. softmax_lse is the natural-log log-sum-exp of the scaled scores.
   Causal masking is aligned to the bottom-right corner: query i sees key j iff
-  j <= i + Sk - Sq. A query row that sees no key gets out = 0, lse = -inf.
+  j <= i + Sk - Sq. A query row that sees no key gets out = 0, lse = -inf; a
+  row whose scores hold a NaN gets out = NaN, lse = NaN. The op is
+  differentiable in q, k and v (softmax_lse is not): its backward runs bwd
+  below with the same scale, mask and `deterministic`, which the forward
+  itself does not use.
 
 ``torch.ops.flashattn.bwd(dout, q, k, v, out, softmax_lse, softmax_scale, causal, deterministic) -> (dq, dk, dv)``
   The gradients of fwd's out, given dout [B, Sq, H, D] and fwd's out and
@@ -17,7 +21,8 @@
 
 The CUDA implementation is registered by the compiled extension, which also
 defines the schema; without it the schema is defined here, so the operator and
-everything built on it work on CPU tensors. Inputs are checked by
+everything built on it work on CPU tensors. The fake implementations and the
+autograd formula are registered here for both. Inputs are checked by
 flashattn.interface before they reach an implementation.
 """
 
@@ -33,7 +38,8 @@ __all__ = ["BWD_SCHEMA", "FWD_SCHEMA"]
 # The single Python copies of the schemas; csrc/flash_api.cpp holds the C++ ones
 # and tests/test_ops.py checks that they agree.
 FWD_SCHEMA = (
-    "fwd(Tensor q, Tensor k, Tensor v, float softmax_scale, bool causal) -> (Tensor out, Tensor softmax_lse)"
+    "fwd(Tensor q, Tensor k, Tensor v, float softmax_scale, bool causal, bool deterministic=False) "
+    "-> (Tensor out, Tensor softmax_lse)"
 )
 BWD_SCHEMA = (
     "bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, float softmax_scale, "
@@ -51,7 +57,9 @@ if not HAS_CUDA_KERNELS:
     _lib.define(BWD_SCHEMA)
 
 
-def _fwd_fake(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: bool) -> tuple[Tensor, Tensor]:
+def _fwd_fake(
+    q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: bool, deterministic: bool = False
+) -> tuple[Tensor, Tensor]:
     """Output shapes and dtypes without computing: what torch.compile traces with."""
     batch, seqlen_q, num_heads, head_dim = q.shape
     out = q.new_empty((batch, seqlen_q, num_heads, head_dim))
@@ -86,10 +94,11 @@ class _OnlineSoftmax:
 
     def finalize(self, acc: Tensor) -> tuple[Tensor, Tensor]:
         """Normalises the accumulated output [..., rows, D] once; returns it and the row LSE.
-        Rows that saw no key (sum 0) get output 0 and LSE -inf."""
-        seen = self.row_sum > 0
-        out = acc / torch.where(seen, self.row_sum, 1.0).unsqueeze(-1)
-        lse = torch.where(seen, self.row_max + torch.log(self.row_sum), -math.inf)
+        Rows that saw no key (sum 0) get output 0 and LSE -inf; a NaN score makes the
+        sum NaN, hence the row's output and LSE NaN (never -inf: that would claim no key)."""
+        empty = self.row_sum == 0
+        out = acc / torch.where(empty, 1.0, self.row_sum).unsqueeze(-1)
+        lse = torch.where(empty, -math.inf, self.row_max + torch.log(self.row_sum))
         return out, lse
 
 
@@ -132,13 +141,15 @@ def _attend_query_block(
     return softmax.finalize(acc)
 
 
-def _fwd_cpu(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: bool) -> tuple[Tensor, Tensor]:
+def _fwd_cpu(
+    q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: bool, deterministic: bool = False
+) -> tuple[Tensor, Tensor]:
     """FlashAttention's forward in plain PyTorch: the readable statement of the algorithm.
 
     Query blocks of BLOCK_M rows attend to key blocks of BLOCK_N keys with an
     online softmax, computing in fp32 whatever the input dtype (fp16, bf16,
     fp32), vectorised over batch and heads. The full [Sq, Sk] score matrix
-    never exists.
+    never exists. `deterministic` is for the backward; this forward always is.
     """
     batch, seqlen_q, num_heads, head_dim = q.shape
     seqlen_k, num_heads_k = k.shape[1], k.shape[2]
@@ -276,7 +287,31 @@ def _bwd_cpu(
     return dq, dk, dv
 
 
+def _fwd_setup_context(ctx, inputs: tuple, output: tuple[Tensor, Tensor]) -> None:
+    """Saves what the backward recomputes the probabilities from: q, k, v, out and the LSE,
+    nothing of size Sq x Sk, so training memory stays linear in the sequence length."""
+    q, k, v, softmax_scale, causal, deterministic = inputs
+    out, softmax_lse = output
+    ctx.save_for_backward(q, k, v, out, softmax_lse)
+    ctx.softmax_scale = softmax_scale
+    ctx.causal = causal
+    ctx.deterministic = deterministic
+    ctx.mark_non_differentiable(softmax_lse)
+
+
+def _fwd_backward(ctx, dout: Tensor, _dlse: Tensor) -> tuple[Tensor, Tensor, Tensor, None, None, None]:
+    """fwd's gradients in q, k and v: flashattn::bwd on the saved tensors (none for the LSE,
+    which is not differentiable, nor for the non-tensor arguments). dout comes in whatever
+    layout the consumer of out produced; bwd accepts any."""
+    q, k, v, out, softmax_lse = ctx.saved_tensors
+    dq, dk, dv = torch.ops.flashattn.bwd(
+        dout, q, k, v, out, softmax_lse, ctx.softmax_scale, ctx.causal, ctx.deterministic
+    )
+    return dq, dk, dv, None, None, None
+
+
 torch.library.register_fake("flashattn::fwd", _fwd_fake)
 torch.library.impl("flashattn::fwd", "cpu", _fwd_cpu)
+torch.library.register_autograd("flashattn::fwd", _fwd_backward, setup_context=_fwd_setup_context)
 torch.library.register_fake("flashattn::bwd", _bwd_fake)
 torch.library.impl("flashattn::bwd", "cpu", _bwd_cpu)

@@ -1,36 +1,40 @@
 #!/usr/bin/env bash
 # The whole GPU round on the GPU machine in one run: build with all cores, the
-# GPU tests, the benchmark; logs and results go to OUTDIR, a short summary is
-# printed last.
+# GPU tests, compute-sanitizer, the long-context check, the benchmark; logs and
+# results go to OUTDIR, a short summary is printed last.
 #
-#   bash scripts/gpu_round.sh OUTDIR [--all] [--quick] [--no-bench] [--no-sanitize] [-k EXPR]
+#   bash scripts/gpu_round.sh OUTDIR [--all] [--quick] [--no-bench] [--no-sanitize] [--no-long] [-k EXPR]
 #
 #   --all          run the whole test suite, not only the tests marked gpu
 #   --quick        pass --quick to the benchmark (a small subset of the sweep)
 #   --no-bench     build and test only
-#   --no-sanitize  skip compute-sanitizer (memcheck and racecheck on odd shapes)
+#   --no-sanitize  skip compute-sanitizer (scripts/sanitize.py: four tools, every kernel)
+#   --no-long      skip the long-context check (scripts/long_context.py, about a minute)
 #   -k EXPR        passed to pytest
 #
-# OUTDIR gets seven files and no subfolders: build.log, tests.log,
-# sanitize.log, bench.log, results.csv, results.md, env.txt. The benchmark
-# runs whenever the build succeeded, even after failed tests (with a warning).
-# Exit status: non-zero if the build, the tests, the sanitizer or the
-# benchmark failed.
+# OUTDIR gets these files and no subfolders: build.log, tests.log,
+# sanitize.log, sanitize.md, long_context.log, long_context.md, bench.log,
+# results.csv, results.md, env.txt. Tests marked slow are left out of the
+# pytest run: the long-context step runs what they wrap. The benchmark runs
+# whenever the build succeeded, even after failed tests (with a warning).
+# Exit status: non-zero if the build, the tests, the sanitizer, the
+# long-context check or the benchmark failed.
 set -uo pipefail
 
-usage() { sed -n '2,19s/^# \{0,1\}//p' "$0" >&2; exit 2; }
+usage() { sed -n '2,23s/^# \{0,1\}//p' "$0" >&2; exit 2; }
 
 [ $# -ge 1 ] || usage
 case "$1" in -*) usage ;; esac
 outdir=$1
 shift
-all=0 quick=() bench=1 sanitize=1 kexpr=()
+all=0 quick=() bench=1 sanitize=1 long=1 kexpr=()
 while [ $# -gt 0 ]; do
     case "$1" in
         --all) all=1 ;;
         --quick) quick=(--quick) ;;
         --no-bench) bench=0 ;;
         --no-sanitize) sanitize=0 ;;
+        --no-long) long=0 ;;
         -k) [ $# -ge 2 ] || usage; kexpr=(-k "$2"); shift ;;
         -h|--help) usage ;;
         *) echo "gpu_round.sh: unknown argument '$1'" >&2; usage ;;
@@ -107,7 +111,7 @@ tests_summary="not run (build failed)"
 tests_rc=1
 if [ "$build_rc" -eq 0 ]; then
     pytest_args=(tests -q -ra)
-    [ "$all" -eq 1 ] || pytest_args+=(-m gpu)
+    if [ "$all" -eq 1 ]; then pytest_args+=(-m "not slow"); else pytest_args+=(-m "gpu and not slow"); fi
     pytest_args+=("${kexpr[@]}")
     banner "tests: pytest ${pytest_args[*]}"
     tests_started=$SECONDS
@@ -125,16 +129,26 @@ sanitize_rc=0
 if [ "$build_rc" -ne 0 ]; then
     sanitize_summary="not run (build failed)"
 elif [ "$sanitize" -eq 1 ]; then
-    banner "compute-sanitizer: memcheck (every instantiation, odd shapes), racecheck (small)"
-    sanitizer="$(command -v compute-sanitizer || echo "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer")"
+    banner "compute-sanitizer: memcheck, initcheck, racecheck, synccheck over every kernel"
     sanitize_started=$SECONDS
-    {
-        "$sanitizer" --tool memcheck --error-exitcode 1 "$PY" scripts/sanitize_driver.py &&
-        "$sanitizer" --tool racecheck --error-exitcode 1 "$PY" scripts/sanitize_driver.py --small
-    } >"$outdir/sanitize.log" 2>&1
+    "$PY" scripts/sanitize.py "$outdir"
     sanitize_rc=$?
-    tail -n 6 "$outdir/sanitize.log"
-    sanitize_summary="$(grep -cE 'ERROR SUMMARY: 0 errors|RACECHECK SUMMARY: 0 hazards' "$outdir/sanitize.log") clean runs of 2 (memcheck, racecheck), exit $sanitize_rc, $((SECONDS - sanitize_started)) s"
+    clean="$(grep -E '^[0-9]+ of [0-9]+ runs clean' "$outdir/sanitize.md" 2>/dev/null)"
+    sanitize_summary="${clean:-no sanitize.md} (exit $sanitize_rc, $((SECONDS - sanitize_started)) s); sanitize.md"
+fi
+
+# ---- long contexts ----------------------------------------------------------------
+long_summary="not run (--no-long)"
+long_rc=0
+if [ "$build_rc" -ne 0 ]; then
+    long_summary="not run (build failed)"
+elif [ "$long" -eq 1 ]; then
+    banner "long contexts: S = 256k forward + backward, 1M forward"
+    long_started=$SECONDS
+    "$PY" scripts/long_context.py "$outdir" 2>&1 | tee "$outdir/long_context.log"
+    long_rc=${PIPESTATUS[0]}
+    verdict="$(grep -oE 'all checks pass|SOME CHECKS FAIL' "$outdir/long_context.md" 2>/dev/null)"
+    long_summary="${verdict:-no long_context.md} (exit $long_rc, $((SECONDS - long_started)) s); long_context.md"
 fi
 
 # ---- benchmark ----------------------------------------------------------------
@@ -159,10 +173,12 @@ if [ "$bench" -eq 1 ] && [ -f "$outdir/results.md" ] && [ "$build_rc" -eq 0 ]; t
     cat "$outdir/results.md"
 fi
 banner "GPU round summary ($outdir)"
-printf '%-9s %s\n' "build:" "$build_summary" "tests:" "$tests_summary" "sanitize:" "$sanitize_summary" \
-    "bench:" "$bench_summary"
+printf '%-10s %s\n' "build:" "$build_summary" "tests:" "$tests_summary" "sanitize:" "$sanitize_summary" \
+    "long ctx:" "$long_summary" "bench:" "$bench_summary"
 [ "$build_rc" -eq 0 ] && [ "$tests_rc" -ne 0 ] && echo "WARNING: tests failed; see tests.log"
-[ "$sanitize_rc" -ne 0 ] && echo "WARNING: compute-sanitizer reported errors; see sanitize.log"
+[ "$sanitize_rc" -ne 0 ] && echo "WARNING: compute-sanitizer reported errors; see sanitize.md and sanitize.log"
+[ "$long_rc" -ne 0 ] && echo "WARNING: the long-context check failed; see long_context.md"
 [ "$bench_rc" -ne 0 ] && echo "WARNING: the benchmark failed or flashattn mismatched; see bench.log"
 
-[ "$build_rc" -eq 0 ] && [ "$tests_rc" -eq 0 ] && [ "$sanitize_rc" -eq 0 ] && [ "$bench_rc" -eq 0 ]
+[ "$build_rc" -eq 0 ] && [ "$tests_rc" -eq 0 ] && [ "$sanitize_rc" -eq 0 ] && [ "$long_rc" -eq 0 ] &&
+    [ "$bench_rc" -eq 0 ]

@@ -1,8 +1,16 @@
-"""GPU tests (marked ``gpu``) are skipped, with the reason, where flashattn cannot run on CUDA."""
+"""GPU tests (marked ``gpu``) are skipped, with the reason, where flashattn cannot run on CUDA.
+
+Tests marked ``slow`` (also ``gpu``) run for a minute or more; scripts/gpu_round.sh
+leaves them out of its pytest run and runs what they wrap as a step of its own.
+"""
 
 import pytest
 
 import flashattn
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "slow: takes a minute or more (the long-context run)")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

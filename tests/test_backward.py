@@ -204,6 +204,27 @@ def test_empty_inputs(device, batch, seqlen_q, seqlen_k, causal):
         assert torch.equal(grad, torch.zeros_like(grad))
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("batch, seqlen_q, seqlen_k", [(0, 5, 5), (2, 0, 0), (2, 5, 0)])
+def test_empty_inputs_of_packed_functions(device, batch, seqlen_q, seqlen_k):
+    """The packed functions on empty batches or sequences, with a head dim the CUDA path pads:
+    out and the gradients of the packed tensors are shaped like them, and zero."""
+    gen = torch.Generator(device=device).manual_seed(0)
+    q = torch.randn(batch, seqlen_q, 4, 59, generator=gen, dtype=torch.bfloat16, device=device)
+    kv = torch.randn(batch, seqlen_k, 2, 2, 59, generator=gen, dtype=torch.bfloat16, device=device)
+    leaves = (q.requires_grad_(), kv.requires_grad_())
+    out = flash_attn_kvpacked_func(*leaves, causal=True)
+    assert out.shape == q.shape and torch.equal(out, torch.zeros_like(out))
+    for grad, leaf in zip(torch.autograd.grad(out, leaves, torch.ones_like(out)), leaves):
+        assert grad.shape == leaf.shape and torch.equal(grad, torch.zeros_like(grad))
+    if seqlen_q == seqlen_k:
+        qkv = torch.randn(batch, seqlen_q, 3, 4, 59, generator=gen, dtype=torch.bfloat16, device=device)
+        out = flash_attn_qkvpacked_func(qkv.requires_grad_())
+        (dqkv,) = torch.autograd.grad(out, qkv, torch.ones_like(out))
+        assert out.shape == (batch, seqlen_q, 4, 59) and dqkv.shape == qkv.shape
+        assert torch.equal(dqkv, torch.zeros_like(dqkv))
+
+
 class _TinyAttentionBlock(nn.Module):
     """Projections to GQA heads, attention with a pluggable function, and an output projection."""
 

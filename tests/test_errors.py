@@ -1,6 +1,17 @@
 """Every bad input gets an error of the right type whose message names the argument.
 
-CPU path unless marked; GPU twins where the CUDA path differs (dtypes, devices).
+Each case runs on the CPU path and, where there is a GPU, on the CUDA path: the
+Python checks are the same for both (they run before any kernel), except for
+what depends on the device (the accepted dtypes, mixed devices, the GPU's age).
+The C++ binding's own checks, which guard the operator when it is called
+directly, have GPU tests of their own at the end.
+
+What is accepted, in short: q (B, Sq, H, D), k and v (B, Sk, Hk, D) on one
+device with one dtype (fp16 or bf16 on CUDA; fp16, bf16 or fp32 on CPU), H a
+multiple of Hk, 1 <= D <= 256, the last dimension contiguous (an error, not a
+silent copy: FlashAttention-2 refuses it too, and a copy would hide a layout
+bug upstream); empty batches and sequences are fine (see test_forward.py and
+test_backward.py).
 """
 
 import importlib
@@ -10,6 +21,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from helpers import DEVICES
 
 from flashattn import (
     _extension,
@@ -19,6 +31,8 @@ from flashattn import (
     interface,
 )
 
+FUNCS = ["flash_attn_func", "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func"]
+
 
 def _qkv(device="cpu", dtype=torch.float16, q_shape=(2, 5, 4, 16), kv_shape=(2, 7, 2, 16)):
     gen = torch.Generator(device=device).manual_seed(0)
@@ -26,6 +40,15 @@ def _qkv(device="cpu", dtype=torch.float16, q_shape=(2, 5, 4, 16), kv_shape=(2, 
     k = torch.randn(kv_shape, generator=gen, dtype=dtype, device=device)
     v = torch.randn(kv_shape, generator=gen, dtype=dtype, device=device)
     return q, k, v
+
+
+def _call(func, q, k, v, **options):
+    """Calls one of the public functions on q, k, v, packed as it takes them."""
+    if func == "flash_attn_qkvpacked_func":
+        return flash_attn_qkvpacked_func(torch.stack([q, k, v], dim=2), **options)
+    if func == "flash_attn_kvpacked_func":
+        return flash_attn_kvpacked_func(q, torch.stack([k, v], dim=2), **options)
+    return flash_attn_func(q, k, v, **options)
 
 
 def _replace(index, value):
@@ -40,22 +63,18 @@ def _replace(index, value):
 
 
 BAD_INPUTS = [
-    # id, change to valid (q, k, v), expected exception, message pattern
+    # id, change to valid (q, k, v), expected exception, message pattern ({device}: cpu or cuda)
     ("q-not-tensor", _replace(0, lambda t: t.tolist()), TypeError, r"q must be a torch\.Tensor, got list"),
     ("k-3d", _replace(1, lambda t: t[0]), ValueError, r"k must be 4-D .*got shape \(7, 2, 16\)"),
     ("v-5d", _replace(2, lambda t: t[None]), ValueError, r"v must be 4-D"),
-    ("v-other-device", _replace(2, lambda t: t.to("meta")), RuntimeError, r"v is on meta but q is on cpu"),
+    ("q-2d", _replace(0, lambda t: t[0, 0]), ValueError, r"q must be 4-D .*got shape \(4, 16\)"),
+    ("k-other-device", _replace(1, lambda t: t.to("meta")), RuntimeError, r"k is on meta but q is on {device}"),
+    ("v-other-device", _replace(2, lambda t: t.to("meta")), RuntimeError, r"v is on meta but q is on {device}"),
     (
         "all-on-meta",
         lambda q, k, v: [t.to("meta") for t in (q, k, v)],
         RuntimeError,
         r"q is on meta; accepted devices: cpu, cuda",
-    ),
-    (
-        "q-float64",
-        lambda q, k, v: [t.double() for t in (q, k, v)],
-        TypeError,
-        r"q has dtype torch\.float64; accepted on cpu: torch\.float16, torch\.bfloat16, torch\.float32",
     ),
     (
         "k-other-dtype",
@@ -75,7 +94,14 @@ BAD_INPUTS = [
         ValueError,
         r"batch sizes differ \(q \(1, 5, 4, 16\), k \(2, 7, 2, 16\)",
     ),
-    ("kv-shapes-differ", _replace(2, lambda t: t[:, :6]), ValueError, r"k and v must have the same shape"),
+    ("kv-seqlens-differ", _replace(2, lambda t: t[:, :6]), ValueError, r"k and v must have the same shape"),
+    ("kv-heads-differ", _replace(2, lambda t: t[:, :, :1]), ValueError, r"k and v must have the same shape"),
+    (
+        "v-head-dim-differs",
+        _replace(2, lambda t: t[..., :8]),
+        ValueError,
+        r"k and v must have the same shape .*v \(2, 7, 2, 8\)",
+    ),
     (
         "head-dims-differ",
         lambda q, k, v: [q[..., :8], k, v],
@@ -109,6 +135,12 @@ BAD_INPUTS = [
         r"last dimension of q must be contiguous .*call \.contiguous\(\)",
     ),
     (
+        "k-last-dim-strided",
+        _replace(1, lambda t: t.repeat_interleave(2, dim=3)[..., ::2]),
+        ValueError,
+        r"last dimension of k must be contiguous",
+    ),
+    (
         "v-last-dim-strided",
         _replace(2, lambda t: t.repeat_interleave(2, dim=3)[..., ::2]),
         ValueError,
@@ -117,14 +149,53 @@ BAD_INPUTS = [
 ]
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize(
     "change, error, match", [case[1:] for case in BAD_INPUTS], ids=[case[0] for case in BAD_INPUTS]
 )
-def test_bad_qkv(change, error, match):
-    with pytest.raises(error, match=match):
-        flash_attn_func(*change(*_qkv()))
+def test_bad_qkv(device, change, error, match):
+    with pytest.raises(error, match=match.format(device=device)):
+        flash_attn_func(*change(*_qkv(device)))
 
 
+@pytest.mark.parametrize(
+    "device, dtype",
+    [
+        ("cpu", torch.float64),
+        ("cpu", torch.int32),
+        ("cpu", torch.complex64),
+        pytest.param("cuda", torch.float32, marks=pytest.mark.gpu),
+        pytest.param("cuda", torch.float64, marks=pytest.mark.gpu),
+        pytest.param("cuda", torch.int32, marks=pytest.mark.gpu),
+    ],
+)
+@pytest.mark.parametrize("func", FUNCS)
+def test_dtype_refused(func, device, dtype):
+    """CUDA takes fp16 and bf16 (the kernels' tensor-core types); CPU fp32 as well."""
+    accepted = "torch.float16, torch.bfloat16" + (", torch.float32" if device == "cpu" else "")
+    q, k, v = (t.to(dtype) for t in _qkv(device, q_shape=(2, 7, 2, 16)))
+    q_name = "qkv[:, :, 0]" if func == "flash_attn_qkvpacked_func" else "q"
+    match = re.escape(f"{q_name} has dtype {dtype}; accepted on {device}: {accepted}")
+    with pytest.raises(TypeError, match=match):
+        _call(func, q, k, v)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("on_cpu", ["q", "k", "v", "k and v"])
+def test_cuda_and_cpu_mixed(on_cpu):
+    """Any of q, k, v on the CPU while the others are on the GPU; the error names the first
+    tensor on a device other than q's."""
+    q, k, v = _qkv("cuda")
+    tensors = {"q": q, "k": k, "v": v}
+    for name in on_cpu.split(" and "):
+        tensors[name] = tensors[name].cpu()
+    first = "k" if on_cpu == "q" or on_cpu.startswith("k") else "v"
+    where, q_where = (r"cuda:\d", "cpu") if on_cpu == "q" else ("cpu", r"cuda:\d")
+    with pytest.raises(RuntimeError, match=rf"{first} is on {where} but q is on {q_where}"):
+        flash_attn_func(*tensors.values())
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize(
     "softmax_scale, error",
     [
@@ -137,95 +208,175 @@ def test_bad_qkv(change, error, match):
         (torch.tensor(0.1), TypeError),
     ],
 )
-def test_bad_softmax_scale(softmax_scale, error):
+def test_bad_softmax_scale(device, softmax_scale, error):
     with pytest.raises(error, match=r"softmax_scale must be a positive finite number"):
-        flash_attn_func(*_qkv(), softmax_scale=softmax_scale)
+        flash_attn_func(*_qkv(device), softmax_scale=softmax_scale)
 
 
-UNIMPLEMENTED = [
-    ("dropout_p", 0.1),
-    ("window_size", (4, 0)),
-    ("softcap", 30.0),
-    ("alibi_slopes", torch.ones(4)),
-    ("return_attn_probs", True),
+# Values FlashAttention-2 itself refuses: the error says what is accepted.
+BAD_OPTIONS = [
+    # id, option, value (a function of q for tensors), expected exception, message pattern
+    ("dropout-negative", "dropout_p", -0.1, ValueError, r"dropout_p must be in \[0, 1\), got -0\.1"),
+    ("dropout-one", "dropout_p", 1.0, ValueError, r"dropout_p must be in \[0, 1\), got 1\.0"),
+    ("dropout-nan", "dropout_p", float("nan"), ValueError, r"dropout_p must be in \[0, 1\), got nan"),
+    ("dropout-str", "dropout_p", "0.1", TypeError, r"dropout_p must be a number in \[0, 1\), got str"),
+    ("dropout-bool", "dropout_p", True, TypeError, r"dropout_p must be a number .*got bool"),
+    ("window-left-below", "window_size", (-2, 0), ValueError, r"window_size must be .*ints >= -1.*got \(-2, 0\)"),
+    ("window-right-below", "window_size", [0, -5], ValueError, r"window_size must be .*got \[0, -5\]"),
+    ("window-three", "window_size", (1, 2, 3), ValueError, r"window_size must be a pair .*got \(1, 2, 3\)"),
+    ("window-int", "window_size", 4, TypeError, r"window_size must be a pair \(left, right\) .*got int"),
+    ("window-float", "window_size", (1.5, 0), TypeError, r"window_size must be .*got \(1\.5, 0\)"),
+    ("softcap-negative", "softcap", -1.0, ValueError, r"softcap must be a finite number >= 0 .*got -1\.0"),
+    ("softcap-inf", "softcap", float("inf"), ValueError, r"softcap must be a finite number >= 0 .*got inf"),
+    ("softcap-nan", "softcap", float("nan"), ValueError, r"softcap must be a finite number >= 0 .*got nan"),
+    ("softcap-str", "softcap", "30", TypeError, r"softcap must be a finite number >= 0, got str"),
+    ("alibi-list", "alibi_slopes", lambda q: [1.0] * q.shape[2], TypeError, r"alibi_slopes must be .*got list"),
+    (
+        "alibi-fp16",
+        "alibi_slopes",
+        lambda q: torch.ones(q.shape[2], dtype=torch.float16, device=q.device),
+        TypeError,
+        r"alibi_slopes must be a float32 tensor .*got dtype torch\.float16",
+    ),
+    (
+        "alibi-wrong-heads",
+        "alibi_slopes",
+        lambda q: torch.ones(q.shape[2] + 1, device=q.device),
+        ValueError,
+        r"alibi_slopes must be a float32 tensor of shape \(nheads,\) = \(2,\) or "
+        r"\(batch, nheads\) = \(2, 2\), got shape \(3,\)",
+    ),
+    (
+        "alibi-3d",
+        "alibi_slopes",
+        lambda q: torch.ones(q.shape[0], q.shape[2], 1, device=q.device),
+        ValueError,
+        r"alibi_slopes must be .*got shape \(2, 2, 1\)",
+    ),
+    (
+        "alibi-other-device",
+        "alibi_slopes",
+        lambda q: torch.ones(q.shape[2], device="meta"),
+        RuntimeError,
+        r"alibi_slopes is on meta but q is on {device}",
+    ),
 ]
 
 
-@pytest.mark.parametrize("name, value", UNIMPLEMENTED, ids=[name for name, _ in UNIMPLEMENTED])
-@pytest.mark.parametrize("func", ["flash_attn_func", "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func"])
-def test_unimplemented_options_are_refused_by_name(func, name, value):
-    q, k, v = _qkv(q_shape=(2, 7, 2, 16))
-    args = {
-        "flash_attn_func": (q, k, v),
-        "flash_attn_qkvpacked_func": (torch.stack([q, k, v], dim=2),),
-        "flash_attn_kvpacked_func": (q, torch.stack([k, v], dim=2)),
-    }[func]
-    with pytest.raises(NotImplementedError, match=rf"{name}=.* is not implemented yet"):
-        getattr(interface, func)(*args, **{name: value})
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("func", FUNCS)
+@pytest.mark.parametrize(
+    "name, value, error, match", [case[1:] for case in BAD_OPTIONS], ids=[case[0] for case in BAD_OPTIONS]
+)
+def test_bad_option_values(device, func, name, value, error, match):
+    """Options not implemented yet still get their values checked, before they are refused."""
+    q, k, v = _qkv(device, q_shape=(2, 7, 2, 16))
+    with pytest.raises(error, match=match.format(device=device)):
+        _call(func, q, k, v, **{name: value(q) if callable(value) else value})
 
 
-def test_defaults_of_unimplemented_options_are_accepted():
-    q, k, v = _qkv()
+UNIMPLEMENTED = [
+    # id, option, a valid value other than the default (a function of q for tensors)
+    ("dropout_p", "dropout_p", 0.1),
+    ("window_size", "window_size", (4, 0)),
+    ("window_size-left-unbounded", "window_size", [-1, 0]),
+    ("softcap", "softcap", 30.0),
+    ("alibi_slopes-per-head", "alibi_slopes", lambda q: torch.rand(q.shape[2], device=q.device)),
+    ("alibi_slopes-per-batch", "alibi_slopes", lambda q: torch.rand(q.shape[0], q.shape[2], device=q.device)),
+    ("return_attn_probs", "return_attn_probs", True),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("func", FUNCS)
+@pytest.mark.parametrize("name, value", [case[1:] for case in UNIMPLEMENTED], ids=[case[0] for case in UNIMPLEMENTED])
+def test_unimplemented_options_are_refused_by_name(device, func, name, value):
+    q, k, v = _qkv(device, q_shape=(2, 7, 2, 16))
+    with pytest.raises(NotImplementedError, match=rf"{name}=.* is not implemented yet; only the default {name}="):
+        _call(func, q, k, v, **{name: value(q) if callable(value) else value})
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_defaults_of_unimplemented_options_are_accepted(device):
+    q, k, v = _qkv(device)
     out = flash_attn_func(q, k, v, 0.0, None, False, [-1, -1], 0.0, None, True, False)
     assert torch.equal(out, flash_attn_func(q, k, v))
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize(
-    "qkv, error, match",
+    "make_qkv, error, match",
     [
         (
-            torch.zeros(2, 5, 4, 16),
+            lambda device: torch.zeros(2, 5, 4, 16, device=device),
             ValueError,
             r"qkv must have shape \(batch, seqlen, 3, nheads, headdim\), got \(2, 5, 4, 16\)",
         ),
-        (torch.zeros(2, 5, 2, 4, 16), ValueError, r"qkv must have shape .*got \(2, 5, 2, 4, 16\)"),
-        ("qkv", TypeError, r"qkv must be a torch\.Tensor, got str"),
         (
-            torch.zeros(2, 5, 3, 4, 16, dtype=torch.float64),
+            lambda device: torch.zeros(2, 5, 2, 4, 16, device=device),
+            ValueError,
+            r"qkv must have shape .*got \(2, 5, 2, 4, 16\)",
+        ),
+        (lambda device: "qkv", TypeError, r"qkv must be a torch\.Tensor, got str"),
+        (
+            lambda device: torch.zeros(2, 5, 3, 4, 16, dtype=torch.float64, device=device),
             TypeError,
             r"qkv\[:, :, 0\] has dtype torch\.float64",
         ),
+        (
+            lambda device: torch.zeros(2, 5, 3, 4, 300, dtype=torch.float16, device=device),
+            ValueError,
+            r"headdim 300 \(qkv\[:, :, 0\] \(2, 5, 4, 300\), .*accepted: 1 to 256",
+        ),
+        (
+            lambda device: torch.zeros(2, 5, 4, 16, 3, dtype=torch.float16, device=device).transpose(2, 4),
+            ValueError,
+            r"last dimension of qkv\[:, :, 0\] must be contiguous",
+        ),
     ],
+    ids=["4d", "2-in-dim-2", "not-tensor", "float64", "head-dim-300", "last-dim-strided"],
 )
-def test_bad_qkvpacked(qkv, error, match):
+def test_bad_qkvpacked(device, make_qkv, error, match):
     with pytest.raises(error, match=match):
-        flash_attn_qkvpacked_func(qkv)
+        flash_attn_qkvpacked_func(make_qkv(device))
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize(
-    "kv, error, match",
+    "make_kv, error, match",
     [
         (
-            torch.zeros(2, 7, 3, 2, 16, dtype=torch.float16),
+            lambda device: torch.zeros(2, 7, 3, 2, 16, dtype=torch.float16, device=device),
             ValueError,
             r"kv must have shape \(batch, seqlen_k, 2, nheads_k, headdim\)",
         ),
-        (None, TypeError, r"kv must be a torch\.Tensor, got NoneType"),
+        (lambda device: None, TypeError, r"kv must be a torch\.Tensor, got NoneType"),
         (
-            torch.zeros(2, 7, 2, 2, 8, dtype=torch.float16),
+            lambda device: torch.zeros(2, 7, 2, 2, 8, dtype=torch.float16, device=device),
             ValueError,
             r"head dims differ \(q \(2, 5, 4, 16\), kv\[:, :, 0\] \(2, 7, 2, 8\)",
         ),
+        (
+            lambda device: torch.zeros(2, 7, 2, 3, 16, dtype=torch.float16, device=device),
+            ValueError,
+            r"query heads \(q\.shape\[2\] = 4\) must be a multiple of .*\(kv\[:, :, 0\]\.shape\[2\] = 3\)",
+        ),
+        (
+            lambda device: torch.zeros(3, 7, 2, 2, 16, dtype=torch.float16, device=device),
+            ValueError,
+            r"batch sizes differ",
+        ),
+        (
+            lambda device: torch.zeros(2, 7, 2, 2, 16, dtype=torch.bfloat16, device=device),
+            TypeError,
+            r"kv\[:, :, 0\] has dtype torch\.bfloat16 but q has torch\.float16",
+        ),
     ],
+    ids=["3-in-dim-2", "none", "head-dims-differ", "heads-not-divisor", "batch-differs", "dtype-differs"],
 )
-def test_bad_kvpacked(kv, error, match):
+def test_bad_kvpacked(device, make_kv, error, match):
     with pytest.raises(error, match=match):
-        flash_attn_kvpacked_func(_qkv()[0], kv)
-
-
-@pytest.mark.gpu
-def test_fp32_refused_on_cuda():
-    with pytest.raises(
-        TypeError, match=r"q has dtype torch\.float32; accepted on cuda: torch\.float16, torch\.bfloat16"
-    ):
-        flash_attn_func(*_qkv("cuda", torch.float32))
-
-
-@pytest.mark.gpu
-def test_cuda_and_cpu_mixed():
-    q, k, v = _qkv("cuda")
-    with pytest.raises(RuntimeError, match=r"k is on cpu but q is on cuda:\d"):
-        flash_attn_func(q, k.cpu(), v)
+        flash_attn_kvpacked_func(_qkv(device)[0], make_kv(device))
 
 
 def test_cuda_without_built_kernels_says_how_to_build(monkeypatch):
@@ -262,6 +413,18 @@ def test_gpu_older_than_ampere_is_refused(monkeypatch):
         match=r"needs a GPU of compute capability sm_80 \(Ampere\) or newer; cuda:0 is a Tesla T4 \(sm_75\)",
     ):
         interface._check_cuda_ready(torch.device("cuda", 0))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("func", FUNCS)
+def test_gpu_older_than_ampere_is_refused_by_the_public_functions(monkeypatch, func):
+    """CUDA tensors on a pre-Ampere GPU (simulated) stop in Python with the GPU named,
+    before any kernel launch; the binding has the same check of its own."""
+    q, k, v = _qkv("cuda", q_shape=(2, 7, 2, 16))
+    turing = SimpleNamespace(major=7, minor=5, name="Tesla T4")
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: turing)
+    with pytest.raises(RuntimeError, match=r"sm_80 \(Ampere\) or newer; cuda:\d is a Tesla T4 \(sm_75\)"):
+        _call(func, q, k, v)
 
 
 def _pretend_extension_exists(monkeypatch, build_info):
@@ -361,3 +524,41 @@ def test_binding_rejects_head_dim_over_256():
     q = torch.randn(1, 8, 2, 264, device="cuda", dtype=torch.bfloat16)
     with pytest.raises(RuntimeError, match=re.escape("head_dim 264 is not supported; the maximum is 256")):
         torch.ops.flashattn.fwd(q, q, q, 0.1, False)
+
+
+def _binding_backward_cases():
+    """(label, make(dout, q, k, v, out, lse) -> bwd args, message fragment) for the backward's checks."""
+
+    def args(dout, q, k, v, out, lse):
+        return (dout, q, k, v, out, lse, 0.125, False, False)
+
+    return [
+        ("dout shape", lambda do, q, k, v, o, lse: args(do[:, :-1], q, k, v, o, lse),
+         "dout (2, 29, 4, 64) and out (2, 30, 4, 64) must have the shape of q (2, 30, 4, 64)"),
+        ("out shape", lambda do, q, k, v, o, lse: args(do, q, k, v, o[:, :, :2], lse), "and out (2, 30, 2, 64)"),
+        ("dout dtype", lambda do, q, k, v, o, lse: args(do.bfloat16(), q, k, v, o, lse), "dout has dtype"),
+        ("dout on cpu", lambda do, q, k, v, o, lse: args(do.cpu(), q, k, v, o, lse), "dout must be a CUDA tensor"),
+        ("out last dim strided",
+         lambda do, q, k, v, o, lse: args(do, q, k, v, o.transpose(1, 3).contiguous().transpose(1, 3), lse),
+         "last dimension of out must be contiguous"),
+        ("lse dtype", lambda do, q, k, v, o, lse: args(do, q, k, v, o, lse.double()),
+         "softmax_lse must be the forward's contiguous float32 tensor of shape (2, 4, 30)"),
+        ("lse shape", lambda do, q, k, v, o, lse: args(do, q, k, v, o, lse[:, :, :-1]),
+         "float32 tensor of shape (2, 4, 30) on q's device, got (2, 4, 29)"),
+        ("lse strided", lambda do, q, k, v, o, lse: args(do, q, k, v, o, lse.mT.contiguous().mT),
+         "softmax_lse must be the forward's contiguous float32 tensor"),
+    ]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "label, make, match", _binding_backward_cases(), ids=[c[0] for c in _binding_backward_cases()]
+)
+def test_binding_backward_rejects_bad_input(label, make, match):
+    q = torch.randn(2, 30, 4, 64, device="cuda", dtype=torch.float16)
+    k = torch.randn(2, 40, 2, 64, device="cuda", dtype=torch.float16)
+    v = torch.randn(2, 40, 2, 64, device="cuda", dtype=torch.float16)
+    out, lse = torch.ops.flashattn.fwd(q, k, v, 0.125, False)
+    dout = torch.randn_like(out)
+    with pytest.raises(RuntimeError, match=re.escape(match)):
+        torch.ops.flashattn.bwd(*make(dout, q, k, v, out, lse))

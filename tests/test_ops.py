@@ -1,4 +1,4 @@
-"""The operators as torch sees them: opcheck, torch.compile of forward and backward, the schemas."""
+"""The operators as torch sees them: opcheck (autograd included), torch.compile of forward and backward, the schemas."""
 
 import pytest
 import torch
@@ -18,49 +18,46 @@ OPCHECK_CASES = [
     (1, 130, 70, 4, 2, 40, torch.bfloat16, True, "transposed"),
     (2, 9, 200, 3, 1, 128, torch.bfloat16, True, "packed"),
 ]
+# All of opcheck's checks, named: each must report SUCCESS, none may be left out.
+OPCHECK_UTILS = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
+
+
+def _case_id(case: tuple) -> str:
+    return f"q{case[1]}k{case[2]}-h{case[3]}kv{case[4]}-d{case[5]}-{case[8]}"
 
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize(
-    "case", OPCHECK_CASES, ids=lambda c: f"q{c[1]}k{c[2]}-h{c[3]}kv{c[4]}-d{c[5]}-{c[8]}"
+    "requires_grad, deterministic",
+    [(False, False), (True, False), (True, True)],
+    ids=["no-grad", "grad", "grad-deterministic"],
 )
-def test_opcheck(device, case):
-    """Schema, fake (meta) implementation and dispatch agree with the real implementation."""
+@pytest.mark.parametrize("case", OPCHECK_CASES, ids=_case_id)
+def test_opcheck_forward(device, requires_grad, deterministic, case):
+    """Schema, fake (meta) implementation and dispatch agree with the real implementation; on
+    inputs that require grad, so do the autograd registration (test_autograd_registration) and
+    the op differentiated through AOT autograd against eager (test_aot_dispatch_dynamic), with
+    the backward path that `deterministic` picks."""
     batch, seqlen_q, seqlen_k, heads, heads_k, head_dim, dtype, causal, layout = case
-    q, k, v = random_qkv(
-        batch, seqlen_q, seqlen_k, heads, heads_k, head_dim, dtype, device, case_seed(case), layout
-    )
-    opcheck(torch.ops.flashattn.fwd.default, (q, k, v, head_dim**-0.5, causal))
+    seed = case_seed("fwd", requires_grad, case)
+    q, k, v = random_qkv(batch, seqlen_q, seqlen_k, heads, heads_k, head_dim, dtype, device, seed, layout)
+    if requires_grad:
+        q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    args = (q, k, v, head_dim**-0.5, causal, deterministic)
+    results = opcheck(torch.ops.flashattn.fwd.default, args, test_utils=OPCHECK_UTILS)
+    assert results == dict.fromkeys(OPCHECK_UTILS, "SUCCESS")
 
 
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize(
-    "case", OPCHECK_CASES, ids=lambda c: f"q{c[1]}k{c[2]}-h{c[3]}kv{c[4]}-d{c[5]}-{c[8]}"
-)
-def test_opcheck_forward_with_grad_inputs(device, case):
-    """The forward op on inputs that require grad, as FlashAttnFunc.forward receives them.
-
-    The autograd checks (test_autograd_registration, and test_aot_dispatch_dynamic,
-    which differentiates through the op) do not apply: the op itself has no autograd
-    kernel. Autograd lives in FlashAttnFunc because `deterministic` belongs to the call,
-    not to fwd's schema, and because its backward must first pad and align dout for the
-    kernel; test_torch_compile_fullgraph_backward covers forward and backward under AOT
-    autograd instead."""
-    batch, seqlen_q, seqlen_k, heads, heads_k, head_dim, dtype, causal, layout = case
-    q, k, v = random_qkv(
-        batch, seqlen_q, seqlen_k, heads, heads_k, head_dim, dtype, device, case_seed(case), layout
-    )
-    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
-    opcheck(
-        torch.ops.flashattn.fwd.default, (q, k, v, head_dim**-0.5, causal), test_utils=("test_schema", "test_faketensor")
-    )
+def test_softmax_lse_is_not_differentiable():
+    """The op differentiates out only: the LSE of inputs that require grad does not."""
+    q, k, v = (t.requires_grad_() for t in random_qkv(1, 5, 6, 2, 1, 16, torch.float32, "cpu", 0))
+    out, softmax_lse = torch.ops.flashattn.fwd(q, k, v, 0.25, False)
+    assert out.requires_grad and not softmax_lse.requires_grad
 
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("deterministic", [False, True], ids=["default", "deterministic"])
-@pytest.mark.parametrize(
-    "case", OPCHECK_CASES, ids=lambda c: f"q{c[1]}k{c[2]}-h{c[3]}kv{c[4]}-d{c[5]}-{c[8]}"
-)
+@pytest.mark.parametrize("case", OPCHECK_CASES, ids=_case_id)
 def test_opcheck_backward(device, deterministic, case):
     """The backward op on the forward's results, with dout in the layout of the inputs."""
     batch, seqlen_q, seqlen_k, heads, heads_k, head_dim, dtype, causal, layout = case
@@ -68,8 +65,9 @@ def test_opcheck_backward(device, deterministic, case):
     q, k, v = random_qkv(batch, seqlen_q, seqlen_k, heads, heads_k, head_dim, dtype, device, seed, layout)
     dout, _, _ = random_qkv(batch, seqlen_q, seqlen_k, heads, heads_k, head_dim, dtype, device, seed + 1, layout)
     out, softmax_lse = _flash_attn_forward(q, k, v, head_dim**-0.5, causal)
-    opcheck(
-        torch.ops.flashattn.bwd.default, (dout, q, k, v, out, softmax_lse, head_dim**-0.5, causal, deterministic)
+    args = (dout, q, k, v, out, softmax_lse, head_dim**-0.5, causal, deterministic)
+    assert opcheck(torch.ops.flashattn.bwd.default, args, test_utils=OPCHECK_UTILS) == dict.fromkeys(
+        OPCHECK_UTILS, "SUCCESS"
     )
 
 

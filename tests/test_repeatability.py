@@ -1,0 +1,93 @@
+"""Run after run: the same bits, and no memory left behind.
+
+The forward has no atomics, so out and the LSE are the same bits every time;
+the backward promises that with deterministic=True (on CUDA the default sums dq
+with fp32 atomics, in whatever order the blocks finish; the CPU path always
+sums in one order). Nothing a call allocates outlives it.
+"""
+
+import pytest
+import torch
+from helpers import case_seed, random_qkv, run_backward
+from test_forward import CAUSAL, DTYPES
+
+from flashattn import flash_attn_func, flash_attn_qkvpacked_func
+from flashattn.interface import _flash_attn_forward
+
+FORWARD_REPEATS = 100
+BACKWARD_REPEATS = 50
+MEMORY_CALLS = 1000
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", CAUSAL, ids=["full", "causal"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
+@pytest.mark.parametrize("head_dim, heads", [(64, (16, 16)), (128, (16, 4)), (59, (8, 1))], ids=["d64", "d128", "d59"])
+def test_forward_is_bitwise_reproducible(head_dim, heads, dtype, causal):
+    """A batch large enough to fill the GPU many times over, run FORWARD_REPEATS times."""
+    seed = case_seed("forward repeats", head_dim, heads, dtype, causal)
+    q, k, v = random_qkv(32, 777, 1000, *heads, head_dim, dtype, "cuda", seed)
+    out, lse = _flash_attn_forward(q, k, v, head_dim**-0.5, causal)
+    for _ in range(FORWARD_REPEATS - 1):
+        out_again, lse_again = _flash_attn_forward(q, k, v, head_dim**-0.5, causal)
+        assert torch.equal(out_again, out) and torch.equal(lse_again, lse)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", CAUSAL, ids=["full", "causal"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
+@pytest.mark.parametrize("head_dim", [59, 128, 256], ids=lambda d: f"d{d}")
+def test_deterministic_backward_is_bitwise_reproducible(head_dim, dtype, causal):
+    """deterministic=True: BACKWARD_REPEATS forward + backward passes on one input give the
+    same bits (no order-dependent accumulation, such as atomics into dq). Sq > Sk, so causal
+    has rows that see no key."""
+    seed = case_seed("backward repeats", head_dim, dtype, causal)
+    q, k, v = random_qkv(4, 1000, 777, 8, 2, head_dim, dtype, "cuda", seed)
+    dout = torch.randn(q.shape, generator=torch.Generator("cuda").manual_seed(seed), dtype=dtype, device="cuda")
+    first = run_backward(q, k, v, dout, head_dim**-0.5, causal, deterministic=True)
+    for _ in range(BACKWARD_REPEATS - 1):
+        again = run_backward(q, k, v, dout, head_dim**-0.5, causal, deterministic=True)
+        for name, grad, want in zip(("dq", "dk", "dv"), again, first):
+            assert torch.equal(grad, want), f"{name} differs between runs"
+
+
+@pytest.mark.parametrize("causal", CAUSAL, ids=["full", "causal"])
+def test_cpu_backward_is_deterministic_either_way(causal):
+    """The CPU path sums in a fixed order: deterministic=True gives the same bits as the default."""
+    seed = case_seed("cpu deterministic", causal)
+    q, k, v = random_qkv(2, 200, 333, 4, 1, 59, torch.bfloat16, "cpu", seed)
+    dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(seed), dtype=q.dtype)
+    grads = run_backward(q, k, v, dout, 0.1, causal, deterministic=True)
+    for grad, want in zip(grads, run_backward(q, k, v, dout, 0.1, causal)):
+        assert torch.equal(grad, want)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("deterministic", [False, True], ids=["default", "deterministic"])
+def test_no_memory_growth_over_many_calls(deterministic):
+    """MEMORY_CALLS training steps leave the allocated bytes where the first one left them:
+    the copies of misaligned inputs (head dim 64 one element into its rows), the padded
+    copies (head dim 59), the saved tensors, the backward's scratch buffers and the graph
+    are all freed. Both kinds of public function, and an inference call."""
+    seed = case_seed("memory", deterministic)
+    gen = torch.Generator("cuda").manual_seed(seed)
+    q, k, v = random_qkv(2, 300, 257, 8, 2, 64, torch.bfloat16, "cuda", seed, layout="offset")
+    leaves = tuple(t.detach().requires_grad_() for t in (q, k, v))
+    qkv = torch.randn(2, 300, 3, 8, 59, generator=gen, dtype=torch.bfloat16, device="cuda", requires_grad=True)
+    dout = torch.randn(2, 300, 8, 64, generator=gen, dtype=torch.bfloat16, device="cuda")
+
+    def step() -> None:
+        out = flash_attn_func(*leaves, causal=True, deterministic=deterministic)
+        torch.autograd.grad(out, leaves, dout)
+        out = flash_attn_qkvpacked_func(qkv, causal=True, deterministic=deterministic)
+        torch.autograd.grad(out, qkv, dout[..., :59])
+        with torch.no_grad():
+            flash_attn_func(*leaves, causal=False)
+
+    step()
+    torch.cuda.synchronize()
+    allocated = torch.cuda.memory_allocated()
+    for _ in range(MEMORY_CALLS):
+        step()
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() == allocated
