@@ -6,6 +6,7 @@ implementation of the same algorithm on CPU tensors. The naive reference used
 by tests and benchmarks is ``flashattn.reference.attention_ref``.
 """
 
+from . import nn  # the modules: flashattn.nn.MultiheadAttention, MHA, ...
 from ._extension import HAS_CUDA_KERNELS, NOT_BUILT_REASON, cuda_available, cuda_unavailable_reason
 from .interface import flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func
 
@@ -20,4 +21,5 @@ __all__ = [
     "flash_attn_func",
     "flash_attn_kvpacked_func",
     "flash_attn_qkvpacked_func",
+    "nn",
 ]
