@@ -19,7 +19,12 @@ naive reference.
 
 On a CPU-only machine it runs a small CPU comparison instead (flashattn's
 blockwise CPU path against the naive reference; the forward, and with --passes
-the gradients too) and says what it could not run.
+the gradients too), with the peak of torch's CPU allocator during one forward,
+and says what it could not run.
+
+The measurements are functions that the benchmark suite (benchmarks/suite)
+imports: Sweep and gpu_speed_rows / cpu_speed_rows for the speed,
+peak_memory_row for the memory, speed_tables and memory_table for the tables.
 
 Results: results.csv (one row per config x pass x backend) and results.md
 (header with GPU, versions, commit, date; one table per dtype and pass; the
@@ -34,10 +39,12 @@ instead of its speed.
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import csv
 import datetime as dt
 import gc
+import itertools
 import math
 import os
 import platform
@@ -82,12 +89,17 @@ TRAIN_MEMORY_SHAPE = dict(batch=1, heads=16, headdim=128, dtype="bf16", causal=F
 TRAIN_MEMORY_SEQLENS = (4096, 8192, 16384, 32768, 65536)
 QUICK_TRAIN_MEMORY_SEQLENS = (8192, 65536)
 
+# Names for plots and prose; the tables keep the short keys.
+BACKEND_LABELS = {"flashattn": "flashattn", "flash": "SDPA flash", "cudnn": "SDPA cuDNN",
+                  "efficient": "SDPA efficient", "naive": "naive"}
+
 PASSES = ("fwd", "bwd", "fwdbwd")
 PASS_TITLES = {"fwd": "forward", "bwd": "backward", "fwdbwd": "forward + backward"}
 # FLOPs of a pass in units of the forward's: the backward runs five GEMMs of
 # the forward's size (S = Q K^T recomputed, dV, dP, dK, dQ) where the forward
 # runs two.
 PASS_FLOP_FACTORS = {"fwd": 1.0, "bwd": 2.5, "fwdbwd": 3.5}
+FWD_WARMUP_MS, FWD_REP_MS = 25, 100
 # do_bench settings of the bwd and fwdbwd passes: shorter than the forward's,
 # so that the full GPU run (72 configs x 5 backends x 3 passes) stays under
 # ~8 minutes on an H100; a backward call is 2-3x a forward call, so the
@@ -135,8 +147,9 @@ class Row:
     median_ms: float | None = None
     tflops: float | None = None
     max_abs_diff: float | None = None
-    peak_mem_bytes: int | None = None
-    extra_mem_bytes: int | None = None
+    peak_mem_bytes: int | None = None   # memory rows: the inputs' bytes + extra_mem_bytes
+    extra_mem_bytes: int | None = None  # memory rows: the call's peak above what was allocated before it
+    call_ms: float | None = None        # memory rows: wall time of the one measured call, not a benchmark
     notes: str = ""
 
 
@@ -151,9 +164,51 @@ class Shape:
     seqlen: int
     headdim: int
 
-    def row(self, backend, pass_):
-        return Row("speed", self.device, self.dtype, self.causal, self.batch, self.heads,
+    def row(self, backend, pass_, kind="speed"):
+        return Row(kind, self.device, self.dtype, self.causal, self.batch, self.heads,
                    self.seqlen, self.headdim, backend, pass_)
+
+    def inputs(self, count=3):
+        """q, k, v (and dout with count=4) of this shape, seeded by it."""
+        return make_qkv(self.batch, self.seqlen, self.heads, self.headdim, DTYPES[self.dtype], self.device,
+                        seed=self.seqlen + self.headdim, count=count)
+
+    @property
+    def label(self):
+        return (f"B={self.batch} S={self.seqlen} H={self.heads} D={self.headdim} {self.dtype} "
+                f"{'causal' if self.causal else 'non-causal'}")
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """The speed sweep: every config (dtype x causal x head dim x sequence length), pass and backend.
+
+    GPU configs keep B*S = tokens and H*D = model_dim, the FlashAttention
+    papers' sweep; CPU configs are B = CPU_BATCH, H = CPU_HEADS.
+    """
+    dtypes: tuple
+    causal: tuple
+    headdims: tuple
+    seqlens: tuple
+    passes: tuple
+    backends: tuple = GPU_BACKENDS
+    tokens: int = SWEEP_TOKENS
+    model_dim: int = SWEEP_MODEL_DIM
+
+    def shapes(self, device):
+        """[(progress label, Shape)] of every config, in table order."""
+        configs = []
+        for dtype in self.dtypes:
+            for causal in self.causal:
+                for headdim in self.headdims:
+                    for seqlen in self.seqlens:
+                        if device == "cuda":
+                            batch, heads = max(1, self.tokens // seqlen), max(1, self.model_dim // headdim)
+                        else:
+                            batch, heads = CPU_BATCH, CPU_HEADS
+                        configs.append((f"{dtype} causal={causal} D={headdim} S={seqlen}",
+                                        Shape(device, dtype, causal, batch, heads, seqlen, headdim)))
+        return configs
 
 
 @dataclass
@@ -411,8 +466,9 @@ def call_capturing_warnings(fn):
             raise RuntimeError("; ".join(reasons + [str(exc)])) from None
 
 
-def gpu_backend_fns(q, k, v, causal, scale):
-    """{backend: fn() -> out [B, S, H, D]} on q, k, v, and {backend: its context}.
+def backend_fns(q, k, v, causal, scale):
+    """{backend: fn() -> out [B, S, H, D]} on q, k, v, and {backend: its context}:
+    flashattn and naive, and on CUDA tensors SDPA's three backends too.
 
     Each backend runs, checked and timed, inside its context: SDPA's backend
     choice stays out of the timed calls.
@@ -425,9 +481,10 @@ def gpu_backend_fns(q, k, v, causal, scale):
         "naive": lambda: attention_ref(q, k, v, softmax_scale=scale, causal=causal, upcast=False)[0],
     }
     contexts = dict.fromkeys(fns, contextlib.nullcontext)
-    for name, backend in sdpa_backends().items():
-        fns[name] = sdpa_fn(q, k, v, causal, scale)
-        contexts[name] = lambda backend=backend: sdpa_kernel(backend)
+    if q.is_cuda:
+        for name, backend in sdpa_backends().items():
+            fns[name] = sdpa_fn(q, k, v, causal, scale)
+            contexts[name] = lambda backend=backend: sdpa_kernel(backend)
     return fns, contexts
 
 
@@ -443,32 +500,27 @@ def time_gpu_row(row, timer, fn, context, flops):
         row.status, row.notes = "error", short_reason(f"while timing: {exc}")
 
 
-def gpu_speed_rows(args, timers, seconds):
-    """Every config of the sweep, each pass, each backend; seconds[pass] accumulates the time spent."""
-    backends = [b for b in GPU_BACKENDS if b in args.backends]
-    configs = [(f"{dtype} causal={causal} D={d} S={s}", dtype, causal, d, s)
-               for dtype in args.dtypes for causal in args.causal
-               for d in args.headdims for s in args.seqlens]
+def gpu_speed_rows(sweep, timers, seconds=None, desc="gpu sweep"):
+    """Every config of the sweep, each pass, each backend; seconds[pass], where given, accumulates the time spent."""
+    backends = [b for b in GPU_BACKENDS if b in sweep.backends]
     rows = []
-    for _, dtype_name, causal, headdim, seqlen in progress(configs, "gpu sweep"):
-        batch = max(1, args.tokens // seqlen)
-        heads = max(1, args.model_dim // headdim)
-        shape = Shape("cuda", dtype_name, causal, batch, heads, seqlen, headdim)
-        rows += gpu_config_rows(shape, backends, args.passes, timers, seconds)
+    for _, shape in progress(sweep.shapes("cuda"), desc):
+        rows += gpu_config_rows(shape, backends, sweep.passes, timers, seconds)
     return rows
 
 
-def gpu_config_rows(shape, backends, passes, timers, seconds):
-    """The passes of every backend on one config, on one set of inputs."""
+def gpu_config_rows(shape, backends, passes, timers, seconds=None):
+    """The passes of every backend on one config, on one set of inputs; seconds[pass],
+    where given, accumulates the time spent."""
     from flashattn.reference import attention_ref
 
+    seconds = collections.Counter() if seconds is None else seconds
     dtype = DTYPES[shape.dtype]
     scale = 1.0 / math.sqrt(shape.headdim)
     flops = attention_flops(shape.batch, shape.heads, shape.seqlen, shape.headdim, shape.causal)
     grad_passes = [p for p in passes if p != "fwd"]
     free_cuda_memory()
-    q, k, v, *rest = make_qkv(shape.batch, shape.seqlen, shape.heads, shape.headdim, dtype, "cuda",
-                              seed=shape.seqlen + shape.headdim, count=4 if grad_passes else 3)
+    q, k, v, *rest = shape.inputs(count=4 if grad_passes else 3)
     # The fp32 references run on a slice, to check flashattn itself.
     sl = (slice(0, REF_CHECK_BATCH), slice(None), slice(0, REF_CHECK_HEADS))
     rows = []
@@ -477,7 +529,7 @@ def gpu_config_rows(shape, backends, passes, timers, seconds):
         started = time.perf_counter()
         ref_slice, _ = attention_ref(q[sl], k[sl], v[sl], softmax_scale=scale, causal=shape.causal, upcast=True)
         tol = tolerance(dtype, ref_slice)
-        fns, contexts = gpu_backend_fns(q, k, v, shape.causal, scale)
+        fns, contexts = backend_fns(q, k, v, shape.causal, scale)
         rows += gpu_forward_rows(shape, backends, fns, contexts, (ref_slice, sl, tol), timers["fwd"], flops)
         del ref_slice, fns, contexts
         if any(r.backend == "naive" and r.status == "OOM" for r in rows):
@@ -489,7 +541,7 @@ def gpu_config_rows(shape, backends, passes, timers, seconds):
         ref_grads = reference_grads(q[sl], k[sl], v[sl], dout[sl], scale, shape.causal)
         tols = grad_tolerances(dtype, ref_grads)
         inputs = grad_leaves((q, k, v))
-        fns, contexts = gpu_backend_fns(*inputs, shape.causal, scale)
+        fns, contexts = backend_fns(*inputs, shape.causal, scale)
         for pass_ in grad_passes:  # the first one's time includes the fp32 reference's gradients
             rows += gpu_grad_rows(pass_, shape, backends, fns, contexts, inputs, dout, (ref_grads, sl, tols),
                                   timers[pass_], flops * PASS_FLOP_FACTORS[pass_], skip)
@@ -571,91 +623,6 @@ def gpu_grad_rows(pass_, shape, backends, fns, contexts, inputs, dout, reference
     return rows
 
 
-def gpu_memory_rows(args):
-    from flashattn import flash_attn_func
-    from flashattn.reference import attention_ref
-
-    shape = MEMORY_SHAPE
-    dtype = DTYPES[shape["dtype"]]
-    fns = {
-        "flashattn": lambda q, k, v: flash_attn_func(q, k, v, causal=shape["causal"]),
-        "naive": lambda q, k, v: attention_ref(q, k, v, causal=shape["causal"], upcast=False)[0],
-    }
-    configs = [(f"memory {name} S={s}", name, s) for s in args.memory_seqlens
-               for name in ("flashattn", "naive") if name in args.backends]
-    rows = []
-    for _, name, seqlen in progress(configs, "peak memory"):
-        row = Row("memory", "cuda", shape["dtype"], shape["causal"], shape["batch"],
-                  shape["heads"], seqlen, shape["headdim"], name)
-        rows.append(row)
-        free_cuda_memory()
-        q, k, v = make_qkv(shape["batch"], seqlen, shape["heads"], shape["headdim"], dtype, "cuda", seed=seqlen)
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-        try:
-            out = fns[name](q, k, v)
-            torch.cuda.synchronize()
-            row.peak_mem_bytes = torch.cuda.max_memory_allocated()
-            row.extra_mem_bytes = row.peak_mem_bytes - base
-            row.notes = f"inputs q, k, v: {fmt_bytes(base)}"
-            del out
-        except torch.cuda.OutOfMemoryError:
-            row.status = "OOM"
-        except Exception as exc:
-            row.status, row.notes = "error", short_reason(exc)
-        del q, k, v
-        free_cuda_memory()
-    return rows
-
-
-def gpu_train_memory_rows(args):
-    """Peak memory of one training step, out = fn(); torch.autograd.grad(out, (q, k, v), dout),
-    for flashattn and the naive reference."""
-    from flashattn import flash_attn_func
-    from flashattn.reference import attention_ref
-
-    shape = TRAIN_MEMORY_SHAPE
-    fns = {
-        "flashattn": lambda q, k, v: flash_attn_func(q, k, v, causal=shape["causal"]),
-        "naive": lambda q, k, v: attention_ref(q, k, v, causal=shape["causal"], upcast=False)[0],
-    }
-    configs = [(f"training memory {name} S={s}", name, s) for s in args.train_memory_seqlens
-               for name in ("flashattn", "naive") if name in args.backends]
-    rows = []
-    for _, name, seqlen in progress(configs, "training-step memory"):
-        row = Row("memory", "cuda", shape["dtype"], shape["causal"], shape["batch"], shape["heads"],
-                  seqlen, shape["headdim"], name, "fwdbwd")
-        rows.append(row)
-        free_cuda_memory()
-        try:
-            row.peak_mem_bytes, base = train_step_peak_memory(fns[name], seqlen, shape)
-            row.extra_mem_bytes = row.peak_mem_bytes - base
-            row.notes = f"inputs q, k, v, dout: {fmt_bytes(base)}"
-        except torch.cuda.OutOfMemoryError:
-            row.status = "OOM"
-        except Exception as exc:
-            row.status, row.notes = "error", short_reason(exc)
-        free_cuda_memory()
-    return rows
-
-
-def train_step_peak_memory(fn, seqlen, shape):
-    """(peak allocated bytes, bytes allocated once the inputs exist) of one
-    forward + backward; its tensors are freed on return, OOM or not."""
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    q, k, v, dout = make_qkv(shape["batch"], seqlen, shape["heads"], shape["headdim"],
-                             DTYPES[shape["dtype"]], "cuda", seed=seqlen, count=4)
-    q, k, v = (t.requires_grad_() for t in (q, k, v))
-    base = torch.cuda.memory_allocated()
-    out = fn(q, k, v)
-    grads = torch.autograd.grad(out, (q, k, v), dout)
-    torch.cuda.synchronize()
-    del out, grads
-    return torch.cuda.max_memory_allocated(), base
-
-
 def gpu_header(timing):
     props = torch.cuda.get_device_properties(0)
     try:
@@ -686,66 +653,128 @@ def build_info():
 
 
 # ----------------------------------------------------------------------------
-# CPU comparison
+# Peak memory
 # ----------------------------------------------------------------------------
 
-def cpu_rows(args):
-    configs = [(f"cpu {dtype} causal={causal} D={d} S={s}", dtype, causal, d, s)
-               for dtype in args.dtypes for causal in args.causal
-               for d in args.headdims for s in args.seqlens]
-    rows = []
-    for _, dtype_name, causal, headdim, seqlen in progress(configs, "cpu run"):
-        shape = Shape("cpu", dtype_name, causal, CPU_BATCH, CPU_HEADS, seqlen, headdim)
-        rows += cpu_config_rows(shape, args)
-    # Analytic size of the largest score intermediate, counted in fp32 (torch
-    # has no CPU peak-memory counter): flashattn's CPU path holds one block of
-    # scores per (batch, head) at a time, the naive reference all of them.
-    from flashattn.ops import BLOCK_M, BLOCK_N
-    for seqlen in args.seqlens:
-        block_m, block_n = min(BLOCK_M, seqlen), min(BLOCK_N, seqlen)
-        sizes = {"flashattn": (CPU_BATCH * CPU_HEADS * block_m * block_n * 4,
-                               f"analytic: one {block_m}x{block_n} fp32 score block per (batch, head)"),
-                 "naive": (CPU_BATCH * CPU_HEADS * seqlen * seqlen * 4,
-                           f"analytic: the full {seqlen}x{seqlen} fp32 score matrix per (batch, head)")}
-        for name, (size, note) in sizes.items():
-            if name in args.backends:
-                rows.append(Row("memory", "cpu", "fp32", False, CPU_BATCH, CPU_HEADS, seqlen,
-                                args.headdims[0], name, peak_mem_bytes=size, notes=note))
+MEMORY_MEASURED = {
+    "cuda": "torch.cuda.max_memory_allocated after a reset",
+    "cpu": "the high-water mark of torch's CPU allocator, from the allocations and frees that "
+           "torch.profiler records with profile_memory=True",
+}
+
+
+def memory_rows(shapes, backends, training, desc):
+    """peak_memory_row of each shape (in order of S) and backend. Once a backend
+    runs out of memory it is not run at the longer sequences; their rows say so."""
+    configs = [(f"{BACKEND_LABELS[name]} S={shape.seqlen}", shape, name) for shape in shapes for name in backends]
+    rows, out_of_memory_at = [], {}
+    for _, shape, name in progress(configs, desc):
+        if name in out_of_memory_at:
+            row = shape.row(name, "fwdbwd" if training else "fwd", kind="memory")
+            row.status, row.notes = "OOM", f"not run: out of memory already at S = {out_of_memory_at[name]}"
+        else:
+            row = peak_memory_row(shape, name, training)
+            if row.status == "OOM":
+                out_of_memory_at[name] = shape.seqlen
+        rows.append(row)
     return rows
 
 
-def cpu_config_rows(shape, args):
-    """The passes of flashattn's CPU path and the naive reference on one config,
-    each checked against the fp32 reference, then timed."""
-    from flashattn import flash_attn_func
+def peak_memory_row(shape, backend, training):
+    """The memory row of one call of the backend on fresh inputs of the shape:
+    one forward, or with training a training step, out = fn();
+    torch.autograd.grad(out, (q, k, v), dout).
+
+    extra_mem_bytes is the call's peak allocation above what was allocated
+    before it (MEMORY_MEASURED says how, per device), peak_mem_bytes adds the
+    inputs' bytes, call_ms is the call's wall time.
+    """
+    row = shape.row(backend, "fwdbwd" if training else "fwd", kind="memory")
+    measure = cuda_peak_allocated if shape.device == "cuda" else cpu_peak_allocated
+    if shape.device == "cuda":
+        free_cuda_memory()
+    try:
+        inputs = shape.inputs(count=4 if training else 3)
+        input_bytes = sum(t.numel() * t.element_size() for t in inputs)
+        qkv = grad_leaves(inputs[:3]) if training else inputs[:3]
+        fns, contexts = backend_fns(*qkv, shape.causal, 1.0 / math.sqrt(shape.headdim))
+        step = grad_step(fns[backend], qkv, inputs[3], "fwdbwd") if training else fns[backend]
+        with contexts[backend]():
+            extra, seconds = call_capturing_warnings(lambda: measure(step))
+        row.extra_mem_bytes, row.peak_mem_bytes, row.call_ms = extra, input_bytes + extra, seconds * 1e3
+        row.notes = f"inputs {'q, k, v, dout' if training else 'q, k, v'}: {fmt_bytes(input_bytes)}"
+    except torch.cuda.OutOfMemoryError:
+        row.status = "OOM"
+    except Exception as exc:
+        row.status, row.notes = "error", short_reason(exc)
+    return row
+
+
+def cuda_peak_allocated(step):
+    """(peak bytes allocated during step() above the bytes allocated before it, the call's seconds)."""
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    started = time.perf_counter()
+    step()
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - before, time.perf_counter() - started
+
+
+def cpu_peak_allocated(step):
+    """cuda_peak_allocated for CPU tensors. torch keeps no CPU memory counter, so the
+    peak is that of the running sum of the allocations and frees of torch's CPU
+    allocator that torch.profiler records during the call; the seconds include
+    the profiler's overhead."""
+    from torch.profiler import ProfilerActivity, profile
+
+    # Without a GPU, kineto logs an ERROR that it found none; on the CPU that is expected.
+    os.environ.setdefault("KINETO_LOG_LEVEL", "5")
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        started = time.perf_counter()
+        step()
+        seconds = time.perf_counter() - started
+    changes = sorted((event.start_ns(), event.nbytes()) for event in prof.profiler.kineto_results.events()
+                     if event.name() == "[memory]")
+    return max(0, *itertools.accumulate(nbytes for _, nbytes in changes)), seconds
+
+
+# ----------------------------------------------------------------------------
+# CPU comparison
+# ----------------------------------------------------------------------------
+
+def cpu_speed_rows(sweep, budget_s, desc="cpu run"):
+    """Every config of the sweep, each pass, for flashattn's CPU path and the naive reference."""
+    backends = [b for b in CPU_BACKENDS if b in sweep.backends]
+    rows = []
+    for _, shape in progress(sweep.shapes("cpu"), desc):
+        rows += cpu_config_rows(shape, backends, sweep.passes, budget_s)
+    return rows
+
+
+def cpu_config_rows(shape, backends, passes, budget_s):
+    """The passes of the backends (flashattn's CPU path, the naive reference) on
+    one config, each checked against the fp32 reference, then timed for about
+    budget_s seconds (cpu_time)."""
     from flashattn.reference import attention_ref
 
-    backends = [b for b in CPU_BACKENDS if b in args.backends]
     dtype = DTYPES[shape.dtype]
     causal = shape.causal
     scale = 1.0 / math.sqrt(shape.headdim)
     flops = attention_flops(shape.batch, shape.heads, shape.seqlen, shape.headdim, causal)
-    grad_passes = [p for p in args.passes if p != "fwd"]
-    q, k, v, *rest = make_qkv(shape.batch, shape.seqlen, shape.heads, shape.headdim, dtype, "cpu",
-                              seed=shape.seqlen + shape.headdim, count=4 if grad_passes else 3)
-
-    def backend_fns(q, k, v):
-        return {
-            "flashattn": lambda: flash_attn_func(q, k, v, softmax_scale=scale, causal=causal),
-            "naive": lambda: attention_ref(q, k, v, softmax_scale=scale, causal=causal, upcast=False)[0],
-        }
-
+    grad_passes = [p for p in passes if p != "fwd"]
+    q, k, v, *rest = shape.inputs(count=4 if grad_passes else 3)
     rows = []
-    if "fwd" in args.passes:
+    if "fwd" in passes:
         ref32, _ = attention_ref(q, k, v, softmax_scale=scale, causal=causal, upcast=True)
         tol = tolerance(dtype, ref32)
-        fns = backend_fns(q, k, v)
+        fns, _ = backend_fns(q, k, v, causal, scale)
         for name in backends:
             row = shape.row(name, "fwd")
             rows.append(row)
             try:
                 check_output(row, fns[name](), ref32, "the fp32 reference", tol)
-                row.median_ms = cpu_time(fns[name], args.cpu_budget) * 1e3
+                row.median_ms = cpu_time(fns[name], budget_s) * 1e3
                 row.tflops = flops / (row.median_ms * 1e-3) / 1e12
             except Exception as exc:
                 row.status, row.notes = "error", short_reason(exc)
@@ -754,7 +783,7 @@ def cpu_config_rows(shape, args):
         ref_grads = reference_grads(q, k, v, dout, scale, causal)
         tols = grad_tolerances(dtype, ref_grads)
         inputs = grad_leaves((q, k, v))
-        fns = backend_fns(*inputs)
+        fns, _ = backend_fns(*inputs, causal, scale)
         for pass_ in grad_passes:
             for name in backends:
                 row = shape.row(name, pass_)
@@ -762,7 +791,7 @@ def cpu_config_rows(shape, args):
                 try:
                     step = grad_step(fns[name], inputs, dout, pass_)
                     check_grads(row, step(), ref_grads, "the fp32 reference", tols)
-                    row.median_ms = cpu_time(step, args.cpu_budget) * 1e3
+                    row.median_ms = cpu_time(step, budget_s) * 1e3
                     row.tflops = flops * PASS_FLOP_FACTORS[pass_] / (row.median_ms * 1e-3) / 1e12
                 except Exception as exc:
                     row.status, row.notes = "error", short_reason(exc)
@@ -804,7 +833,7 @@ def write_csv(rows, path):
         writer.writeheader()
         for row in rows:
             record = {n: getattr(row, n) for n in names}
-            for key in ("median_ms", "tflops"):
+            for key in ("median_ms", "tflops", "call_ms"):
                 if record[key] is not None:
                     record[key] = f"{record[key]:.4f}"
             if record["max_abs_diff"] is not None:
@@ -870,65 +899,34 @@ def speed_tables(rows, device):
     return lines
 
 
-def memory_table(rows, device):
-    mem = [r for r in rows if r.kind == "memory" and r.pass_ == "fwd"]
+def memory_table(rows, pass_):
+    """The peak-memory table of one forward (pass_ "fwd") or of a training step
+    ("fwdbwd"): a row per S, an 'extra' and a 'peak' column per backend."""
+    mem = [r for r in rows if r.kind == "memory" and r.pass_ == pass_]
     if not mem:
         return []
+    backends = [b for b in GPU_BACKENDS if any(r.backend == b for r in mem)]
     by_seqlen = {}
     for r in mem:
         by_seqlen.setdefault(r.seqlen, {})[r.backend] = r
     first = mem[0]
-    if device == "cuda":
-        lines = [f"### Peak memory of one forward (B={first.batch}, H={first.heads}, D={first.headdim}, "
-                 f"{first.dtype}, causal): torch.cuda.max_memory_allocated after reset; "
-                 "'extra' is the peak above the inputs q, k, v", "",
-                 "| S | inputs q+k+v | flashattn extra | flashattn peak | naive extra | naive peak |",
-                 "|---|---|---|---|---|---|"]
-        for s, cells in sorted(by_seqlen.items()):
-            line = [str(s)]
-            inputs = 3 * first.batch * first.heads * s * first.headdim * torch.finfo(DTYPES[first.dtype]).bits // 8
-            line.append(fmt_bytes(inputs))
-            for b in ("flashattn", "naive"):
-                r = cells.get(b)
-                if r is None:
-                    line += ["-", "-"]
-                elif r.status != "ok":
-                    line += [r.status, r.status]
-                else:
-                    line += [fmt_bytes(r.extra_mem_bytes), fmt_bytes(r.peak_mem_bytes)]
-            lines.append("| " + " | ".join(line) + " |")
-    else:
-        lines = [f"### Largest score intermediate (B={first.batch}, H={first.heads}): analytic, not measured "
-                 "(torch has no CPU peak-memory counter); fp32 scores", "",
-                 "| S | flashattn (one block per batch x head) | naive (full S x S) |", "|---|---|---|"]
-        for s, cells in sorted(by_seqlen.items()):
-            line = [str(s)] + [fmt_bytes(cells[b].peak_mem_bytes) if b in cells else "-"
-                               for b in ("flashattn", "naive")]
-            lines.append("| " + " | ".join(line) + " |")
-    return lines + [""]
-
-
-def train_memory_table(rows):
-    mem = [r for r in rows if r.kind == "memory" and r.pass_ == "fwdbwd"]
-    if not mem:
-        return []
-    by_seqlen = {}
-    for r in mem:
-        by_seqlen.setdefault(r.seqlen, {})[r.backend] = r
-    first = mem[0]
-    lines = [f"### Peak memory of a training step (forward + backward) (B={first.batch}, H={first.heads}, "
-             f"D={first.headdim}, {first.dtype}, {'causal' if first.causal else 'non-causal'}): "
-             "out = fn(); torch.autograd.grad(out, (q, k, v), dout); torch.cuda.max_memory_allocated "
-             "after reset; 'extra' is the peak above the inputs q, k, v, dout; flashattn's memory grows "
-             "linearly where each 'peak / previous' equals the ratio of the S", "",
-             "| S | inputs q+k+v+dout | flashattn extra | flashattn peak | flashattn peak / previous "
-             "| naive extra | naive peak |",
-             "|---|---|---|---|---|---|---|"]
+    what, tensors = (("one forward", ["q", "k", "v"]) if pass_ == "fwd" else
+                     ("a training step, out = fn(); torch.autograd.grad(out, (q, k, v), dout)",
+                      ["q", "k", "v", "dout"]))
+    head = ["S", "inputs " + "+".join(tensors)]
+    for b in backends:
+        head += [f"{b} extra", f"{b} peak"] + (["flashattn peak / previous"] if b == "flashattn" else [])
+    lines = [f"### Peak memory of {what} (B={first.batch}, H={first.heads}, D={first.headdim}, {first.dtype}, "
+             f"{'causal' if first.causal else 'non-causal'})", "",
+             f"Measured: {MEMORY_MEASURED[first.device]}. 'extra' is the call's peak above what was allocated "
+             f"before it; 'peak' adds the inputs {', '.join(tensors)}. Memory grows linearly where "
+             "'peak / previous' equals the ratio of the S.", "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    itemsize = torch.finfo(DTYPES[first.dtype]).bits // 8
     previous = None  # (S, flashattn's peak) of the row above
     for s, cells in sorted(by_seqlen.items()):
-        inputs = 4 * first.batch * first.heads * s * first.headdim * torch.finfo(DTYPES[first.dtype]).bits // 8
-        line = [str(s), fmt_bytes(inputs)]
-        for b in ("flashattn", "naive"):
+        line = [str(s), fmt_bytes(len(tensors) * first.batch * first.heads * s * first.headdim * itemsize)]
+        for b in backends:
             r = cells.get(b)
             if r is None:
                 line += ["-", "-"]
@@ -985,8 +983,8 @@ def markdown(run, rows):
                   "torch.autograd.grad(out, (q, k, v), dout) together. Their check compares the gradients "
                   "dq, dk, dv, each within a tolerance scaled by its own magnitude.", ""]
     lines += speed_tables(rows, run.device)
-    lines += memory_table(rows, run.device)
-    lines += train_memory_table(rows)
+    lines += memory_table(rows, "fwd")
+    lines += memory_table(rows, "fwdbwd")
     lines += notes_lines(rows)
     return "\n".join(lines)
 
@@ -1030,8 +1028,8 @@ def parse_args(argv=None):
                         f"default {','.join(map(str, TRAIN_MEMORY_SEQLENS))}, "
                         f"--quick {','.join(map(str, QUICK_TRAIN_MEMORY_SEQLENS))}; "
                         "none when --passes is fwd alone)")
-    p.add_argument("--warmup", type=float, default=25, help="do_bench warm-up, ms")
-    p.add_argument("--rep", type=float, default=100, help="do_bench repetition time, ms")
+    p.add_argument("--warmup", type=float, default=FWD_WARMUP_MS, help="do_bench warm-up, ms")
+    p.add_argument("--rep", type=float, default=FWD_REP_MS, help="do_bench repetition time, ms")
     p.add_argument("--grad-warmup", type=float, default=GRAD_WARMUP_MS,
                    help="do_bench warm-up of the bwd and fwdbwd passes, ms")
     p.add_argument("--grad-rep", type=float, default=GRAD_REP_MS,
@@ -1056,8 +1054,8 @@ def parse_args(argv=None):
     return args
 
 
-def pick_device(requested):
-    """('cuda' | 'cpu', why not cuda)."""
+def pick_device(requested, prog="bench_attention.py"):
+    """('cuda' | 'cpu', why not cuda); exits, naming prog, where the requested device cannot run."""
     from flashattn import _extension
     has_kernels = bool(getattr(_extension, "HAS_CUDA_KERNELS", False))
     has_gpu = torch.cuda.is_available()
@@ -1066,12 +1064,12 @@ def pick_device(requested):
     if has_gpu and has_kernels:
         return "cuda", ""
     if has_gpu:
-        sys.exit("bench_attention.py: a GPU is present but flashattn's CUDA kernels were not built "
+        sys.exit(f"{prog}: a GPU is present but flashattn's CUDA kernels were not built "
                  "(flashattn._extension.HAS_CUDA_KERNELS is False). Build them with "
                  "`bash scripts/env.sh` (or pip install --no-build-isolation --no-deps -e .), "
                  "or pass --device cpu for the CPU comparison.")
     if requested == "cuda":
-        sys.exit("bench_attention.py: --device cuda, but torch sees no CUDA GPU here.")
+        sys.exit(f"{prog}: --device cuda, but torch sees no CUDA GPU here.")
     return "cpu", "no CUDA GPU visible to torch"
 
 
@@ -1108,18 +1106,24 @@ def main(argv=None):
     out_dir = args.out or RESULTS_ROOT / f"{dt.datetime.now(dt.timezone.utc):%Y-%m-%d}-{device_slug}"
     out_dir.mkdir(parents=True, exist_ok=True)
 
+    sweep = Sweep(tuple(args.dtypes), tuple(args.causal), tuple(args.headdims), tuple(args.seqlens),
+                  tuple(args.passes), tuple(args.backends), args.tokens, args.model_dim)
+    memory_backends = [b for b in ("flashattn", "naive") if b in args.backends]
     started = time.perf_counter()
     if device == "cuda":
         seconds = dict.fromkeys(args.passes, 0.0)  # time spent in each pass, then in the memory tables
-        rows = gpu_speed_rows(args, timers, seconds)
+        rows = gpu_speed_rows(sweep, timers, seconds)
         memory_started = time.perf_counter()
-        if args.memory_seqlens:
-            rows += gpu_memory_rows(args)
-        if args.train_memory_seqlens:
-            rows += gpu_train_memory_rows(args)
+        for seqlens, shape, training, desc in ((args.memory_seqlens, MEMORY_SHAPE, False, "peak memory"),
+                                               (args.train_memory_seqlens, TRAIN_MEMORY_SHAPE, True,
+                                                "training-step memory")):
+            shapes = [Shape(device="cuda", seqlen=s, **shape) for s in seqlens or ()]
+            rows += memory_rows(shapes, memory_backends, training, desc)
         seconds["memory tables"] = time.perf_counter() - memory_started
     else:
-        rows = cpu_rows(args)
+        rows = cpu_speed_rows(sweep, args.cpu_budget)
+        shapes = [Shape("cpu", "fp32", False, CPU_BATCH, CPU_HEADS, s, args.headdims[0]) for s in args.seqlens]
+        rows += memory_rows(shapes, memory_backends, False, "peak memory")
     run.header["wall time"] = f"{time.perf_counter() - started:.0f} s"
     if device == "cuda" and args.passes != ["fwd"]:
         run.header["wall time"] += " (" + ", ".join(f"{PASS_TITLES.get(k, k)} {v:.0f} s"

@@ -1,0 +1,5 @@
+import sys
+
+from benchmarks.suite.cli import main
+
+sys.exit(main())

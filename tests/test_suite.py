@@ -1,0 +1,105 @@
+"""The benchmark suite, `python -m benchmarks.suite`, end to end: its smallest CPU run
+writes the report folder with every section and sane numbers; on a GPU, the
+kernel-launch section."""
+
+import csv
+import importlib.util
+import math
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+CPU_SECTIONS = ("## Summary", "## Speed", "## Memory", "## Regimes", "## Kernel launches")
+
+
+def run_suite(out: Path, *args: str) -> str:
+    """Runs the suite into out; returns its stdout, or fails with its output."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.suite", "--out", str(out), *args],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    return proc.stdout
+
+
+def read_csv(path: Path) -> list[dict]:
+    with open(path, newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+@pytest.fixture(scope="module")
+def cpu_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    out = tmp_path_factory.mktemp("suite-cpu")
+    return out, run_suite(out, "--quick", "--device", "cpu")
+
+
+def test_cpu_run_writes_every_section_and_says_what_needs_a_gpu(cpu_run: tuple[Path, str]) -> None:
+    out, stdout = cpu_run
+    report = (out / "report.md").read_text()
+    for heading in CPU_SECTIONS:
+        assert heading in report
+    assert "Not run on the CPU (needs a GPU" in report
+    assert "Needs a GPU, not run" in stdout
+    for section in ("speed", "memory", "regimes", "profile"):
+        assert f"- {section}: " in report, f"the report does not say what of {section} needs a GPU"
+    for name in ("speed.csv", "memory.csv", "regimes.csv"):
+        assert read_csv(out / name), f"{name} is empty"
+
+
+def test_cpu_run_draws_the_plots_or_says_why_not(cpu_run: tuple[Path, str]) -> None:
+    out, _ = cpu_run
+    report = (out / "report.md").read_text()
+    pngs = ["speed_fp32_fwd.png", "speed_fp32_bwd.png", "speed_fp32_fwdbwd.png", "memory.png"]
+    if importlib.util.find_spec("matplotlib") is None:
+        assert "Plots skipped: matplotlib is not installed" in report
+        assert not list(out.glob("*.png"))
+    else:
+        for name in pngs:
+            assert (out / name).stat().st_size > 0
+            assert f"]({name})" in report
+
+
+def test_cpu_speed_is_checked_and_positive(cpu_run: tuple[Path, str]) -> None:
+    rows = read_csv(cpu_run[0] / "speed.csv")
+    assert {r["pass"] for r in rows} == {"fwd", "bwd", "fwdbwd"}
+    assert {r["backend"] for r in rows} == {"flashattn", "naive"}
+    for r in rows:
+        assert r["status"] == "ok", r
+        assert float(r["tflops"]) > 0 and float(r["median_ms"]) > 0
+        assert math.isfinite(float(r["max_abs_diff"]))
+
+
+def test_cpu_memory_flashattn_below_naive_and_growing_slower(cpu_run: tuple[Path, str]) -> None:
+    rows = read_csv(cpu_run[0] / "memory.csv")
+    for pass_ in ("fwd", "fwdbwd"):
+        peak = {(r["backend"], int(r["seqlen"])): int(r["peak_mem_bytes"]) for r in rows if r["pass"] == pass_}
+        assert all(r["status"] == "ok" for r in rows if r["pass"] == pass_)
+        *_, previous, longest = sorted({s for _, s in peak})
+        assert peak["flashattn", longest] < peak["naive", longest], pass_
+        growth = {b: peak[b, longest] / peak[b, previous] for b in ("flashattn", "naive")}
+        assert 1 <= growth["flashattn"] < growth["naive"], (pass_, growth)
+
+
+def test_cpu_regimes_table_has_every_shape_with_positive_ratios(cpu_run: tuple[Path, str]) -> None:
+    report = (cpu_run[0] / "report.md").read_text()
+    regimes = report.split("## Regimes")[1].split("\n## ")[0]
+    rows = [line for line in regimes.splitlines() if re.match(r"\| \d+ \| \d+ \|", line)]
+    assert len(rows) == 4  # B {1, 4} x S {128, 256}
+    for line in rows:
+        ratios = re.findall(r"\| (\d+\.\d+)x ", line)
+        assert len(ratios) == 2, line  # speedup over naive, naive / flashattn memory
+        assert all(float(r) > 0 for r in ratios), line
+
+
+@pytest.mark.gpu
+def test_gpu_profile_counts_fewer_kernels_for_flashattn(tmp_path: Path) -> None:
+    run_suite(tmp_path, "--quick", "--sections", "profile")
+    rows = read_csv(tmp_path / "launches.csv")
+    kernels = {b: sum(int(r["calls"]) for r in rows if r["backend"] == b and r["kind"] == "kernel")
+               for b in ("naive", "flashattn")}
+    assert 0 < kernels["flashattn"] < kernels["naive"], kernels
+    assert "kernels launched" in (tmp_path / "report.md").read_text()
