@@ -22,6 +22,21 @@ __device__ __forceinline__ void clear(float (&acc)[kMTiles][kNTiles][4]) {
             for (int e = 0; e < 4; ++e) acc[mt][j][e] = 0.f;
 }
 
+// One k16 step into n8 tiles 2jp and 2jp + 1 of every m16 tile: `b` is the
+// ldmatrix.x4 of B that holds both n8 tiles (regs 0-1, then 2-3), `a` the A
+// fragment of each m16 tile. The loop every GEMM below ends in.
+template <typename Element, int kMTiles, int kNTiles>
+__device__ __forceinline__ void mma_n_pair(float (&acc)[kMTiles][kNTiles][4], const uint32_t (&a)[kMTiles][4],
+                                           const uint32_t (&b)[4], int jp) {
+    const uint32_t b_lo[2] = {b[0], b[1]};
+    const uint32_t b_hi[2] = {b[2], b[3]};
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) {
+        mma_m16n8k16<Element>(acc[mt][2 * jp], a[mt], b_lo);
+        mma_m16n8k16<Element>(acc[mt][2 * jp + 1], a[mt], b_hi);
+    }
+}
+
 // acc[m][n] += sum_k A[m][k] * B[n][k], both operands row-major in shared memory:
 // A = rows a_row0 .. a_row0 + 16*kMTiles of ATile, B = rows b_row0 .. b_row0 +
 // 8*kNTiles of BTile (b_row0 a multiple of 8), k over the first 16*kKSteps
@@ -46,13 +61,7 @@ __device__ __forceinline__ void gemm_smem_smem(float (&acc)[kMTiles][kNTiles][4]
         for (int jp = 0; jp < kNTiles / 2; ++jp) {
             uint32_t b[4];
             ldmatrix_x4(b, b_smem + BTile::offset(b_lane, jp * 16, kk * 2));
-            const uint32_t b_lo[2] = {b[0], b[1]};
-            const uint32_t b_hi[2] = {b[2], b[3]};
-#pragma unroll
-            for (int mt = 0; mt < kMTiles; ++mt) {
-                mma_m16n8k16<Element>(acc[mt][2 * jp], a[mt], b_lo);
-                mma_m16n8k16<Element>(acc[mt][2 * jp + 1], a[mt], b_hi);
-            }
+            mma_n_pair<Element>(acc, a, b, jp);
         }
     }
 }
@@ -84,13 +93,7 @@ __device__ __forceinline__ void gemm_regs_smem(float (&acc)[kMTiles][kNTiles][4]
         for (int jp = 0; jp < kNTiles / 2; ++jp) {
             uint32_t b[4];
             ldmatrix_x4_trans(b, b_smem + BTile::offset(b_lane, kk * 16, jp * 2));
-            const uint32_t b_lo[2] = {b[0], b[1]};
-            const uint32_t b_hi[2] = {b[2], b[3]};
-#pragma unroll
-            for (int mt = 0; mt < kMTiles; ++mt) {
-                mma_m16n8k16<Element>(acc[mt][2 * jp], a_frag[mt], b_lo);
-                mma_m16n8k16<Element>(acc[mt][2 * jp + 1], a_frag[mt], b_hi);
-            }
+            mma_n_pair<Element>(acc, a_frag, b, jp);
         }
     }
 }
@@ -129,13 +132,7 @@ __device__ __forceinline__ void gemm_smem_kn(float (&acc)[kMTiles][kNTiles][4], 
         for (int jp = 0; jp < kNTiles / 2; ++jp) {
             uint32_t b[4];
             ldmatrix_x4_trans(b, b_smem + BTile::offset(b_lane, kk * 16, jp * 2));
-            const uint32_t b_lo[2] = {b[0], b[1]};
-            const uint32_t b_hi[2] = {b[2], b[3]};
-#pragma unroll
-            for (int mt = 0; mt < kMTiles; ++mt) {
-                mma_m16n8k16<Element>(acc[mt][2 * jp], a[mt], b_lo);
-                mma_m16n8k16<Element>(acc[mt][2 * jp + 1], a[mt], b_hi);
-            }
+            mma_n_pair<Element>(acc, a, b, jp);
         }
     }
 }
