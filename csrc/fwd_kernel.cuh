@@ -114,7 +114,7 @@ __global__ void __launch_bounds__(Traits::kNThreads) fwd_kernel(const FwdParams 
     // Epilogue: normalise, stage O through this warp's rows of the Q tile (no
     // other warp reads them), then store with 16-byte writes.
     float lse[Traits::kRowsPerThread];
-    softmax.finalize(o, params.softmax_scale, lse);
+    softmax.finalize(o, lse);
 
     cp_async_wait<0>();  // with no key tile the Q copy may still be in flight
     __syncthreads();

@@ -82,6 +82,13 @@ __device__ __forceinline__ float exp2_approx(float x) {
     return y;
 }
 
+// lg2.approx.ftz.f32: log2(x) on the special-function unit; lg2(0) = -inf, lg2(NaN) = NaN.
+__device__ __forceinline__ float log2_approx(float x) {
+    float y;
+    asm("lg2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
 // Two fp32 values rounded to one packed 16-bit pair (low half = `lo`).
 template <typename T>
 __device__ __forceinline__ uint32_t pack2(float lo, float hi);

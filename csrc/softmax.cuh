@@ -12,16 +12,20 @@
 
 namespace flash {
 
+constexpr float kLn2 = 0.6931471805599453f;  // lse in natural log = lse in base 2 * ln(2)
+
 template <int kMTiles>
 struct OnlineSoftmax {
     static constexpr int kRows = 2 * kMTiles;
-    float row_max[kRows];  // running max of the raw scores; -inf until the row sees a key
-    float row_sum[kRows];  // this thread's share of sum(exp); quad-reduced once, in finalize
+    float row_max[kRows];     // running max of the raw scores; -inf until the row sees a key
+    float row_offset[kRows];  // row_max * scale_log2 as rounded once: the exponent every p was taken against
+    float row_sum[kRows];     // this thread's share of sum(exp); quad-reduced once, in finalize
 
     __device__ __forceinline__ OnlineSoftmax() {
 #pragma unroll
         for (int r = 0; r < kRows; ++r) {
             row_max[r] = -INFINITY;
+            row_offset[r] = 0.f;
             row_sum[r] = 0.f;
         }
     }
@@ -52,9 +56,15 @@ struct OnlineSoftmax {
                 // A row that has seen only masked keys keeps max = -inf; subtracting 0
                 // instead keeps exp2(-inf - offset) = 0 rather than exp2(-inf + inf) = NaN.
                 offset[r] = (m_new == -INFINITY) ? 0.f : m_new * scale_log2;
-                correction[r] = exp2_approx(row_max[r] * scale_log2 - offset[r]);
+                // The difference of the two stored offsets, not row_max * scale_log2 -
+                // offset: the compiler contracts that into an FMA whose result is the
+                // product's rounding error, not 0, when the max did not move, and a
+                // factor 2^err != 1 on every key tile adds up over a long row (1e-3 in
+                // the LSE at 256k keys). A row that saw no key yet has nothing to scale.
+                correction[r] = (row_max[r] == -INFINITY) ? 0.f : exp2_approx(row_offset[r] - offset[r]);
                 max_moved |= m_new != row_max[r];
                 row_max[r] = m_new;
+                row_offset[r] = offset[r];
                 row_sum[r] *= correction[r];
             }
         }
@@ -96,8 +106,7 @@ struct OnlineSoftmax {
     // output 0 and lse = -inf (the log of an empty sum); a NaN score makes the
     // sum, hence the row's output and lse, NaN (the max ignores NaN: fmaxf).
     template <int kNTilesO>
-    __device__ __forceinline__ void finalize(float (&o)[kMTiles][kNTilesO][4], float softmax_scale,
-                                             float (&lse)[kRows]) {
+    __device__ __forceinline__ void finalize(float (&o)[kMTiles][kNTilesO][4], float (&lse)[kRows]) {
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
@@ -108,7 +117,9 @@ struct OnlineSoftmax {
                 sum += __shfl_xor_sync(0xffffffffu, sum, 2);
                 const bool empty = sum == 0.f;
                 const float inv_sum = empty ? 0.f : 1.f / sum;
-                lse[r] = empty ? -INFINITY : row_max[r] * softmax_scale + __logf(sum);
+                // Every p was exp2(score * scale_log2 - row_offset): the LSE in base 2 is
+                // row_offset + log2(sum), with no rounding of row_max * scale_log2 between.
+                lse[r] = empty ? -INFINITY : (row_offset[r] + log2_approx(sum)) * kLn2;
 #pragma unroll
                 for (int j = 0; j < kNTilesO; ++j) {
                     o[mt][j][2 * half] *= inv_sum;
