@@ -61,7 +61,7 @@ def _extension_kwargs():
     from torch.utils.cpp_extension import BuildExtension, CUDAExtension
 
     csrc = ROOT / "csrc"
-    sources = ["csrc/flash_api.cpp", "csrc/dispatch.cu"]
+    sources = ["csrc/flash_api.cpp", "csrc/dispatch.cu", "csrc/kvcache.cu"]
     sources += sorted(str(p.relative_to(ROOT)) for p in (csrc / "instantiations").glob("*.cu"))
     nvcc_flags = [
         "-O3",

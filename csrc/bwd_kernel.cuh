@@ -18,6 +18,7 @@
 #include "flash.h"
 #include "gemm.cuh"
 #include "kernel_traits.h"
+#include "extras.cuh"
 #include "mask.cuh"
 #include "ptx.cuh"
 #include "tile_copy.cuh"
@@ -37,6 +38,8 @@ __device__ __forceinline__ float lse_log2_of_row(const float* lse_row, int row, 
 }
 
 // D[b, h, i] = sum_d dO[b, i, h, d] * O[b, i, h, d] in fp32: one warp per row.
+// A variable-length batch runs as one sequence of total_q rows, which writes
+// D in lse's [H, total_q] layout.
 template <typename Element>
 __global__ void __launch_bounds__(128) bwd_dot_do_o_kernel(const BwdParams params) {
     const int64_t row = static_cast<int64_t>(blockIdx.x) * 4 + threadIdx.x / 32;  // (b * H + h) * Sq + i
@@ -135,7 +138,7 @@ __device__ __forceinline__ void add_dq_share(float* dq_accum, int64_t dq_row_str
 // head dims up to 128; one each past that, to fit the registers); Has_dQ adds
 // each step's dQ share to the fp32 buffer (with dK, which computes dS). Warp
 // layouts: BwdKernelTraits.
-template <typename Traits, bool Is_causal, bool Has_dK, bool Has_dV, bool Has_dQ>
+template <typename Traits, bool Is_local, bool Has_extras, bool Has_dK, bool Has_dV, bool Has_dQ>
 __global__ void __launch_bounds__(Traits::kNThreads) bwd_dk_dv_kernel(const BwdParams params) {
     using Element = typename Traits::Element;
     using OwnTile = typename Traits::OwnTile;
@@ -170,15 +173,19 @@ __global__ void __launch_bounds__(Traits::kNThreads) bwd_dk_dv_kernel(const BwdP
     const int n0 = blockIdx.x * kOwnRows;
     const int head_k = blockIdx.y;
     const int batch = blockIdx.z;
-    const int seqlen_q = params.seqlen_q;
-    const int seqlen_k = params.seqlen_k;
+    const Sequence seq = sequence_of<false>(params, batch);
+    const int seqlen_q = seq.seqlen_q;
+    const int seqlen_k = seq.seqlen_k;
+    if (n0 >= seqlen_k) return;  // a shorter sequence of a variable-length batch
+    const Window window = window_of(params, seqlen_q, seqlen_k);
+    const bool has_dropout = Has_extras && params.rng_state != nullptr;
 
     const TileCopy<OwnTile, kNThreads> own_copy(tid);
     const TileCopy<StreamTile, kNThreads> stream_copy(tid);
     const Element* k = static_cast<const Element*>(params.k_ptr) + batch * params.k_batch_stride +
-                       head_k * params.k_head_stride + n0 * params.k_row_stride;
+                       head_k * params.k_head_stride + (seq.k_start + n0) * params.k_row_stride;
     const Element* v = static_cast<const Element*>(params.v_ptr) + batch * params.v_batch_stride +
-                       head_k * params.v_head_stride + n0 * params.v_row_stride;
+                       head_k * params.v_head_stride + (seq.k_start + n0) * params.v_row_stride;
     own_copy.load_async(k_smem, k, params.k_row_stride, seqlen_k - n0, params.head_dim);
     own_copy.load_async(v_smem, v, params.v_row_stride, seqlen_k - n0, params.head_dim);
     cp_async_commit();
@@ -188,15 +195,13 @@ __global__ void __launch_bounds__(Traits::kNThreads) bwd_dk_dv_kernel(const BwdP
     clear(dk);
     clear(dv);
 
-    // Query tiles that see a key of this tile: query i sees key j iff (causal)
-    // j <= i + Sk - Sq, so the first is the one holding i = n0 - (Sk - Sq).
-    const int m_blocks = (seqlen_q + kStreamRows - 1) / kStreamRows;
-    const int first_query = Is_causal ? max(0, n0 - (seqlen_k - seqlen_q)) : 0;
-    const int m_begin = min(m_blocks, first_query / kStreamRows);
+    // The query tiles that see a key of this tile.
+    const QueryTileRange query_tiles = query_tile_range<kStreamRows, kOwnRows>(n0, seqlen_q, window);
+    const int m_begin = query_tiles.m_begin;
 
     // The steps: every (query head of the group, query tile) pair, flattened so
     // that the next step's tiles can be loaded while this one computes.
-    const int m_tiles = m_blocks - m_begin;
+    const int m_tiles = query_tiles.m_end - m_begin;
     const int steps = params.heads_per_kv_head * m_tiles;
     auto head_of = [&](int t) { return head_k * params.heads_per_kv_head + t / m_tiles; };
     auto m0_of = [&](int t) { return (m_begin + t % m_tiles) * kStreamRows; };
@@ -207,40 +212,64 @@ __global__ void __launch_bounds__(Traits::kNThreads) bwd_dk_dv_kernel(const BwdP
         const int head = head_of(t);
         const int m0 = m0_of(t);
         const Element* q = static_cast<const Element*>(params.q_ptr) + batch * params.q_batch_stride +
-                           head * params.q_head_stride + m0 * params.q_row_stride;
+                           head * params.q_head_stride + (seq.q_start + m0) * params.q_row_stride;
         const Element* dout = static_cast<const Element*>(params.do_ptr) + batch * params.do_batch_stride +
-                              head * params.do_head_stride + m0 * params.do_row_stride;
+                              head * params.do_head_stride + (seq.q_start + m0) * params.do_row_stride;
         stream_copy.load_async(q_smem0 + stage * Traits::kSmemStageBytes, q, params.q_row_stride, seqlen_q - m0,
                                params.head_dim);
         stream_copy.load_async(do_smem0 + stage * Traits::kSmemStageBytes, dout, params.do_row_stride,
                                seqlen_q - m0, params.head_dim);
         if (tid < kStreamRows) {
-            const int64_t row = (static_cast<int64_t>(batch) * params.num_heads + head) * seqlen_q + m0 + tid;
+            const int64_t row = batch * params.lse_batch_stride + head * params.lse_head_stride + seq.q_start + m0 + tid;
             const bool valid = m0 + tid < seqlen_q;
             step_lse = valid ? params.lse_ptr[row] : -INFINITY;
             step_dsum = valid ? params.dsum_ptr[row] : 0.f;
         }
     };
 
-    // dQ buffer [B, Sq, H, D] (fp32, contiguous) of the current query head.
+    // dQ buffer [B, Sq, H, D] ([total_q, H, D]; fp32, contiguous) of the current query head.
     float* dq_accum_head = nullptr;
     const int64_t dq_accum_row_stride = static_cast<int64_t>(params.num_heads) * params.head_dim;
 
     // One step on the tiles in shared memory: q_smem, do_smem, the rows' lse and D.
-    auto compute = [&](uint32_t q_smem, uint32_t do_smem, int m0, auto is_masked) {
+    auto compute = [&](uint32_t q_smem, uint32_t do_smem, int head, int m0, auto is_masked) {
         constexpr bool Is_masked = decltype(is_masked)::value;
         // S^T = K Q^T for the warp's keys and queries, then P^T.
         float p[2][kNTilesS][4];
         clear(p);
         gemm_smem_smem<Element, 2, kNTilesS, Traits::kKStepsD, OwnTile, StreamTile>(p, k_smem, key_row0, q_smem,
                                                                                      query_col0, opaque(lane));
-        if constexpr (Is_masked) {
-            apply_mask_transposed<Is_causal>(p, n0 + key_row0, m0 + query_col0, seqlen_q, seqlen_k, lane);
+        [[maybe_unused]] float dtanh[Has_extras ? 2 : 1][kNTilesS][4];  // softcap's chain factor
+        uint64_t keep_bits = ~uint64_t{0};
+        if constexpr (Has_extras) {
+            apply_score_extras<true>(p, ScoreExtras(params, batch, head, window.diagonal), n0 + key_row0,
+                                     m0 + query_col0, lane, dtanh);
+            if (has_dropout) {
+                const DropoutRng rng(params.rng_state, batch, params.num_heads, head, params.dropout_threshold);
+                keep_bits = dropout_keep_bits<true, 2, kNTilesS>(rng, n0 + key_row0, m0 + query_col0, lane);
+            }
         }
+        if constexpr (Is_masked) apply_mask_transposed<Is_local>(p, n0 + key_row0, m0 + query_col0, window, lane);
         probs_from_scores_by_column(p, lse_log2_smem + query_col0, params.softmax_scale_log2, lane);
-        if constexpr (Has_dV) store_fragment<Element, ScoreTile>(p, p_smem_ptr, key_row0, query_col0 / 8, lane);
+        if constexpr (Has_dV) {  // P^T of the kept elements; dV takes 1 / (1 - p) once, at the end
+            if (has_dropout) {
+                float p_kept[2][kNTilesS][4];
+#pragma unroll
+                for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+                    for (int j = 0; j < kNTilesS; ++j)
+#pragma unroll
+                        for (int e = 0; e < 4; ++e)
+                            p_kept[mt][j][e] = kept(keep_bits, mt, j, e, kNTilesS) ? p[mt][j][e] : 0.f;
+                store_fragment<Element, ScoreTile>(p_kept, p_smem_ptr, key_row0, query_col0 / 8, lane);
+            } else {
+                store_fragment<Element, ScoreTile>(p, p_smem_ptr, key_row0, query_col0 / 8, lane);
+            }
+        }
         if constexpr (Has_dK) {
-            // dP^T = V dO^T, then dS^T = P^T * (dP^T - D).
+            // dP^T = V dO^T, then dS^T = P^T * (dP^T - D) (dP^T of a dropped
+            // element is 0, of a kept one scaled by 1 / (1 - p)), times softcap's
+            // 1 - tanh^2.
             float ds[2][kNTilesS][4];
             clear(ds);
             gemm_smem_smem<Element, 2, kNTilesS, Traits::kKStepsD, OwnTile, StreamTile>(
@@ -251,7 +280,14 @@ __global__ void __launch_bounds__(Traits::kNThreads) bwd_dk_dv_kernel(const BwdP
                 for (int e = 0; e < 4; ++e) {
                     const float dsum = dsum_smem[query_col0 + j * 8 + (lane % 4) * 2 + e % 2];
 #pragma unroll
-                    for (int mt = 0; mt < 2; ++mt) ds[mt][j][e] = p[mt][j][e] * (ds[mt][j][e] - dsum);
+                    for (int mt = 0; mt < 2; ++mt) {
+                        float dp = ds[mt][j][e];
+                        if (has_dropout) dp = kept(keep_bits, mt, j, e, kNTilesS) ? dp * params.dropout_rescale : 0.f;
+                        ds[mt][j][e] = p[mt][j][e] * (dp - dsum);
+                        if constexpr (Has_extras) {
+                            if (params.softcap > 0.f) ds[mt][j][e] *= dtanh[mt][j][e];
+                        }
+                    }
                 }
             }
             store_fragment<Element, ScoreTile>(ds, ds_smem_ptr, key_row0, query_col0 / 8, lane);
@@ -296,18 +332,19 @@ __global__ void __launch_bounds__(Traits::kNThreads) bwd_dk_dv_kernel(const BwdP
         }
 
         const int m0 = m0_of(t);
+        const int head = head_of(t);
         if constexpr (Has_dQ) {
-            dq_accum_head = params.dq_accum_ptr +
-                            (static_cast<int64_t>(batch) * seqlen_q * params.num_heads + head_of(t)) * params.head_dim;
+            dq_accum_head = params.dq_accum_ptr + batch * params.dq_accum_batch_stride +
+                            (static_cast<int64_t>(seq.q_start) * params.num_heads + head) * params.head_dim;
         }
         const uint32_t q_smem = q_smem0 + stage * Traits::kSmemStageBytes;
         const uint32_t do_smem = do_smem0 + stage * Traits::kSmemStageBytes;
-        // Masked only where the tile's first query does not see its last key:
-        // on the causal diagonal, and on the sequence's last key tile.
-        if ((Is_causal && m0 + seqlen_k - seqlen_q < n0 + kOwnRows - 1) || n0 + kOwnRows > seqlen_k) {
-            compute(q_smem, do_smem, m0, std::true_type{});
+        // Masked only where some query of the tile misses some key: the causal
+        // diagonal, window edges, the sequence's last key tile.
+        if (tile_is_full<kStreamRows, kOwnRows>(m0, n0, seqlen_q, window)) {
+            compute(q_smem, do_smem, head, m0, std::false_type{});
         } else {
-            compute(q_smem, do_smem, m0, std::false_type{});
+            compute(q_smem, do_smem, head, m0, std::true_type{});
         }
     }
 
@@ -323,23 +360,26 @@ __global__ void __launch_bounds__(Traits::kNThreads) bwd_dk_dv_kernel(const BwdP
                 for (int e = 0; e < 4; ++e) dk[mt][j][e] *= params.softmax_scale;
         store_fragment<Element, OwnTile>(dk, k_smem_ptr, key_row0, d_chunk0, lane);
     }
-    if constexpr (Has_dV) store_fragment<Element, OwnTile>(dv, v_smem_ptr, key_row0, d_chunk0, lane);
+    if constexpr (Has_dV) {
+        if (has_dropout) scale(dv, params.dropout_rescale);
+        store_fragment<Element, OwnTile>(dv, v_smem_ptr, key_row0, d_chunk0, lane);
+    }
     __syncthreads();
     if constexpr (Has_dK) {
         Element* dk_out = static_cast<Element*>(params.dk_ptr) + batch * params.dk_batch_stride +
-                          head_k * params.dk_head_stride + n0 * params.dk_row_stride;
+                          head_k * params.dk_head_stride + (seq.k_start + n0) * params.dk_row_stride;
         own_copy.store(k_smem_ptr, dk_out, params.dk_row_stride, seqlen_k - n0, params.head_dim);
     }
     if constexpr (Has_dV) {
         Element* dv_out = static_cast<Element*>(params.dv_ptr) + batch * params.dv_batch_stride +
-                          head_k * params.dv_head_stride + n0 * params.dv_row_stride;
+                          head_k * params.dv_head_stride + (seq.k_start + n0) * params.dv_row_stride;
         own_copy.store(v_smem_ptr, dv_out, params.dv_row_stride, seqlen_k - n0, params.head_dim);
     }
 }
 
 // dQ for one tile of kOwnRows queries of one head: walks the key tiles the
 // tile sees, as the forward does.
-template <typename Traits, bool Is_causal>
+template <typename Traits, bool Is_local, bool Has_extras>
 __global__ void __launch_bounds__(Traits::kNThreads) bwd_dq_kernel(const BwdParams params) {
     static_assert(Traits::kOwnRows == 16 * Traits::kNWarps, "each warp owns 16 query rows");
     using Element = typename Traits::Element;
@@ -363,25 +403,33 @@ __global__ void __launch_bounds__(Traits::kNThreads) bwd_dq_kernel(const BwdPara
     const int head = blockIdx.y;
     const int batch = blockIdx.z;
     const int head_k = head / params.heads_per_kv_head;
-    const int seqlen_q = params.seqlen_q;
-    const int seqlen_k = params.seqlen_k;
+    const Sequence seq = sequence_of<false>(params, batch);
+    const int seqlen_q = seq.seqlen_q;
+    const int seqlen_k = seq.seqlen_k;
+    if (m0 >= seqlen_q) return;  // a shorter sequence of a variable-length batch
+    const Window window = window_of(params, seqlen_q, seqlen_k);
+    const ScoreExtras extras(params, batch, head, window.diagonal);
+    const bool has_dropout = Has_extras && params.rng_state != nullptr;
+    const DropoutRng rng = has_dropout ? DropoutRng(params.rng_state, batch, params.num_heads, head,
+                                                    params.dropout_threshold)
+                                       : DropoutRng{};
 
     const TileCopy<OwnTile, kNThreads> own_copy(tid);
     const TileCopy<StreamTile, kNThreads> stream_copy(tid);
     const Element* q = static_cast<const Element*>(params.q_ptr) + batch * params.q_batch_stride +
-                       head * params.q_head_stride + m0 * params.q_row_stride;
+                       head * params.q_head_stride + (seq.q_start + m0) * params.q_row_stride;
     const Element* dout = static_cast<const Element*>(params.do_ptr) + batch * params.do_batch_stride +
-                          head * params.do_head_stride + m0 * params.do_row_stride;
+                          head * params.do_head_stride + (seq.q_start + m0) * params.do_row_stride;
     const Element* k = static_cast<const Element*>(params.k_ptr) + batch * params.k_batch_stride +
-                       head_k * params.k_head_stride;
+                       head_k * params.k_head_stride + seq.k_start * params.k_row_stride;
     const Element* v = static_cast<const Element*>(params.v_ptr) + batch * params.v_batch_stride +
-                       head_k * params.v_head_stride;
+                       head_k * params.v_head_stride + seq.k_start * params.v_row_stride;
     own_copy.load_async(q_smem, q, params.q_row_stride, seqlen_q - m0, params.head_dim);
     own_copy.load_async(do_smem, dout, params.do_row_stride, seqlen_q - m0, params.head_dim);
     cp_async_commit();
 
     // This thread's two rows (g and g + 8 of the warp's 16).
-    const int64_t row_stats = (static_cast<int64_t>(batch) * params.num_heads + head) * seqlen_q;
+    const int64_t row_stats = batch * params.lse_batch_stride + head * params.lse_head_stride + seq.q_start;
     float lse_log2[2], dsum[2];
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
@@ -390,8 +438,7 @@ __global__ void __launch_bounds__(Traits::kNThreads) bwd_dq_kernel(const BwdPara
         dsum[half] = row < seqlen_q ? params.dsum_ptr[row_stats + row] : 0.f;
     }
 
-    const KeyTileRange key_tiles = key_tile_range<Is_causal, kOwnRows, kStreamRows>(m0, seqlen_q, seqlen_k);
-    const int n_blocks = key_tiles.n_blocks, n_unmasked = key_tiles.n_unmasked;
+    const KeyTileRange key_tiles = key_tile_range<kOwnRows, kStreamRows>(m0, seqlen_q, window);
 
     float dq[1][Traits::kNTilesD][4];
     clear(dq);
@@ -411,9 +458,15 @@ __global__ void __launch_bounds__(Traits::kNThreads) bwd_dq_kernel(const BwdPara
         clear(p);
         gemm_smem_smem<Element, 1, Traits::kNTilesStream, Traits::kKStepsD, OwnTile, StreamTile>(
             p, q_smem, warp_row0, k_smem, 0, lane);
-        if constexpr (Is_masked) {
-            apply_mask<Is_causal>(p, m0 + warp_row0, n0, seqlen_q, seqlen_k, lane);
+        [[maybe_unused]] float dtanh[1][Has_extras ? Traits::kNTilesStream : 1][4];  // softcap's chain factor
+        uint64_t keep_bits = ~uint64_t{0};
+        if constexpr (Has_extras) {
+            apply_score_extras<false>(p, extras, m0 + warp_row0, n0, lane, dtanh);
+            if (has_dropout) {
+                keep_bits = dropout_keep_bits<false, 1, Traits::kNTilesStream>(rng, m0 + warp_row0, n0, lane);
+            }
         }
+        if constexpr (Is_masked) apply_mask<Is_local>(p, m0 + warp_row0, n0, window, lane);
         float ds[1][Traits::kNTilesStream][4];  // dP = dO V^T, then dS
         clear(ds);
         gemm_smem_smem<Element, 1, Traits::kNTilesStream, Traits::kKStepsD, OwnTile, StreamTile>(
@@ -424,15 +477,21 @@ __global__ void __launch_bounds__(Traits::kNThreads) bwd_dq_kernel(const BwdPara
             for (int e = 0; e < 4; ++e) {
                 const float prob =
                     exp2_approx(fmaf(p[0][j][e], params.softmax_scale_log2, -lse_log2[e / 2]));
-                ds[0][j][e] = prob * (ds[0][j][e] - dsum[e / 2]);
+                float dp = ds[0][j][e];
+                if (has_dropout) dp = kept(keep_bits, 0, j, e, Traits::kNTilesStream) ? dp * params.dropout_rescale : 0.f;
+                ds[0][j][e] = prob * (dp - dsum[e / 2]);
+                if constexpr (Has_extras) {
+                    if (params.softcap > 0.f) ds[0][j][e] *= dtanh[0][j][e];
+                }
             }
         }
         // dQ += dS K (scaled once, at the end)
         gemm_regs_smem<Element, 1, Traits::kNTilesD, Traits::kKStepsStream, StreamTile>(dq, ds, k_smem, lane);
     };
-    int n_block = n_blocks - 1;
-    for (; n_block >= n_unmasked; --n_block) step(n_block, std::true_type{});
-    for (; n_block >= 0; --n_block) step(n_block, std::false_type{});
+    int n_block = key_tiles.n_end - 1;
+    for (; n_block >= key_tiles.full_end; --n_block) step(n_block, std::true_type{});
+    for (; n_block >= key_tiles.full_begin; --n_block) step(n_block, std::false_type{});
+    for (; n_block >= key_tiles.n_begin; --n_block) step(n_block, std::true_type{});
 
     cp_async_wait<0>();
     __syncthreads();
@@ -443,12 +502,13 @@ __global__ void __launch_bounds__(Traits::kNThreads) bwd_dq_kernel(const BwdPara
     store_fragment<Element, OwnTile>(dq, q_smem_ptr, warp_row0, 0, lane);
     __syncthreads();
     Element* dq_out = static_cast<Element*>(params.dq_ptr) + batch * params.dq_batch_stride +
-                      head * params.dq_head_stride + m0 * params.dq_row_stride;
+                      head * params.dq_head_stride + (seq.q_start + m0) * params.dq_row_stride;
     own_copy.store(q_smem_ptr, dq_out, params.dq_row_stride, seqlen_q - m0, params.head_dim);
 }
 
 // dQ = softmax_scale * dq_accum, rounded to the input dtype and written in
-// dQ's layout: one thread per 8 consecutive head-dim elements.
+// dQ's layout: one thread per 8 consecutive head-dim elements. A
+// variable-length batch runs as one sequence of total_q rows.
 template <typename Element>
 __global__ void __launch_bounds__(256) bwd_convert_dq_kernel(const BwdParams params) {
     const int chunks_per_row = params.head_dim / 8;

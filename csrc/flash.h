@@ -10,7 +10,10 @@ enum class DType : int { kFloat16 = 0, kBFloat16 = 1 };
 
 // Forward attention over q [B, Sq, H, D], k/v [B, Sk, Hk, D] (any strides, last
 // dim contiguous, rows 16-byte aligned), writing out [B, Sq, H, D] and the
-// natural-log log-sum-exp lse [B, H, Sq] (contiguous fp32).
+// natural-log log-sum-exp lse [B, H, Sq] (contiguous fp32). Variable-length
+// batches pack the sequences instead: q [total_q, H, D], k/v [total_k, Hk, D],
+// out [total_q, H, D], lse [H, total_q], sequence b at rows [cu_seqlens[b],
+// cu_seqlens[b + 1]); every rule below then holds per sequence.
 struct FwdParams {
     const void* __restrict__ q_ptr;
     const void* __restrict__ k_ptr;
@@ -30,15 +33,78 @@ struct FwdParams {
     int head_dim;           // actual head dim: a multiple of 8, <= the kernel's kHeadDim
     int heads_per_kv_head;  // num_heads / num_heads_k (GQA group size)
 
+    // Variable-length batches: cu_seqlens_q/k [B + 1] (int32, device), or nullptr
+    // for the padded layout. With them, the *_batch_stride are 0, seqlen_q/k are
+    // the longest sequences (the grid is sized from them) and total_q is the
+    // number of q rows.
+    const int* __restrict__ cu_seqlens_q;
+    const int* __restrict__ cu_seqlens_k;
+    int total_q;
+    // lse (and the backward's D) of row i of head h of sequence b:
+    // lse_ptr[b * lse_batch_stride + h * lse_head_stride + row_start + i].
+    int64_t lse_batch_stride, lse_head_stride;
+
+    // Visibility: query i sees key j iff i + Sk - Sq - window_left <= j <=
+    // i + Sk - Sq + window_right; -1 leaves that side unbounded. Causal is
+    // window_right = 0. is_local: some side is bounded (the kernels that mask by
+    // the diagonal run).
+    int window_left, window_right;
+    bool is_local;
+
+    // Scores. The kernels work in a "score unit" s with p = exp2(s * softmax_scale_log2 - offset):
+    // without softcap s = q.k and softmax_scale_log2 = softmax_scale * log2(e); with
+    // softcap > 0, s = tanh(q.k * softcap_inner_scale) (softcap_inner_scale =
+    // softmax_scale / softcap) and softmax_scale_log2 = softcap * log2(e). ALiBi adds
+    // -slope * alibi_scale * |i + Sk - Sq - j| in that unit (alibi_scale = 1 / the
+    // unit's natural scale).
     float softmax_scale;       // applied to q.k; must be > 0
-    float softmax_scale_log2;  // softmax_scale * log2(e): the kernel works in base 2
+    float softmax_scale_log2;
+    float softcap;             // 0: no capping
+    float softcap_inner_scale;
+    const float* __restrict__ alibi_slopes_ptr;  // [B or 1, H] fp32, or nullptr
+    int64_t alibi_batch_stride;                  // 0 for slopes of shape (H,)
+    float alibi_scale;
+
+    // Dropout on the probabilities: an element is kept iff the 16-bit value its
+    // Philox draw gives (csrc/philox.cuh) is >= dropout_threshold; the output
+    // is rescaled by dropout_rescale = 1 / (1 - dropout_p). rng_state [2] (int64,
+    // device): the Philox seed and offset. dropout_threshold = 0: no dropout.
+    uint32_t dropout_threshold;
+    float dropout_rescale;
+    const int64_t* __restrict__ rng_state;
+
+    // softcap, ALiBi or dropout is on: selects the kernels that implement them.
+    bool has_extras;
+
+    // KV cache (flash_attn_with_kvcache, the Is_kvcache kernels): batch b's keys are
+    // rows [k_start, cache_seqlens[b] + seqlen_knew) of k/v's batch kv_batch_idx[b]
+    // (b if nullptr), k_start = leftpad_k[b] (0 if nullptr), seqlen_k counted from
+    // k_start. With block_table the cache is paged: key row r of batch b lies in
+    // page block_table[b * block_table_batch_stride + r / page_size] at row
+    // r % page_size, and k/v_batch_stride step from page to page.
+    const int* __restrict__ cache_seqlens;
+    const int* __restrict__ leftpad_k;
+    const int* __restrict__ kv_batch_idx;
+    int seqlen_knew;
+    const int* __restrict__ block_table;
+    int64_t block_table_batch_stride;
+    int page_size;
+    // Decoding (Sq == 1) with GQA: a block's rows are the heads_per_kv_head query
+    // heads of one KV head (the binding sets seqlen_q = that group, num_heads =
+    // num_heads_k and the strides to match), so each KV tile is read once for all.
+    bool pack_gqa;
+    // Split-KV: num_splits > 1 cuts each row's key tiles into num_splits ranges,
+    // one block each, which write their partial out and lse (fp32, [splits, B, H,
+    // Sq, head_dim] and [splits, B, H, Sq]) for the combine kernel to merge.
+    int num_splits;
+    float* __restrict__ o_accum_ptr;
+    float* __restrict__ lse_accum_ptr;
 
     // Shared memory a block may opt into on this device; head dims whose fastest
     // tile config needs more run a smaller one.
     int max_smem_per_block;
 
     DType dtype;
-    bool is_causal;  // bottom-right aligned: query i sees key j iff j <= i + Sk - Sq
 };
 
 // Backward over the same tensors as the forward (the FwdParams part: q, k, v,
@@ -49,8 +115,9 @@ struct BwdParams : FwdParams {
     void* __restrict__ dq_ptr;
     void* __restrict__ dk_ptr;
     void* __restrict__ dv_ptr;
-    float* __restrict__ dsum_ptr;      // [B, H, Sq] scratch: D = rowsum(dout * out), fp32
-    float* __restrict__ dq_accum_ptr;  // [B, Sq, H, D] fp32 scratch, zeroed (not deterministic only)
+    float* __restrict__ dsum_ptr;      // scratch in lse's layout: D = rowsum(dout * out), fp32
+    float* __restrict__ dq_accum_ptr;  // [B, Sq, H, D] ([total_q, H, D]) fp32 scratch, zeroed (not deterministic only)
+    int64_t dq_accum_batch_stride;     // Sq * H * D, 0 for variable-length batches
 
     int64_t do_batch_stride, do_row_stride, do_head_stride;
     int64_t dq_batch_stride, dq_row_stride, dq_head_stride;
@@ -63,8 +130,59 @@ struct BwdParams : FwdParams {
     bool deterministic;
 };
 
+// Writes the new keys and values of flash_attn_with_kvcache into the cache
+// (rotary applied to the keys when rotary_dim > 0) and the rotated queries into
+// q_rot. Layouts as FwdParams' KV cache; the new rows of batch b go to cache
+// rows cache_seqlens[b] + j, at rotary position cache_seqlens[b] + j - leftpad.
+struct AppendParams {
+    const void* __restrict__ k_new_ptr;  // [B, Snew, Hk, D]
+    const void* __restrict__ v_new_ptr;
+    int64_t knew_batch_stride, knew_row_stride, knew_head_stride;
+    int64_t vnew_batch_stride, vnew_row_stride, vnew_head_stride;
+    void* __restrict__ k_cache_ptr;  // [B_cache, S_cache, Hk, D] or pages [num_blocks, page_size, Hk, D]
+    void* __restrict__ v_cache_ptr;
+    int64_t kc_batch_stride, kc_row_stride, kc_head_stride;
+    int64_t vc_batch_stride, vc_row_stride, vc_head_stride;
+    const void* __restrict__ q_ptr;  // [B, Sq, H, D]
+    void* __restrict__ q_rot_ptr;    // [B, Sq, H, D] contiguous, or nullptr: q needs no rotation
+    int64_t q_batch_stride, q_row_stride, q_head_stride;
+    const int* __restrict__ cache_seqlens;
+    const int* __restrict__ leftpad_k;
+    const int* __restrict__ kv_batch_idx;
+    const int* __restrict__ block_table;
+    int64_t block_table_batch_stride;
+    int page_size;
+    const float* __restrict__ rotary_cos;  // [S_rotary, rotary_dim / 2] fp32, or nullptr
+    const float* __restrict__ rotary_sin;
+    int rotary_dim;
+    bool rotary_interleaved;  // rotate pairs (2i, 2i + 1); else (i, i + rotary_dim / 2)
+    bool q_positions_per_row;  // causal/local: query i at position cache_seqlens + i; else all at cache_seqlens
+    int batch, seqlen_q, seqlen_knew, num_heads, num_heads_k, head_dim;
+    DType dtype;
+};
+
 // Runs the forward pass on `stream`. Returns the launch error, if any.
 cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream);
+
+// The forward over a KV cache (the Is_kvcache kernels), then, with num_splits >
+// 1, the combine kernel writing out and lse in the layout `combine` describes.
+struct CombineParams {
+    const float* __restrict__ o_accum_ptr;
+    const float* __restrict__ lse_accum_ptr;
+    void* __restrict__ o_ptr;  // [B, Sq, H, D]
+    float* __restrict__ lse_ptr;  // [B, H, Sq] contiguous
+    int64_t o_batch_stride, o_row_stride, o_head_stride;
+    int batch, seqlen_q, num_heads, head_dim, num_splits;
+};
+cudaError_t run_fwd_kvcache(const FwdParams& params, const CombineParams& combine, cudaStream_t stream);
+
+// The append (and rotary) of flash_attn_with_kvcache.
+cudaError_t run_kvcache_append(const AppendParams& params, cudaStream_t stream);
+
+// Checks the index tensors of `params` on the device (a trap if one is out of
+// range): capacity = the rows a sequence may use, num_cache_rows = k_cache's
+// first dimension (sequences or pages).
+cudaError_t run_kvcache_check(const AppendParams& params, int capacity, int num_cache_rows, cudaStream_t stream);
 
 // Runs the backward pass on `stream`. Returns the launch error, if any.
 cudaError_t run_bwd(const BwdParams& params, cudaStream_t stream);

@@ -4,9 +4,10 @@
 //
 // Pipeline (cp.async, two tiles in flight against compute): while S = Q K_j^T
 // runs, V_j is loading; while softmax and O += P V_j run, K_{j-1} is loading.
-// Key tiles are walked from the last to the first, so that the few tiles that
-// need a mask (the sequence tail and, when causal, the diagonal) come first and
-// every later tile runs the unmasked path.
+// Key tiles are walked from the last to the first, so that the tiles that need
+// a mask at the top (the sequence tail, the causal diagonal, a window's right
+// edge) come first, then every whole tile unmasked, then the window's left edge
+// masked again (mask.cuh: key_tile_range).
 #pragma once
 
 #include <cmath>
@@ -16,6 +17,7 @@
 #include "flash.h"
 #include "gemm.cuh"
 #include "kernel_traits.h"
+#include "extras.cuh"
 #include "mask.cuh"
 #include "ptx.cuh"
 #include "softmax.cuh"
@@ -23,7 +25,11 @@
 
 namespace flash {
 
-template <typename Traits, bool Is_causal>
+// Is_kvcache: the keys come from a KV cache (flash.h: contiguous or paged, per
+// batch lengths, leftpad, batch index), the decoding rows may be a GQA group
+// (pack_gqa), and with num_splits > 1 each block takes one range of the key
+// tiles and writes a partial result for the combine kernel (kvcache.cuh).
+template <typename Traits, bool Is_local, bool Has_extras, bool Is_kvcache = false>
 __global__ void __launch_bounds__(Traits::kNThreads) fwd_kernel(const FwdParams params) {
     using Element = typename Traits::Element;
     constexpr int kBlockM = Traits::kBlockM;
@@ -40,32 +46,74 @@ __global__ void __launch_bounds__(Traits::kNThreads) fwd_kernel(const FwdParams 
     const int warp = tid / 32;
     const int warp_row0 = warp * Traits::kWarpRows;  // first row of this warp within the tile
 
+    const int num_splits = Is_kvcache ? params.num_splits : 1;
+    const int split = Is_kvcache ? static_cast<int>(blockIdx.x) % num_splits : 0;
+    const int m_blocks = static_cast<int>(gridDim.x) / num_splits;
     // Causal tiles on the bottom rows see the most keys: schedule them first.
-    const int m_block = Is_causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+    const int m_block = Is_local ? m_blocks - 1 - static_cast<int>(blockIdx.x) / num_splits
+                                 : static_cast<int>(blockIdx.x) / num_splits;
     const int head = blockIdx.y;
     const int batch = blockIdx.z;
     const int head_k = head / params.heads_per_kv_head;
-    const int seqlen_q = params.seqlen_q;
-    const int seqlen_k = params.seqlen_k;
+    Sequence seq = sequence_of<Is_kvcache>(params, batch);
+    const int seqlen_q = seq.seqlen_q;
     const int m0 = m_block * kBlockM;
+    if (m0 >= seqlen_q) return;  // a shorter sequence of a variable-length batch
+    Window window = window_of(params, seqlen_q, seq.seqlen_k);
+    if (Is_kvcache && params.pack_gqa) {
+        // The rows are query heads at one position, the last: the window of a
+        // one-row sequence cuts the keys, then every row sees all of them.
+        const Window one_row = window_of(params, 1, seq.seqlen_k);
+        const int key_lo = one_row.key_begin(0), key_hi = one_row.key_end(0);
+        seq.k_start += key_lo;
+        seq.seqlen_k = max(0, key_hi - key_lo);
+        window = window_of(-1, -1, seqlen_q, seq.seqlen_k);
+    }
+    const int seqlen_k = seq.seqlen_k;
 
     const Element* q = static_cast<const Element*>(params.q_ptr) + batch * params.q_batch_stride +
-                       head * params.q_head_stride + m0 * params.q_row_stride;
-    const Element* k = static_cast<const Element*>(params.k_ptr) + batch * params.k_batch_stride +
-                       head_k * params.k_head_stride;
-    const Element* v = static_cast<const Element*>(params.v_ptr) + batch * params.v_batch_stride +
-                       head_k * params.v_head_stride;
+                       head * params.q_head_stride + (seq.q_start + m0) * params.q_row_stride;
+    const int64_t k_head = head_k * params.k_head_stride, v_head = head_k * params.v_head_stride;
+    const bool paged = Is_kvcache && params.block_table != nullptr;
+    // Contiguous keys: row 0 of the sequence. Paged: the rows' pages, via the block table.
+    const Element* k = static_cast<const Element*>(params.k_ptr) + k_head +
+                       (paged ? 0 : seq.kv_batch * params.k_batch_stride + seq.k_start * params.k_row_stride);
+    const Element* v = static_cast<const Element*>(params.v_ptr) + v_head +
+                       (paged ? 0 : seq.kv_batch * params.v_batch_stride + seq.k_start * params.v_row_stride);
+    const int* table = paged ? params.block_table + batch * params.block_table_batch_stride : nullptr;
+    const PagedRows<Element> k_pages{k, table, params.k_batch_stride, params.k_row_stride, params.page_size,
+                                     seq.k_start};
+    const PagedRows<Element> v_pages{v, table, params.v_batch_stride, params.v_row_stride, params.page_size,
+                                     seq.k_start};
 
-    const KeyTileRange key_tiles = key_tile_range<Is_causal, kBlockM, kBlockN>(m0, seqlen_q, seqlen_k);
-    const int n_blocks = key_tiles.n_blocks, n_unmasked = key_tiles.n_unmasked;
+    KeyTileRange key_tiles = key_tile_range<kBlockM, kBlockN>(m0, seqlen_q, window);
+    if (num_splits > 1) {  // this block's share of the tiles, as even as whole tiles allow
+        const int per_split = (key_tiles.n_end - key_tiles.n_begin + num_splits - 1) / num_splits;
+        const int begin = min(key_tiles.n_begin + split * per_split, key_tiles.n_end);
+        const int end = min(begin + per_split, key_tiles.n_end);
+        key_tiles = {begin, end, min(max(key_tiles.full_begin, begin), end), min(max(key_tiles.full_end, begin), end)};
+    }
+    const ScoreExtras extras(params, batch, head, window.diagonal);
+    const bool has_dropout = Has_extras && !Is_kvcache && params.rng_state != nullptr;
+    const DropoutRng rng = has_dropout ? DropoutRng(params.rng_state, batch, params.num_heads, head,
+                                                    params.dropout_threshold)
+                                       : DropoutRng{};
 
     const TileCopy<typename Traits::QTile, kNThreads> q_copy(tid);
     const TileCopy<typename Traits::KTile, kNThreads> kv_copy(tid);  // K and V tiles share a shape
+    // Keys and values [n0, n0 + kBlockN) of the sequence into shared memory.
+    auto load_kv = [&](uint32_t smem_tile, const Element* rows, const PagedRows<Element>& pages,
+                       int64_t row_stride, int n0) {
+        if (paged) {
+            kv_copy.template load_async_rows<Element>(smem_tile, pages, n0, seqlen_k - n0, params.head_dim);
+        } else {
+            kv_copy.load_async(smem_tile, rows + n0 * row_stride, row_stride, seqlen_k - n0, params.head_dim);
+        }
+    };
     q_copy.load_async(q_smem, q, params.q_row_stride, seqlen_q - m0, params.head_dim);
     cp_async_commit();
-    if (n_blocks > 0) {
-        kv_copy.load_async(k_smem, k + (n_blocks - 1) * kBlockN * params.k_row_stride, params.k_row_stride,
-                           seqlen_k - (n_blocks - 1) * kBlockN, params.head_dim);
+    if (key_tiles.n_end > key_tiles.n_begin) {
+        load_kv(k_smem, k, k_pages, params.k_row_stride, (key_tiles.n_end - 1) * kBlockN);
     }
     cp_async_commit();
 
@@ -80,41 +128,66 @@ __global__ void __launch_bounds__(Traits::kNThreads) fwd_kernel(const FwdParams 
         // K_j (and Q, the first time) has landed; every warp is done with V_{j+1}.
         cp_async_wait<0>();
         __syncthreads();
-        kv_copy.load_async(v_smem, v + n0 * params.v_row_stride, params.v_row_stride, seqlen_k - n0,
-                           params.head_dim);
+        load_kv(v_smem, v, v_pages, params.v_row_stride, n0);
         cp_async_commit();
 
         float s[Traits::kMTiles][Traits::kNTilesS][4];  // S = Q K^T for the warp's rows
         clear(s);
         gemm_smem_smem<Element, Traits::kMTiles, Traits::kNTilesS, Traits::kKStepsQK, typename Traits::QTile,
                        typename Traits::KTile>(s, q_smem, warp_row0, k_smem, 0, lane);
-        if constexpr (Is_masked) {
-            apply_mask<Is_causal>(s, m0 + warp_row0, n0, seqlen_q, seqlen_k, lane);
-        }
+        if constexpr (Has_extras) apply_score_extras<false>(s, extras, m0 + warp_row0, n0, lane);
+        if constexpr (Is_masked) apply_mask<Is_local>(s, m0 + warp_row0, n0, window, lane);
 
         // V_j has landed; every warp is done with K_j, so K_{j-1} may overwrite it.
         cp_async_wait<0>();
         __syncthreads();
-        if (n_block > 0) {
-            kv_copy.load_async(k_smem, k + (n0 - kBlockN) * params.k_row_stride, params.k_row_stride,
-                               seqlen_k - (n0 - kBlockN), params.head_dim);
-        }
+        if (n_block > key_tiles.n_begin) load_kv(k_smem, k, k_pages, params.k_row_stride, n0 - kBlockN);
         cp_async_commit();
 
         softmax.update(s, o, params.softmax_scale_log2);
+        if (has_dropout) {
+            drop(s, dropout_keep_bits<false, Traits::kMTiles, Traits::kNTilesS>(rng, m0 + warp_row0, n0, lane));
+        }
         // O += P V; P stays in registers.
         gemm_regs_smem<Element, Traits::kMTiles, Traits::kNTilesO, Traits::kKStepsPV, typename Traits::VTile>(
             o, s, v_smem, lane);
     };
 
-    int n_block = n_blocks - 1;
-    for (; n_block >= n_unmasked; --n_block) step(n_block, std::true_type{});
-    for (; n_block >= 0; --n_block) step(n_block, std::false_type{});
+    int n_block = key_tiles.n_end - 1;
+    for (; n_block >= key_tiles.full_end; --n_block) step(n_block, std::true_type{});
+    for (; n_block >= key_tiles.full_begin; --n_block) step(n_block, std::false_type{});
+    for (; n_block >= key_tiles.n_begin; --n_block) step(n_block, std::true_type{});
 
-    // Epilogue: normalise, stage O through this warp's rows of the Q tile (no
-    // other warp reads them), then store with 16-byte writes.
+    // Epilogue: normalise (the row sums counted every probability, dropped or
+    // not: dropout rescales the kept ones by 1 / (1 - p) here), stage O through
+    // this warp's rows of the Q tile (no other warp reads them), then store with
+    // 16-byte writes.
     float lse[Traits::kRowsPerThread];
     softmax.finalize(o, lse);
+    if (has_dropout) scale(o, params.dropout_rescale);
+
+    if (num_splits > 1) {  // a partial result: fp32 rows of o_accum and lse_accum, merged later
+        const int64_t rows0 = ((static_cast<int64_t>(split) * params.batch + batch) * params.num_heads + head) *
+                              seqlen_q;
+#pragma unroll
+        for (int mt = 0; mt < Traits::kMTiles; ++mt) {
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+                const int row = m0 + warp_row0 + mt * 16 + half * 8 + lane / 4;
+                if (row >= seqlen_q) continue;
+                if (lane % 4 == 0) params.lse_accum_ptr[rows0 + row] = lse[mt * 2 + half];
+                float* dst = params.o_accum_ptr + (rows0 + row) * params.head_dim + (lane % 4) * 2;
+#pragma unroll
+                for (int j = 0; j < Traits::kNTilesO; ++j) {
+                    if (j * 8 < params.head_dim) {
+                        *reinterpret_cast<float2*>(dst + j * 8) = make_float2(o[mt][j][2 * half], o[mt][j][2 * half + 1]);
+                    }
+                }
+            }
+        }
+        cp_async_wait<0>();  // nothing may stay in flight when the block exits
+        return;
+    }
 
     cp_async_wait<0>();  // with no key tile the Q copy may still be in flight
     __syncthreads();
@@ -124,12 +197,13 @@ __global__ void __launch_bounds__(Traits::kNThreads) fwd_kernel(const FwdParams 
     for (int r = 0; r < Traits::kRowsPerThread; ++r) {
         const int row = warp_row0 + (r / 2) * 16 + (r % 2) * 8 + lane / 4;
         if (lane % 4 == 0 && m0 + row < seqlen_q) {
-            params.lse_ptr[(static_cast<int64_t>(batch) * params.num_heads + head) * seqlen_q + m0 + row] = lse[r];
+            params.lse_ptr[batch * params.lse_batch_stride + head * params.lse_head_stride + seq.q_start + m0 +
+                           row] = lse[r];
         }
     }
     __syncthreads();
     Element* out = static_cast<Element*>(params.o_ptr) + batch * params.o_batch_stride +
-                   head * params.o_head_stride + m0 * params.o_row_stride;
+                   head * params.o_head_stride + (seq.q_start + m0) * params.o_row_stride;
     q_copy.store(smem + Traits::kSmemQOffset, out, params.o_row_stride, seqlen_q - m0, params.head_dim);
 }
 

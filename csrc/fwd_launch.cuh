@@ -1,15 +1,16 @@
-// Launches the forward kernel for one (dtype, head dim, causal) instantiation.
+// Launches the forward kernel for one (dtype, head dim, local, extras) instantiation.
 #pragma once
 
 #include "flash.h"
 #include "fwd_kernel.cuh"
 #include "kernel_traits.h"
+#include "kvcache.cuh"
 
 namespace flash {
 
-template <typename Traits, bool Is_causal>
+template <typename Traits, bool Is_local, bool Has_extras, bool Is_kvcache = false>
 cudaError_t launch_fwd(const FwdParams& params, cudaStream_t stream) {
-    auto kernel = &fwd_kernel<Traits, Is_causal>;
+    auto kernel = &fwd_kernel<Traits, Is_local, Has_extras, Is_kvcache>;
     constexpr int kSmem = Traits::kSmemBytes;
     if (kSmem > params.max_smem_per_block) return cudaErrorInvalidConfiguration;
     // Dynamic shared memory above 48 KB must be opted into per kernel.
@@ -17,22 +18,42 @@ cudaError_t launch_fwd(const FwdParams& params, cudaStream_t stream) {
         cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
         if (err != cudaSuccess) return err;
     }
-    const dim3 grid((params.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM, params.num_heads, params.batch);
+    const int splits = Is_kvcache ? params.num_splits : 1;
+    const dim3 grid((params.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM * splits, params.num_heads,
+                    params.batch);
     kernel<<<grid, Traits::kNThreads, kSmem, stream>>>(params);
     return cudaGetLastError();
 }
 
-template <typename Element, int kHeadDim, bool Is_causal>
+template <typename Element, int kHeadDim, bool Is_local, bool Has_extras>
 cudaError_t run_fwd_(const FwdParams& params, cudaStream_t stream) {
     using Fast = FwdTraitsFor<kHeadDim, Element>;
     using Small = FwdTraitsFor<kHeadDim, Element, FwdSmallSmemConfig<kHeadDim>>;
     static_assert(Small::kSmemBytes <= kSmallSmemPerBlock, "the small-smem config must fit sm_86/sm_89");
     if constexpr (Fast::kSmemBytes <= kSmallSmemPerBlock) {
-        return launch_fwd<Fast, Is_causal>(params, stream);
+        return launch_fwd<Fast, Is_local, Has_extras>(params, stream);
     } else {
-        return params.max_smem_per_block >= Fast::kSmemBytes ? launch_fwd<Fast, Is_causal>(params, stream)
-                                                             : launch_fwd<Small, Is_causal>(params, stream);
+        return params.max_smem_per_block >= Fast::kSmemBytes
+                   ? launch_fwd<Fast, Is_local, Has_extras>(params, stream)
+                   : launch_fwd<Small, Is_local, Has_extras>(params, stream);
     }
+}
+
+// The KV-cache forward: 64-row tiles, as decoding has one or a few rows per
+// head (a GQA group with pack_gqa) and is bound by reading the cache, and
+// every option switched at run time (one kernel per dtype and head dim).
+template <int kHeadDim, typename Element>
+using KvcacheTraits = FwdKernelTraits<kHeadDim, 64, 64, 4, Element>;
+
+template <typename Element, int kHeadDim>
+cudaError_t run_fwd_kvcache_(const FwdParams& params, const CombineParams& combine, cudaStream_t stream) {
+    using Traits = KvcacheTraits<kHeadDim, Element>;
+    static_assert(Traits::kSmemBytes <= kSmallSmemPerBlock, "the KV-cache config must fit sm_86/sm_89");
+    cudaError_t err = launch_fwd<Traits, /*Is_local=*/true, /*Has_extras=*/true, /*Is_kvcache=*/true>(params, stream);
+    if (err != cudaSuccess || params.num_splits <= 1) return err;
+    const int64_t rows = static_cast<int64_t>(combine.batch) * combine.num_heads * combine.seqlen_q;
+    kvcache_combine_kernel<Element><<<static_cast<unsigned>((rows + 3) / 4), 128, 0, stream>>>(combine);
+    return cudaGetLastError();
 }
 
 }  // namespace flash

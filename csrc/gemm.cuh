@@ -22,6 +22,16 @@ __device__ __forceinline__ void clear(float (&acc)[kMTiles][kNTiles][4]) {
             for (int e = 0; e < 4; ++e) acc[mt][j][e] = 0.f;
 }
 
+template <int kMTiles, int kNTiles>
+__device__ __forceinline__ void scale(float (&acc)[kMTiles][kNTiles][4], float factor) {
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+        for (int j = 0; j < kNTiles; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[mt][j][e] *= factor;
+}
+
 // One k16 step into n8 tiles 2jp and 2jp + 1 of every m16 tile: `b` is the
 // ldmatrix.x4 of B that holds both n8 tiles (regs 0-1, then 2-3), `a` the A
 // fragment of each m16 tile. The loop every GEMM below ends in.

@@ -1,17 +1,70 @@
-// Masks for one tile of scores: keys past the end of the sequence and, when
-// causal, keys after the query's diagonal (bottom-right aligned: query i sees
-// key j iff j <= i + Sk - Sq). Called only on the tiles that need it.
+// Which keys a query sees, and which tiles need a mask at all.
+//
+// Query i of a sequence sees keys [key_begin(i), key_end(i)): the sequence's
+// keys, cut by the window around the bottom-right diagonal d = i + Sk - Sq
+// (causal: d + 0 on the right). Non-local attention is the same with both
+// sides unbounded, so one set of formulas serves every case; the Is_local
+// template flag only lets the non-local kernels skip the diagonal compares on
+// the one tile they mask (the sequence tail). Masks are applied only on the
+// tiles the ranges below mark; every other tile runs unmasked.
 #pragma once
 
 #include <cmath>
 
+#include "flash.h"
+
 namespace flash {
+
+// One sequence of the batch: its lengths, where its rows start in the packed
+// layout (0 in the padded one) or the cache, and its batch index in k and v.
+struct Sequence {
+    int seqlen_q, seqlen_k;
+    int q_start, k_start;
+    int kv_batch;
+};
+
+template <bool Is_kvcache>
+__device__ __forceinline__ Sequence sequence_of(const FwdParams& params, int batch) {
+    if constexpr (Is_kvcache) {
+        const int k_start = params.leftpad_k == nullptr ? 0 : params.leftpad_k[batch];
+        const int k_end = params.cache_seqlens[batch] + params.seqlen_knew;
+        const int kv_batch = params.kv_batch_idx == nullptr ? batch : params.kv_batch_idx[batch];
+        return {params.seqlen_q, max(0, k_end - k_start), 0, k_start, kv_batch};
+    }
+    if (params.cu_seqlens_q == nullptr) return {params.seqlen_q, params.seqlen_k, 0, 0, batch};
+    const int q_start = params.cu_seqlens_q[batch], k_start = params.cu_seqlens_k[batch];
+    return {params.cu_seqlens_q[batch + 1] - q_start, params.cu_seqlens_k[batch + 1] - k_start, q_start, k_start,
+            batch};
+}
+
+struct Window {
+    int seqlen_k;
+    int begin_offset;  // key_begin(i) = max(0, i + begin_offset)
+    int end_offset;    // key_end(i) = min(Sk, i + end_offset)
+    int diagonal;      // Sk - Sq: query i's diagonal key is i + diagonal
+
+    __device__ __forceinline__ int key_begin(int i) const { return max(0, i + begin_offset); }
+    __device__ __forceinline__ int key_end(int i) const { return min(seqlen_k, i + end_offset); }
+};
+
+// An unbounded side is clamped to the sequence: a window of Sk keys to the left
+// or Sq to the right already reaches every key, and the sums stay in int.
+__device__ __forceinline__ Window window_of(int window_left, int window_right, int seqlen_q, int seqlen_k) {
+    const int left = window_left < 0 ? seqlen_k : min(window_left, seqlen_k);
+    const int right = window_right < 0 ? seqlen_q : min(window_right, seqlen_q);
+    const int diagonal = seqlen_k - seqlen_q;
+    return {seqlen_k, diagonal - left, diagonal + right + 1, diagonal};
+}
+
+__device__ __forceinline__ Window window_of(const FwdParams& params, int seqlen_q, int seqlen_k) {
+    return window_of(params.window_left, params.window_right, seqlen_q, seqlen_k);
+}
 
 // s: the warp's [kMTiles][kNTilesS][4] score fragment of the tile whose first
 // query row is `row0` (this warp's first row) and first key is `col0`.
-template <bool Is_causal, int kMTiles, int kNTilesS>
+template <bool Is_local, int kMTiles, int kNTilesS>
 __device__ __forceinline__ void apply_mask(float (&s)[kMTiles][kNTilesS][4], int row0, int col0,
-                                           int seqlen_q, int seqlen_k, int lane) {
+                                           const Window& window, int lane) {
     const int row_base = row0 + lane / 4;
     const int col_base = col0 + (lane % 4) * 2;
 #pragma unroll
@@ -19,52 +72,31 @@ __device__ __forceinline__ void apply_mask(float (&s)[kMTiles][kNTilesS][4], int
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
             const int row = row_base + mt * 16 + half * 8;
-            // One past the last visible key of this row.
-            const int col_end = Is_causal ? min(seqlen_k, row + seqlen_k - seqlen_q + 1) : seqlen_k;
+            const int col_begin = Is_local ? window.key_begin(row) : 0;
+            const int col_end = Is_local ? window.key_end(row) : window.seqlen_k;
 #pragma unroll
             for (int j = 0; j < kNTilesS; ++j) {
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
-                    if (col_base + j * 8 + e >= col_end) s[mt][j][2 * half + e] = -INFINITY;
+                    const int col = col_base + j * 8 + e;
+                    if (col >= col_end || col < col_begin) s[mt][j][2 * half + e] = -INFINITY;
                 }
             }
         }
     }
 }
 
-// The key tiles a tile of query rows [m0, m0 + kRows) walks, in tiles of
-// kKeys: [0, n_blocks) hold every key one of its rows sees, and tiles
-// [n_unmasked, n_blocks) need a mask (sequence tail, causal diagonal).
-struct KeyTileRange {
-    int n_blocks;
-    int n_unmasked;
-};
-
-template <bool Is_causal, int kRows, int kKeys>
-__device__ __forceinline__ KeyTileRange key_tile_range(int m0, int seqlen_q, int seqlen_k) {
-    KeyTileRange range{(seqlen_k + kKeys - 1) / kKeys, seqlen_k / kKeys};
-    if (Is_causal) {
-        const int diag = m0 + seqlen_k - seqlen_q;  // last key row m0 sees
-        // One past the last key that the tile's last real row sees.
-        const int last_key_end = min(m0 + kRows, seqlen_q) + seqlen_k - seqlen_q;
-        range.n_blocks = min(range.n_blocks, last_key_end <= 0 ? 0 : (last_key_end + kKeys - 1) / kKeys);
-        range.n_unmasked = min(range.n_unmasked, diag + 1 <= 0 ? 0 : (diag + 1) / kKeys);
-    }
-    return range;
-}
-
 // The mask on a transposed score fragment (rows are keys, columns queries), as
 // the dK/dV kernel holds it: the warp's first key is `key0`, its first query
-// `query0`. Keys past the sequence are hidden (a padded key row scores 0, and
-// exp(0 - lse) of a row with a low lse would overflow 16 bits in P^T and dS^T,
-// then meet K's zero rows in dQ as inf * 0), and, when causal, key j is hidden
-// from query i iff j > i + Sk - Sq. Padded queries need no mask: their lse is
-// +inf, so their p is 0.
-template <bool Is_causal, int kMTiles, int kNTilesS>
+// `query0`. Keys past the sequence are hidden too (a padded key row scores 0,
+// and exp(0 - lse) of a row with a low lse would overflow 16 bits in P^T and
+// dS^T, then meet K's zero rows in dQ as inf * 0). Padded queries need no
+// mask: their lse is +inf, so their p is 0.
+template <bool Is_local, int kMTiles, int kNTilesS>
 __device__ __forceinline__ void apply_mask_transposed(float (&s)[kMTiles][kNTilesS][4], int key0, int query0,
-                                                      int seqlen_q, int seqlen_k, int lane) {
+                                                      const Window& window, int lane) {
     const int key_base = key0 + lane / 4;
-    const int query_base = query0 + (lane % 4) * 2 + seqlen_k - seqlen_q;
+    const int query_base = query0 + (lane % 4) * 2;
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
@@ -74,13 +106,62 @@ __device__ __forceinline__ void apply_mask_transposed(float (&s)[kMTiles][kNTile
             for (int j = 0; j < kNTilesS; ++j) {
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
-                    if (key >= seqlen_k || (Is_causal && key > query_base + j * 8 + e)) {
-                        s[mt][j][2 * half + e] = -INFINITY;
-                    }
+                    const int query = query_base + j * 8 + e;
+                    const bool hidden = key >= window.seqlen_k ||
+                                        (Is_local && (key < query + window.begin_offset ||
+                                                      key >= query + window.end_offset));
+                    if (hidden) s[mt][j][2 * half + e] = -INFINITY;
                 }
             }
         }
     }
+}
+
+// The key tiles of kKeys keys that query rows [m0, m0 + kRows) walk: tiles
+// [n_begin, n_end) hold every key one of the rows sees; of them, tiles
+// [full_begin, full_end) are seen whole by every row (no mask), the others
+// (window edges, causal diagonal, sequence tail) need one.
+struct KeyTileRange {
+    int n_begin, n_end;
+    int full_begin, full_end;
+};
+
+template <int kRows, int kKeys>
+__device__ __forceinline__ KeyTileRange key_tile_range(int m0, int seqlen_q, const Window& window) {
+    const int m_last = min(m0 + kRows, seqlen_q) - 1;
+    const int key_lo = window.key_begin(m0), key_hi = window.key_end(m_last);
+    if (key_hi <= key_lo) return {0, 0, 0, 0};
+    KeyTileRange range;
+    range.n_begin = key_lo / kKeys;
+    range.n_end = (key_hi + kKeys - 1) / kKeys;
+    // A tile is whole for every row when its first key is at or after the last
+    // row's first key and its last key before the first row's end.
+    const int full_lo = window.key_begin(m_last), full_hi = max(0, window.key_end(m0));
+    range.full_begin = min(max((full_lo + kKeys - 1) / kKeys, range.n_begin), range.n_end);
+    range.full_end = min(max(full_hi / kKeys, range.full_begin), range.n_end);
+    return range;
+}
+
+// The query tiles of kRows queries that see a key of [n0, n0 + kKeys):
+// [m_begin, m_end).
+struct QueryTileRange {
+    int m_begin, m_end;
+};
+
+template <int kRows, int kKeys>
+__device__ __forceinline__ QueryTileRange query_tile_range(int n0, int seqlen_q, const Window& window) {
+    // Query i sees a key of the tile iff key_begin(i) <= n0 + kKeys - 1 and key_end(i) > n0.
+    const int q_lo = max(0, n0 - window.end_offset + 1);
+    const int q_hi = min(seqlen_q, n0 + kKeys - window.begin_offset);
+    if (q_hi <= q_lo) return {0, 0};
+    return {q_lo / kRows, (q_hi + kRows - 1) / kRows};
+}
+
+// Whether every query of [m0, m0 + kRows) sees every key of [n0, n0 + kKeys).
+template <int kRows, int kKeys>
+__device__ __forceinline__ bool tile_is_full(int m0, int n0, int seqlen_q, const Window& window) {
+    const int m_last = min(m0 + kRows, seqlen_q) - 1;
+    return window.key_begin(m_last) <= n0 && window.key_end(m0) >= n0 + kKeys;
 }
 
 }  // namespace flash

@@ -119,4 +119,21 @@ __device__ __forceinline__ float2 unpack2<__nv_bfloat16>(uint32_t bits) {
     return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&bits));
 }
 
+// One 16-bit value to and from fp32 (round to nearest).
+__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+template <typename T>
+__device__ __forceinline__ T from_float(float x);
+
+template <>
+__device__ __forceinline__ __half from_float<__half>(float x) {
+    return __float2half_rn(x);
+}
+
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
+    return __float2bfloat16_rn(x);
+}
+
 }  // namespace flash

@@ -55,6 +55,26 @@ struct TileCopy {
         }
     }
 
+    // load_async for a tile whose rows are not evenly spaced: row r of the tile
+    // is at rows.row(first_row + r) (a paged KV cache). Rows past `rows_valid`
+    // are zero-filled without asking `rows` where they are.
+    template <typename Element, typename Rows>
+    __device__ __forceinline__ void load_async_rows(uint32_t smem_tile, const Rows& rows, int first_row,
+                                                    int rows_valid, int cols_valid) const {
+#pragma unroll
+        for (int pass = 0; pass < kPasses; ++pass) {
+            const bool row_valid = row0 + pass * kRowsPerPass < rows_valid;
+            const Element* src = row_valid ? rows.row(first_row + row0 + pass * kRowsPerPass) : rows.base;
+#pragma unroll
+            for (int blk = 0; blk < kBlocks; ++blk) {
+                const int col = col0 + blk * Tile::kBlockChunks * Tile::kChunkElems;
+                const bool valid = row_valid && col < cols_valid;
+                cp_async_16B(smem_tile + blk * Tile::kBlockBytes + smem_off0 + pass * kRowsPerPass * Tile::kBlockRowBytes,
+                             valid ? src + col : rows.base, valid);
+            }
+        }
+    }
+
     // Shared -> global for rows below `rows_valid` and columns below `cols_valid`.
     template <typename Element>
     __device__ __forceinline__ void store(const char* smem_tile, Element* gmem, int64_t row_stride,
@@ -72,6 +92,23 @@ struct TileCopy {
                 }
             }
         }
+    }
+};
+
+// The rows of one head of a paged KV cache, for TileCopy::load_async_rows: row
+// r of the sequence (counted from its first cache row `start`) lives in page
+// table[(start + r) / page_size] at row (start + r) % page_size.
+template <typename Element>
+struct PagedRows {
+    const Element* base;  // the cache, at this head
+    const int* table;     // this sequence's row of the block table
+    int64_t page_stride, row_stride;
+    int page_size;
+    int start;
+
+    __device__ __forceinline__ const Element* row(int r) const {
+        const int cache_row = start + r;
+        return base + table[cache_row / page_size] * page_stride + (cache_row % page_size) * row_stride;
     }
 };
 

@@ -2,5 +2,5 @@
 #include "bwd_launch.cuh"
 
 namespace flash {
-template cudaError_t run_bwd_<__half, 128, false>(const BwdParams&, cudaStream_t);
+template cudaError_t run_bwd_<__half, 128, false, false>(const BwdParams&, cudaStream_t);
 }  // namespace flash

@@ -2,5 +2,5 @@
 #include "bwd_launch.cuh"
 
 namespace flash {
-template cudaError_t run_bwd_<__half, 64, false>(const BwdParams&, cudaStream_t);
+template cudaError_t run_bwd_<__half, 64, false, false>(const BwdParams&, cudaStream_t);
 }  // namespace flash

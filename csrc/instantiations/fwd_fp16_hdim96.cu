@@ -2,5 +2,5 @@
 #include "fwd_launch.cuh"
 
 namespace flash {
-template cudaError_t run_fwd_<__half, 96, false>(const FwdParams&, cudaStream_t);
+template cudaError_t run_fwd_<__half, 96, false, false>(const FwdParams&, cudaStream_t);
 }  // namespace flash

@@ -1,0 +1,145 @@
+// The two small kernels around the KV-cache forward: the append (new keys and
+// values written into the cache, rotary applied to the keys and the queries)
+// before it, and the combine of split-KV partial results after it.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "flash.h"
+#include "ptx.cuh"
+
+namespace flash {
+
+// Rotary embedding of one pair of a row: the row's elements (a, b) rotated by
+// angle t of the position, from the cos/sin tables ([positions, rotary_dim / 2]).
+// Pair t < rotary_dim / 2 of a row is (2t, 2t + 1) interleaved, (t, t +
+// rotary_dim / 2) otherwise; pairs past the rotary dims are copied.
+struct RotaryPair {
+    int a, b;      // element indices
+    int freq;      // column of the cos/sin tables; -1: copy, no rotation
+};
+
+__device__ __forceinline__ RotaryPair rotary_pair(int t, int rotary_dim, bool interleaved) {
+    const int half = rotary_dim / 2;
+    if (t >= half) {
+        const int a = rotary_dim + 2 * (t - half);
+        return {a, a + 1, -1};
+    }
+    return interleaved ? RotaryPair{2 * t, 2 * t + 1, t} : RotaryPair{t, t + half, t};
+}
+
+template <typename Element>
+__device__ __forceinline__ void rotate_pair(const Element* src, Element* dst, const RotaryPair& pair,
+                                            const float* cos, const float* sin, int position, int rotary_dim) {
+    const float x = to_float(src[pair.a]), y = to_float(src[pair.b]);
+    if (pair.freq < 0) {
+        dst[pair.a] = src[pair.a];
+        dst[pair.b] = src[pair.b];
+        return;
+    }
+    const int at = position * (rotary_dim / 2) + pair.freq;
+    const float c = cos[at], s = sin[at];
+    // Each product rounded on its own (no FMA), as PyTorch's elementwise ops
+    // round them: the cache then holds exactly what apply_rotary_emb computes.
+    dst[pair.a] = from_float<Element>(__fsub_rn(__fmul_rn(x, c), __fmul_rn(y, s)));
+    dst[pair.b] = from_float<Element>(__fadd_rn(__fmul_rn(x, s), __fmul_rn(y, c)));
+}
+
+// One thread per pair of elements: first the new keys and values (written into
+// the cache), then the queries (written into q_rot when they rotate).
+template <typename Element>
+__global__ void __launch_bounds__(256) kvcache_append_kernel(const AppendParams p) {
+    const int pairs = p.head_dim / 2;
+    const int64_t kv_threads = static_cast<int64_t>(p.batch) * p.seqlen_knew * p.num_heads_k * pairs;
+    const int64_t q_threads =
+        p.q_rot_ptr == nullptr ? 0 : static_cast<int64_t>(p.batch) * p.seqlen_q * p.num_heads * pairs;
+    int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    const bool rotary = p.rotary_dim > 0;
+    if (idx < kv_threads) {
+        const int t = static_cast<int>(idx % pairs);
+        idx /= pairs;
+        const int h = static_cast<int>(idx % p.num_heads_k);
+        idx /= p.num_heads_k;
+        const int j = static_cast<int>(idx % p.seqlen_knew);
+        const int b = static_cast<int>(idx / p.seqlen_knew);
+        const int cache_row = p.cache_seqlens[b] + j;
+        const int leftpad = p.leftpad_k == nullptr ? 0 : p.leftpad_k[b];
+        int64_t kc, vc;  // the row's offset in the caches
+        if (p.block_table != nullptr) {
+            const int page = p.block_table[b * p.block_table_batch_stride + cache_row / p.page_size];
+            const int row = cache_row % p.page_size;
+            kc = page * p.kc_batch_stride + row * p.kc_row_stride;
+            vc = page * p.vc_batch_stride + row * p.vc_row_stride;
+        } else {
+            const int cache_b = p.kv_batch_idx == nullptr ? b : p.kv_batch_idx[b];
+            kc = cache_b * p.kc_batch_stride + static_cast<int64_t>(cache_row) * p.kc_row_stride;
+            vc = cache_b * p.vc_batch_stride + static_cast<int64_t>(cache_row) * p.vc_row_stride;
+        }
+        const Element* k_src = static_cast<const Element*>(p.k_new_ptr) + b * p.knew_batch_stride +
+                               j * p.knew_row_stride + h * p.knew_head_stride;
+        const Element* v_src = static_cast<const Element*>(p.v_new_ptr) + b * p.vnew_batch_stride +
+                               j * p.vnew_row_stride + h * p.vnew_head_stride;
+        Element* k_dst = static_cast<Element*>(p.k_cache_ptr) + kc + h * p.kc_head_stride;
+        Element* v_dst = static_cast<Element*>(p.v_cache_ptr) + vc + h * p.vc_head_stride;
+        const RotaryPair pair = rotary_pair(t, rotary ? p.rotary_dim : 0, p.rotary_interleaved);
+        rotate_pair(k_src, k_dst, pair, p.rotary_cos, p.rotary_sin, cache_row - leftpad, p.rotary_dim);
+        v_dst[2 * t] = v_src[2 * t];
+        v_dst[2 * t + 1] = v_src[2 * t + 1];
+        return;
+    }
+    idx -= kv_threads;
+    if (idx >= q_threads) return;
+    const int t = static_cast<int>(idx % pairs);
+    idx /= pairs;
+    const int h = static_cast<int>(idx % p.num_heads);
+    idx /= p.num_heads;
+    const int i = static_cast<int>(idx % p.seqlen_q);
+    const int b = static_cast<int>(idx / p.seqlen_q);
+    const int leftpad = p.leftpad_k == nullptr ? 0 : p.leftpad_k[b];
+    const int position = p.cache_seqlens[b] - leftpad + (p.q_positions_per_row ? i : 0);
+    const Element* src = static_cast<const Element*>(p.q_ptr) + b * p.q_batch_stride + i * p.q_row_stride +
+                         h * p.q_head_stride;
+    Element* dst = static_cast<Element*>(p.q_rot_ptr) + ((static_cast<int64_t>(b) * p.seqlen_q + i) * p.num_heads + h) *
+                                                            p.head_dim;
+    rotate_pair(src, dst, rotary_pair(t, p.rotary_dim, p.rotary_interleaved), p.rotary_cos, p.rotary_sin, position,
+                p.rotary_dim);
+}
+
+// Merges the split-KV partial results of one row per warp: lse = log sum_s
+// exp(lse_s), out = sum_s exp(lse_s - lse) * out_s. Splits that saw no key
+// (lse_s = -inf) weigh 0; a row no split saw gets out 0 and lse -inf.
+template <typename Element>
+__global__ void __launch_bounds__(128) kvcache_combine_kernel(const CombineParams p) {
+    const int64_t rows = static_cast<int64_t>(p.batch) * p.num_heads * p.seqlen_q;
+    const int64_t row = static_cast<int64_t>(blockIdx.x) * 4 + threadIdx.x / 32;  // (b * H + h) * Sq + i
+    const int lane = threadIdx.x % 32;
+    if (row >= rows) return;
+    float lse_max = -INFINITY;
+    for (int s = 0; s < p.num_splits; ++s) lse_max = fmaxf(lse_max, p.lse_accum_ptr[s * rows + row]);
+    float sum = 0.f;
+    for (int s = 0; s < p.num_splits; ++s) {
+        const float lse_s = p.lse_accum_ptr[s * rows + row];
+        sum += lse_s == -INFINITY ? 0.f : expf(lse_s - lse_max);
+    }
+    const bool empty = sum == 0.f;
+    const float lse = empty ? -INFINITY : lse_max + logf(sum);
+    if (lane == 0) p.lse_ptr[row] = lse;
+    const int i = static_cast<int>(row % p.seqlen_q);
+    const int h = static_cast<int>((row / p.seqlen_q) % p.num_heads);
+    const int b = static_cast<int>(row / (static_cast<int64_t>(p.seqlen_q) * p.num_heads));
+    Element* out = static_cast<Element*>(p.o_ptr) + b * p.o_batch_stride + i * p.o_row_stride + h * p.o_head_stride;
+    for (int d = lane * 4; d < p.head_dim; d += 32 * 4) {
+        float acc[4] = {0.f, 0.f, 0.f, 0.f};
+        for (int s = 0; s < p.num_splits; ++s) {
+            const float lse_s = p.lse_accum_ptr[s * rows + row];
+            if (empty || lse_s == -INFINITY) continue;
+            const float w = expf(lse_s - lse);
+            const float4 o = *reinterpret_cast<const float4*>(p.o_accum_ptr + (s * rows + row) * p.head_dim + d);
+            acc[0] += w * o.x, acc[1] += w * o.y, acc[2] += w * o.z, acc[3] += w * o.w;
+        }
+        *reinterpret_cast<uint2*>(out + d) = make_uint2(pack2<Element>(acc[0], acc[1]), pack2<Element>(acc[2], acc[3]));
+    }
+}
+
+}  // namespace flash
