@@ -25,6 +25,8 @@ def attention_ref(
     softcap: float = 0.0,
     alibi_slopes: Tensor | None = None,
     upcast: bool = True,
+    dropout_p: float = 0.0,
+    dropout_mask: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Attention with the layouts and semantics of flash_attn_func, the slow obvious way.
 
@@ -42,6 +44,10 @@ def attention_ref(
             input dtype, the softmax in fp32 with its probabilities cast to the
             input dtype, and returns out in the input dtype: PyTorch's own
             low-precision error.
+        dropout_p, dropout_mask: dropout with a given keep mask, bool (batch, nheads,
+            seqlen_q, seqlen_k), True where kept (flashattn.philox.dropout_keep_mask
+            draws the one the kernels use): out uses the probabilities times
+            mask / (1 - dropout_p); softmax_lse stays the undropped one.
 
     Returns:
         out (batch, seqlen_q, nheads, headdim) and softmax_lse (batch, nheads, seqlen_q):
@@ -50,7 +56,7 @@ def attention_ref(
         (float64 for float64 inputs). A row that sees no key gets out 0 and
         softmax_lse -inf.
 
-    Order of operations: scale, softcap, ALiBi bias, mask.
+    Order of operations: scale, softcap, ALiBi bias, mask, softmax, dropout.
     """
     seqlen_q, num_heads, head_dim = q.shape[1:]
     seqlen_k, num_heads_k = k.shape[1:3]
@@ -73,7 +79,10 @@ def attention_ref(
     softmax_lse = torch.logsumexp(scores, dim=-1)  # [B, H, Sq]
     # Rows that see no key have lse -inf: subtract 0 there, giving probabilities 0, not NaN.
     offset = torch.where(softmax_lse == -math.inf, 0.0, softmax_lse)
-    probs = torch.exp(scores - offset.unsqueeze(-1)).to(compute_dtype)
+    probs = torch.exp(scores - offset.unsqueeze(-1))
+    if dropout_mask is not None:
+        probs = probs.masked_fill(~dropout_mask, 0.0) / (1 - dropout_p)
+    probs = probs.to(compute_dtype)
     out = torch.einsum("bhqk,bkhd->bqhd", probs, v)
     return out, softmax_lse
 

@@ -11,7 +11,8 @@ small or peaked cases (PyTorch's error there can be ~0 by luck): in 16-bit dtype
 factor times PyTorch's error is raised to at least one unit in the last place of the
 result (see rounding_floor); dq and dk may add the error that FlashAttention's backward
 takes over from the forward's out (see inherited_grad_errors), which PyTorch's backward
-does not have; and the gradient epsilon grows with softmax_scale * sqrt(headdim), the
+does not have, grown by one rounding of dS to the input dtype (found on the H100 with
+dropout and one key per query, where that error is nearly all of dk's); and the gradient epsilon grows with softmax_scale * sqrt(headdim), the
 factor by which the terms summed into dq and dk outgrow those of the default scale (see
 grad_eps).
 """
@@ -27,6 +28,7 @@ from torch import Tensor
 
 from flashattn import flash_attn_func
 from flashattn.interface import _flash_attn_forward
+from flashattn.philox import dropout_keep_mask
 from flashattn.reference import attention_ref
 
 OUT_EPS = 1e-5
@@ -118,10 +120,13 @@ def poisoned_allocations() -> Iterator[None]:
         torch.use_deterministic_algorithms(was_on, warn_only=warn_only)
 
 
-def run_forward(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: bool) -> tuple[Tensor, Tensor]:
-    """Our forward, (out, softmax_lse), with poisoned outputs."""
+def run_forward(
+    q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: bool, **options: object
+) -> tuple[Tensor, Tensor]:
+    """Our forward, (out, softmax_lse), with poisoned outputs. options: _flash_attn_forward's
+    (window_size, softcap, alibi_slopes, dropout_p with rng_state, cu_seqlens_q/k, max_seqlen_q/k)."""
     with poisoned_allocations():
-        return _flash_attn_forward(q, k, v, softmax_scale, causal)
+        return _flash_attn_forward(q, k, v, softmax_scale, causal, **options)
 
 
 def run_backward(
@@ -132,23 +137,45 @@ def run_backward(
     softmax_scale: float,
     causal: bool,
     deterministic: bool = False,
+    **options: object,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """dq, dk, dv of flash_attn_func's out against dout, the backward with poisoned outputs.
 
     The leaves are detached views of q, k, v: the backward sees their strides.
+    With options (as run_forward's), the forward is _flash_attn_forward, which
+    takes the rng_state of dropout from the caller; its out is differentiable alike.
     """
     leaves = tuple(t.detach().requires_grad_() for t in (q, k, v))
-    out = flash_attn_func(*leaves, softmax_scale=softmax_scale, causal=causal, deterministic=deterministic)
+    if options:
+        out, _ = _flash_attn_forward(*leaves, softmax_scale, causal, deterministic, **options)
+    else:
+        out = flash_attn_func(*leaves, softmax_scale=softmax_scale, causal=causal, deterministic=deterministic)
     with poisoned_allocations():
         return torch.autograd.grad(out, leaves, dout)
 
 
+def reference_options(q: Tensor, k: Tensor, options: dict, batch_start: int = 0) -> dict:
+    """attention_ref's keyword arguments for our options on padded q, k: dropout's rng_state becomes
+    the keep mask the kernels draw (flashattn.philox), of sequences batch_start, batch_start + 1, ..."""
+    ref = {name: options[name] for name in ("window_size", "softcap", "alibi_slopes") if name in options}
+    dropout_p = options.get("dropout_p", 0.0)
+    if dropout_p > 0:
+        batch, seqlen_q, num_heads = q.shape[:3]
+        ref["dropout_p"] = dropout_p
+        ref["dropout_mask"] = dropout_keep_mask(
+            options["rng_state"], dropout_p, range(seqlen_q), range(k.shape[1]), num_heads,
+            range(batch_start, batch_start + batch),
+        )  # fmt: skip
+    return ref
+
+
 def reference_grads(
-    q: Tensor, k: Tensor, v: Tensor, dout: Tensor, softmax_scale: float, causal: bool, upcast: bool
+    q: Tensor, k: Tensor, v: Tensor, dout: Tensor, softmax_scale: float, causal: bool, upcast: bool, **ref_options
 ) -> tuple[Tensor, ...]:
-    """dq, dk, dv of attention_ref's out against dout through PyTorch's autograd, in the inputs' dtype."""
+    """dq, dk, dv of attention_ref's out against dout through PyTorch's autograd, in the inputs' dtype.
+    ref_options: attention_ref's keyword arguments (see reference_options)."""
     leaves = tuple(t.detach().requires_grad_() for t in (q, k, v))
-    out, _ = attention_ref(*leaves, softmax_scale, causal, upcast=upcast)
+    out, _ = attention_ref(*leaves, softmax_scale, causal, upcast=upcast, **ref_options)
     return torch.autograd.grad(out, leaves, dout.to(out.dtype))
 
 
@@ -171,7 +198,15 @@ def rounding_floor(reference: Tensor, dtype: torch.dtype) -> float:
 
 
 def assert_matches_reference(
-    out: Tensor, lse: Tensor, q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: bool
+    out: Tensor,
+    lse: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    softmax_scale: float,
+    causal: bool,
+    batch_start: int = 0,
+    **options: object,
 ) -> None:
     """out and lse of our forward on (q, k, v) are within the error bound, with no NaN.
 
@@ -179,10 +214,14 @@ def assert_matches_reference(
     "same precision" PyTorch run is the fp32 reference itself). The LSE's
     low-precision yardstick is the log-sum-exp of the scores PyTorch computes
     in the input dtype; -inf (rows that see no key) must sit in the same places.
+    options: those our forward ran with (see run_forward); with dropout, both
+    references drop what the kernels' mask drops (batch_start: the index of the
+    first sequence of q, for sequences cut out of a larger batch).
     """
+    ref_options = reference_options(q, k, options, batch_start)
     accurate = (q, k, v) if q.dtype != torch.float32 else (q.double(), k.double(), v.double())
-    out_ref, lse_ref = attention_ref(*accurate, softmax_scale, causal)
-    out_lowp, lse_lowp = attention_ref(q, k, v, softmax_scale, causal, upcast=False)
+    out_ref, lse_ref = attention_ref(*accurate, softmax_scale, causal, **ref_options)
+    out_lowp, lse_lowp = attention_ref(q, k, v, softmax_scale, causal, upcast=False, **ref_options)
     assert out.shape == out_ref.shape and out.dtype == q.dtype, (out.shape, out.dtype)
     assert lse.shape == lse_ref.shape and lse.dtype == torch.float32, (lse.shape, lse.dtype)
     assert not out.isnan().any(), "out has NaN: an element was never written, or 0/0"
@@ -206,8 +245,26 @@ def grad_eps(softmax_scale: float, head_dim: int) -> float:
     return GRAD_EPS * max(1.0, softmax_scale * math.sqrt(head_dim))
 
 
+def blind_rows(seqlen_q: int, seqlen_k: int, causal: bool, window_size: tuple[int, int] = (-1, -1)) -> int:
+    """How many query rows see no key: always the leading ones. Query i sees some key iff
+    Sk > 0 and i + Sk - Sq + right >= 0 (right = 0 if causal): a window's left side never
+    empties a row, since the diagonal key of the last row is Sk - 1."""
+    right = 0 if causal else window_size[1]
+    if seqlen_k == 0:
+        return seqlen_q
+    return min(seqlen_q, max(0, seqlen_q - seqlen_k - right)) if right >= 0 else 0
+
+
 def inherited_grad_errors(
-    q: Tensor, k: Tensor, v: Tensor, dout: Tensor, softmax_scale: float, causal: bool
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    dout: Tensor,
+    softmax_scale: float,
+    causal: bool,
+    stored_out: Tensor | None = None,
+    batch_start: int = 0,
+    **options: object,
 ) -> tuple[float, float]:
     """max |error| of dq and dk that the FlashAttention backward takes over from the forward.
 
@@ -221,14 +278,18 @@ def inherited_grad_errors(
     accurate_dtype = torch.float64 if q.dtype == torch.float32 else torch.float32
     seqlen_q, seqlen_k = q.shape[1], k.shape[1]
     # Rows that see no key have no D to speak of, and lse -inf, whose gradient is NaN.
-    blind = seqlen_q if seqlen_k == 0 else max(0, seqlen_q - seqlen_k) if causal else 0
+    blind = blind_rows(seqlen_q, seqlen_k, causal, options.get("window_size", (-1, -1)))
     if blind == seqlen_q:
         return 0.0, 0.0
-    stored_out, _ = _flash_attn_forward(q, k, v, softmax_scale, causal)
-    # Dropping leading query rows keeps the bottom-right mask of the others.
+    ref_options = reference_options(q, k, options, batch_start)
+    if stored_out is None:
+        stored_out, _ = _flash_attn_forward(q, k, v, softmax_scale, causal, **options)
+    # Dropping leading query rows keeps the bottom-right mask (and ALiBi's distances) of the others.
     q, dout, stored_out = q[:, blind:], dout[:, blind:], stored_out[:, blind:]
+    if "dropout_mask" in ref_options:
+        ref_options["dropout_mask"] = ref_options["dropout_mask"][:, :, blind:]
     leaves = tuple(t.detach().to(accurate_dtype).requires_grad_() for t in (q, k))
-    out, lse = attention_ref(*leaves, v.to(accurate_dtype), softmax_scale, causal)  # lse [B, H, Sq]
+    out, lse = attention_ref(*leaves, v.to(accurate_dtype), softmax_scale, causal, **ref_options)  # lse [B, H, Sq]
     d_error = (dout.to(accurate_dtype) * (stored_out.to(accurate_dtype) - out.detach())).sum(dim=-1)
     dq_error, dk_error = torch.autograd.grad(lse, leaves, d_error.transpose(1, 2))
     return dq_error.abs().max().item(), dk_error.abs().max().item()
@@ -242,6 +303,9 @@ def assert_grads_match_reference(
     dout: Tensor,
     softmax_scale: float,
     causal: bool,
+    stored_out: Tensor | None = None,
+    batch_start: int = 0,
+    **options: object,
 ) -> None:
     """dq, dk, dv of our backward on (q, k, v, dout) are within the gradient bound, with no NaN.
 
@@ -249,13 +313,22 @@ def assert_grads_match_reference(
     inputs (float64 for fp32 inputs): differentiating through attention_ref's
     own upcast would round its gradients back to the input dtype. The
     low-precision yardstick differentiates attention_ref(upcast=False) in the
-    input dtype. dq and dk may add the error inherited from the forward's out.
+    input dtype. dq and dk may add the error inherited from the forward's out
+    (stored_out: that out, when q is cut out of a larger call; by default our
+    forward is run again). options and batch_start: as in assert_matches_reference.
     """
+    ref_options = reference_options(q, k, options, batch_start)
     accurate_dtype = torch.float64 if q.dtype == torch.float32 else torch.float32
     accurate = (t.to(accurate_dtype) for t in (q, k, v, dout))
-    refs = reference_grads(*accurate, softmax_scale, causal, upcast=True)
-    lowps = reference_grads(q, k, v, dout, softmax_scale, causal, upcast=False)
-    inherited = (*inherited_grad_errors(q, k, v, dout, softmax_scale, causal), 0.0)
+    refs = reference_grads(*accurate, softmax_scale, causal, upcast=True, **ref_options)
+    lowps = reference_grads(q, k, v, dout, softmax_scale, causal, upcast=False, **ref_options)
+    inherited_dq, inherited_dk = inherited_grad_errors(
+        q, k, v, dout, softmax_scale, causal, stored_out, batch_start, **options
+    )
+    # The inherited error reaches dq and dk through dS, which the kernels round to the
+    # input dtype before the GEMMs: it may grow by that rounding (one eps of the dtype).
+    carried = 1.0 + (torch.finfo(q.dtype).eps if q.dtype in (torch.float16, torch.bfloat16) else 0.0)
+    inherited = (inherited_dq * carried, inherited_dk * carried, 0.0)
     eps = grad_eps(softmax_scale, q.shape[-1])
     for name, grad, ref, lowp, from_out, t in zip(("dq", "dk", "dv"), grads, refs, lowps, inherited, (q, k, v)):
         assert grad.shape == t.shape and grad.dtype == t.dtype, (name, grad.shape, grad.dtype)

@@ -11,7 +11,9 @@ device with one dtype (fp16 or bf16 on CUDA; fp16, bf16 or fp32 on CPU), H a
 multiple of Hk, 1 <= D <= 256, the last dimension contiguous (an error, not a
 silent copy: FlashAttention-2 refuses it too, and a copy would hide a layout
 bug upstream); empty batches and sequences are fine (see test_forward.py and
-test_backward.py).
+test_backward.py). The variable-length functions take q (total_q, H, D), k and
+v (total_k, Hk, D), cu_seqlens_q/k int32 (B + 1,) on q's device (their values
+checked on CPU only) and max_seqlen_q/k non-negative ints; block_table must be None.
 """
 
 import importlib
@@ -28,10 +30,14 @@ from flashattn import (
     flash_attn_func,
     flash_attn_kvpacked_func,
     flash_attn_qkvpacked_func,
+    flash_attn_varlen_func,
+    flash_attn_varlen_kvpacked_func,
+    flash_attn_varlen_qkvpacked_func,
     interface,
 )
 
 FUNCS = ["flash_attn_func", "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func"]
+VARLEN_FUNCS = ["flash_attn_varlen_func", "flash_attn_varlen_qkvpacked_func", "flash_attn_varlen_kvpacked_func"]
 
 
 def _qkv(device="cpu", dtype=torch.float16, q_shape=(2, 5, 4, 16), kv_shape=(2, 7, 2, 16)):
@@ -43,7 +49,20 @@ def _qkv(device="cpu", dtype=torch.float16, q_shape=(2, 5, 4, 16), kv_shape=(2, 
 
 
 def _call(func, q, k, v, **options):
-    """Calls one of the public functions on q, k, v, packed as it takes them."""
+    """Calls one of the public functions on q, k, v, packed as it takes them. The variable-length
+    ones get the batch's sequences packed, with their cu_seqlens and max_seqlen."""
+    if func in VARLEN_FUNCS:
+        batch, seqlen_q, seqlen_k = q.shape[0], q.shape[1], k.shape[1]
+        q, k, v = (t.flatten(0, 1) for t in (q, k, v))
+        cu_q, cu_k = (
+            torch.arange(0, (batch + 1) * n, n, dtype=torch.int32, device=q.device) for n in (seqlen_q, seqlen_k)
+        )
+        if func == "flash_attn_varlen_qkvpacked_func":
+            return flash_attn_varlen_qkvpacked_func(torch.stack([q, k, v], dim=1), cu_q, seqlen_q, **options)
+        if func == "flash_attn_varlen_kvpacked_func":
+            kv = torch.stack([k, v], dim=1)
+            return flash_attn_varlen_kvpacked_func(q, kv, cu_q, cu_k, seqlen_q, seqlen_k, **options)
+        return flash_attn_varlen_func(q, k, v, cu_q, cu_k, seqlen_q, seqlen_k, **options)
     if func == "flash_attn_qkvpacked_func":
         return flash_attn_qkvpacked_func(torch.stack([q, k, v], dim=2), **options)
     if func == "flash_attn_kvpacked_func":
@@ -264,18 +283,19 @@ BAD_OPTIONS = [
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("func", FUNCS)
+@pytest.mark.parametrize("func", FUNCS + VARLEN_FUNCS)
 @pytest.mark.parametrize(
     "name, value, error, match", [case[1:] for case in BAD_OPTIONS], ids=[case[0] for case in BAD_OPTIONS]
 )
 def test_bad_option_values(device, func, name, value, error, match):
-    """Options not implemented yet still get their values checked, before they are refused."""
+    """Every public function checks the options' values (the variable-length ones against the
+    number of sequences, here 2)."""
     q, k, v = _qkv(device, q_shape=(2, 7, 2, 16))
     with pytest.raises(error, match=match.format(device=device)):
         _call(func, q, k, v, **{name: value(q) if callable(value) else value})
 
 
-UNIMPLEMENTED = [
+VALID_OPTIONS = [
     # id, option, a valid value other than the default (a function of q for tensors)
     ("dropout_p", "dropout_p", 0.1),
     ("window_size", "window_size", (4, 0)),
@@ -288,16 +308,18 @@ UNIMPLEMENTED = [
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("func", FUNCS)
-@pytest.mark.parametrize("name, value", [case[1:] for case in UNIMPLEMENTED], ids=[case[0] for case in UNIMPLEMENTED])
-def test_unimplemented_options_are_refused_by_name(device, func, name, value):
+@pytest.mark.parametrize("func", FUNCS + VARLEN_FUNCS)
+@pytest.mark.parametrize("name, value", [case[1:] for case in VALID_OPTIONS], ids=[case[0] for case in VALID_OPTIONS])
+def test_valid_options_are_accepted(device, func, name, value):
+    """Every option of FlashAttention-2's signature is implemented: a valid value runs."""
     q, k, v = _qkv(device, q_shape=(2, 7, 2, 16))
-    with pytest.raises(NotImplementedError, match=rf"{name}=.* is not implemented yet; only the default {name}="):
-        _call(func, q, k, v, **{name: value(q) if callable(value) else value})
+    result = _call(func, q, k, v, **{name: value(q) if callable(value) else value})
+    out = result[0] if name == "return_attn_probs" else result
+    assert out.shape == ((2, 7, 2, 16) if func in FUNCS else (14, 2, 16)) and not out.isnan().any()
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_defaults_of_unimplemented_options_are_accepted(device):
+def test_defaults_of_options_are_accepted(device):
     q, k, v = _qkv(device)
     out = flash_attn_func(q, k, v, 0.0, None, False, [-1, -1], 0.0, None, True, False)
     assert torch.equal(out, flash_attn_func(q, k, v))
@@ -377,6 +399,178 @@ def test_bad_qkvpacked(device, make_qkv, error, match):
 def test_bad_kvpacked(device, make_kv, error, match):
     with pytest.raises(error, match=match):
         flash_attn_kvpacked_func(_qkv(device)[0], make_kv(device))
+
+
+def _varlen_args(device="cpu") -> dict:
+    """Valid arguments of flash_attn_varlen_func: three sequences of (3, 5), (0, 1) and (7, 6) tokens."""
+    gen = torch.Generator(device=device).manual_seed(0)
+    q = torch.randn(10, 4, 16, generator=gen, dtype=torch.float16, device=device)
+    k, v = (torch.randn(12, 2, 16, generator=gen, dtype=torch.float16, device=device) for _ in range(2))
+    return {
+        "q": q,
+        "k": k,
+        "v": v,
+        "cu_seqlens_q": torch.tensor([0, 3, 3, 10], dtype=torch.int32, device=device),
+        "cu_seqlens_k": torch.tensor([0, 5, 6, 12], dtype=torch.int32, device=device),
+        "max_seqlen_q": 7,
+        "max_seqlen_k": 6,
+    }
+
+
+def _set(name, value):
+    """A case that replaces argument `name` of _varlen_args by value(the valid one)."""
+    return lambda args: {**args, name: value(args[name])}
+
+
+BAD_VARLEN = [
+    # id, change to valid arguments, expected exception, message pattern ({device}: cpu or cuda)
+    ("q-4d", _set("q", lambda t: t[None]), ValueError,
+     r"q must be 3-D \(total_q, nheads, headdim\), got shape \(1, 10, 4, 16\)"),
+    ("k-2d", _set("k", lambda t: t[0]), ValueError,
+     r"k must be 3-D \(total_k, nheads_k, headdim\), got shape \(2, 16\)"),
+    ("v-not-tensor", _set("v", lambda t: t.tolist()), TypeError, r"v must be a torch\.Tensor, got list"),
+    ("v-rows-differ", _set("v", lambda t: t[:-1]), ValueError,
+     r"k and v must have the same shape \(total_k, nheads_k, headdim\), got q \(10, 4, 16\), k \(12, 2, 16\), "
+     r"v \(11, 2, 16\)"),
+    ("heads-not-multiple", _set("q", lambda t: t[:, :3]), ValueError,
+     r"query heads \(q\.shape\[1\] = 3\) must be a multiple of the number of key/value heads \(k\.shape\[1\] = 2\)"),
+    ("head-dims-differ", _set("q", lambda t: t[..., :8]), ValueError, r"head dims differ \(q \(10, 4, 8\)"),
+    ("head-dim-too-large", lambda a: {**a, **{n: a[n].new_zeros(*a[n].shape[:2], 257) for n in "qkv"}}, ValueError,
+     r"headdim 257 .*accepted: 1 to 256"),
+    ("q-float64", lambda a: {**a, **{n: a[n].double() for n in "qkv"}}, TypeError,
+     r"q has dtype torch\.float64; accepted on {device}"),
+    ("k-other-dtype", _set("k", lambda t: t.bfloat16()), TypeError,
+     r"k has dtype torch\.bfloat16 but q has torch\.float16"),
+    ("k-other-device", _set("k", lambda t: t.to("meta")), RuntimeError, r"k is on meta but q is on {device}"),
+    ("cu-q-int64", _set("cu_seqlens_q", lambda t: t.long()), TypeError,
+     r"cu_seqlens_q must be an int32 tensor of shape \(batch \+ 1,\).*got dtype torch\.int64"),
+    ("cu-k-float", _set("cu_seqlens_k", lambda t: t.float()), TypeError,
+     r"cu_seqlens_k must be an int32 tensor .*float32"),
+    ("cu-q-list", _set("cu_seqlens_q", lambda t: t.tolist()), TypeError,
+     r"cu_seqlens_q must be an int32 tensor .*got list"),
+    ("cu-k-none", _set("cu_seqlens_k", lambda t: None), TypeError, r"cu_seqlens_k must be .*got NoneType"),
+    ("cu-q-2d", _set("cu_seqlens_q", lambda t: t[None]), ValueError, r"cu_seqlens_q must be .*got shape \(1, 4\)"),
+    ("cu-k-empty", _set("cu_seqlens_k", lambda t: t[:0]), ValueError, r"cu_seqlens_k must be .*got shape \(0,\)"),
+    ("cu-lengths-differ", _set("cu_seqlens_k", lambda t: t[:-1]), ValueError,
+     r"cu_seqlens_q \(4,\) and cu_seqlens_k \(3,\) must have the same length \(batch \+ 1\)"),
+    ("cu-q-other-device", _set("cu_seqlens_q", lambda t: t.to("meta")), RuntimeError,
+     r"cu_seqlens_q is on meta but q is on {device}"),
+    ("max-q-float", _set("max_seqlen_q", lambda x: 7.0), TypeError,
+     r"max_seqlen_q must be a non-negative Python int \(or a 0-d integer tensor\), got float"),
+    ("max-k-bool", _set("max_seqlen_k", lambda x: True), TypeError, r"max_seqlen_k must be .*got bool"),
+    ("max-k-str", _set("max_seqlen_k", lambda x: "6"), TypeError, r"max_seqlen_k must be .*got str"),
+    ("max-q-negative", _set("max_seqlen_q", lambda x: -1), ValueError, r"max_seqlen_q must be .*got -1"),
+    ("max-k-1d-tensor", _set("max_seqlen_k", lambda x: torch.tensor([6])), TypeError,
+     r"max_seqlen_k must be .*got a torch\.int64 tensor of shape \(1,\)"),
+    ("max-q-float-tensor", _set("max_seqlen_q", lambda x: torch.tensor(7.0)), TypeError,
+     r"max_seqlen_q must be .*got a torch\.float32 tensor of shape \(\)"),
+]
+
+# The offsets' values: read on CPU tensors only (on CUDA that would wait for the GPU).
+BAD_VARLEN_VALUES = [
+    ("cu-q-not-from-0", _set("cu_seqlens_q", lambda t: t + 1),
+     r"cu_seqlens_q must start at 0, got cu_seqlens_q\[0\] = 1"),
+    ("cu-k-decreasing", _set("cu_seqlens_k", lambda t: torch.tensor([0, 5, 4, 12], dtype=torch.int32)),
+     r"cu_seqlens_k must be nondecreasing, got \[0, 5, 4, 12\]"),
+    ("cu-q-past-end", _set("cu_seqlens_q", lambda t: torch.tensor([0, 3, 3, 11], dtype=torch.int32)),
+     r"cu_seqlens_q\[-1\] = 11 is past the 10 rows of q; cu_seqlens_q must end at most at q\.shape\[0\]"),
+    ("max-q-too-small", _set("max_seqlen_q", lambda x: 6), r"max_seqlen_q = 6 is less than the longest sequence "
+     r"of cu_seqlens_q \(7\)"),
+    ("max-k-too-small", _set("max_seqlen_k", lambda x: torch.tensor(5)), r"max_seqlen_k = 5 is less than the longest "
+     r"sequence of cu_seqlens_k \(6\)"),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(
+    "change, error, match", [case[1:] for case in BAD_VARLEN], ids=[case[0] for case in BAD_VARLEN]
+)
+def test_bad_varlen_arguments(device, change, error, match):
+    with pytest.raises(error, match=match.format(device=device)):
+        flash_attn_varlen_func(**change(_varlen_args(device)))
+
+
+@pytest.mark.parametrize(
+    "change, match", [case[1:] for case in BAD_VARLEN_VALUES], ids=[case[0] for case in BAD_VARLEN_VALUES]
+)
+def test_bad_varlen_values_on_cpu(change, match):
+    with pytest.raises(ValueError, match=match):
+        flash_attn_varlen_func(**change(_varlen_args()))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_varlen_alibi_slopes_count_sequences(device):
+    """(batch, nheads) ALiBi slopes of a variable-length batch: batch is the number of sequences."""
+    args = _varlen_args(device)
+    with pytest.raises(ValueError, match=r"\(batch, nheads\) = \(3, 4\), got shape \(10, 4\)"):
+        flash_attn_varlen_func(**args, alibi_slopes=torch.ones(10, 4, device=device))
+    assert flash_attn_varlen_func(**args, alibi_slopes=torch.ones(3, 4, device=device)).shape == (10, 4, 16)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_block_table_is_refused_by_name(device):
+    block_table = torch.zeros(3, 1, dtype=torch.int32, device=device)
+    with pytest.raises(NotImplementedError, match=r"block_table \(a paged KV cache\) is not implemented yet .*"
+                                                  r"only block_table=None is supported"):
+        flash_attn_varlen_func(**_varlen_args(device), block_table=block_table)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(
+    "func, change, error, match",
+    [
+        ("qkv", lambda a: {**a, "qkv": a["qkv"][None]}, ValueError,
+         r"qkv must have shape \(total, 3, nheads, headdim\), got \(1, 10, 3, 4, 16\)"),
+        ("qkv", lambda a: {**a, "qkv": a["qkv"][:, :2]}, ValueError, r"qkv must have shape .*got \(10, 2, 4, 16\)"),
+        ("qkv", lambda a: {**a, "qkv": "qkv"}, TypeError, r"qkv must be a torch\.Tensor, got str"),
+        ("qkv", lambda a: {**a, "qkv": a["qkv"].double()}, TypeError, r"qkv\[:, 0\] has dtype torch\.float64"),
+        ("qkv", lambda a: {**a, "cu_seqlens": a["cu_seqlens"].long()}, TypeError,
+         r"cu_seqlens must be an int32 tensor .*torch\.int64"),
+        ("qkv", lambda a: {**a, "max_seqlen": -3}, ValueError, r"max_seqlen must be a non-negative .*got -3"),
+        ("kv", lambda a: {**a, "kv": a["kv"][:, [0, 1, 0]]}, ValueError,
+         r"kv must have shape \(total_k, 2, nheads_k, headdim\), got \(10, 3, 2, 16\)"),
+        ("kv", lambda a: {**a, "kv": a["kv"].bfloat16()}, TypeError,
+         r"kv\[:, 0\] has dtype torch\.bfloat16 but q has torch\.float16"),
+        ("kv", lambda a: {**a, "kv": a["kv"][:, :, :1].expand(-1, -1, 3, -1)}, ValueError,
+         r"query heads \(q\.shape\[1\] = 4\) must be a multiple .*\(kv\[:, 0\]\.shape\[1\] = 3\)"),
+        ("kv", lambda a: {**a, "cu_seqlens_k": a["cu_seqlens_k"][1:]}, ValueError,
+         r"cu_seqlens_q \(4,\) and cu_seqlens_k \(3,\) must have the same length"),
+    ],
+    ids=["qkv-5d", "qkv-2-in-dim-1", "qkv-not-tensor", "qkv-float64", "cu-int64", "max-negative", "kv-3-in-dim-1",
+         "kv-dtype", "kv-heads", "cu-lengths-differ"],
+)
+def test_bad_varlen_packed(device, func, change, error, match):
+    gen = torch.Generator(device=device).manual_seed(0)
+    cu = torch.tensor([0, 3, 3, 10], dtype=torch.int32, device=device)
+    with pytest.raises(error, match=match):
+        if func == "qkv":
+            qkv = torch.randn(10, 3, 4, 16, generator=gen, dtype=torch.float16, device=device)
+            flash_attn_varlen_qkvpacked_func(**change({"qkv": qkv, "cu_seqlens": cu, "max_seqlen": 7}))
+        else:
+            q = torch.randn(10, 4, 16, generator=gen, dtype=torch.float16, device=device)
+            kv = torch.randn(10, 2, 2, 16, generator=gen, dtype=torch.float16, device=device)
+            args = {"q": q, "kv": kv, "cu_seqlens_q": cu, "cu_seqlens_k": cu, "max_seqlen_q": 7, "max_seqlen_k": 7}
+            flash_attn_varlen_kvpacked_func(**change(args))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(
+    "options, match",
+    [
+        ({"dropout_p": 0.5}, "dropout_p > 0 needs rng_state"),
+        ({"cu_seqlens_q": "cu"}, "cu_seqlens_q and cu_seqlens_k must be given together"),
+    ],
+    ids=["dropout-without-rng-state", "cu-seqlens-q-alone"],
+)
+def test_operator_refuses_incomplete_options(device, options, match):
+    """Called directly, the operator (CPU implementation or binding) refuses what has no meaning:
+    dropout without its seed, one of the two cu_seqlens."""
+    q, k, v = _qkv(device)
+    if options.get("cu_seqlens_q") == "cu":
+        q, k, v = (t.flatten(0, 1) for t in (q, k, v))
+        options = {"cu_seqlens_q": torch.tensor([0, 5, 10], dtype=torch.int32, device=device), "max_seqlen_q": 5}
+    with pytest.raises(RuntimeError, match=re.escape(match)):
+        torch.ops.flashattn.fwd(q, k, v, 0.25, False, **options)
 
 
 def test_cuda_without_built_kernels_says_how_to_build(monkeypatch):
@@ -562,3 +756,35 @@ def test_binding_backward_rejects_bad_input(label, make, match):
     dout = torch.randn_like(out)
     with pytest.raises(RuntimeError, match=re.escape(match)):
         torch.ops.flashattn.bwd(*make(dout, q, k, v, out, lse))
+
+
+def _binding_option_cases():
+    """(label, keyword arguments of fwd given q, message fragment) for the binding's checks of the options."""
+    return [
+        ("window below -1", lambda q: {"window_left": -2}, "window_left and window_right must be ints >= -1"),
+        ("softcap negative", lambda q: {"softcap": -1.0}, "softcap must be a finite number >= 0"),
+        ("alibi fp16", lambda q: {"alibi_slopes": torch.ones(4, device=q.device, dtype=torch.float16)},
+         "alibi_slopes must be a contiguous float32 tensor of shape (4,) or (2, 4)"),
+        ("alibi strided", lambda q: {"alibi_slopes": torch.ones(4, 2, device=q.device).t()},
+         "alibi_slopes must be a contiguous float32 tensor"),
+        ("rng_state int32",
+         lambda q: {"dropout_p": 0.1, "rng_state": torch.zeros(2, dtype=torch.int32, device=q.device)},
+         "rng_state must be a contiguous int64 tensor of 2 elements on q's device"),
+        ("rng_state on cpu", lambda q: {"dropout_p": 0.1, "rng_state": torch.zeros(2, dtype=torch.int64)},
+         "rng_state must be a contiguous int64 tensor of 2 elements on q's device"),
+        ("cu_seqlens int64", lambda q: {"cu_seqlens_q": torch.zeros(3, dtype=torch.int64, device=q.device),
+                                        "cu_seqlens_k": torch.zeros(3, dtype=torch.int64, device=q.device)},
+         "cu_seqlens_q must be int32"),
+        ("varlen q 4-D", lambda q: {"cu_seqlens_q": torch.zeros(3, dtype=torch.int32, device=q.device),
+                                    "cu_seqlens_k": torch.zeros(3, dtype=torch.int32, device=q.device)},
+         "q must be 3-D"),
+    ]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("label, make, match", _binding_option_cases(), ids=[c[0] for c in _binding_option_cases()])
+def test_binding_rejects_bad_options(label, make, match):
+    q = torch.randn(2, 30, 4, 64, device="cuda", dtype=torch.float16)
+    k = torch.randn(2, 40, 2, 64, device="cuda", dtype=torch.float16)
+    with pytest.raises(RuntimeError, match=re.escape(match)):
+        torch.ops.flashattn.fwd(q, k, k, 0.125, False, **make(q))

@@ -1,5 +1,9 @@
 """The operators as torch sees them: opcheck (autograd included), torch.compile of forward and backward, the schemas."""
 
+import itertools
+import re
+from pathlib import Path
+
 import pytest
 import torch
 from helpers import DEVICES, case_seed, random_qkv
@@ -11,6 +15,8 @@ import flashattn
 from flashattn import flash_attn_func
 from flashattn.interface import _flash_attn_forward
 from flashattn.ops import BWD_SCHEMA, FWD_SCHEMA
+
+FLASH_API = Path(__file__).resolve().parents[1] / "csrc" / "flash_api.cpp"
 
 OPCHECK_CASES = [
     # batch, seqlen_q, seqlen_k, heads, heads_k, head_dim, dtype, causal, layout
@@ -141,9 +147,105 @@ def test_torch_compile_inductor_backward(device):
         assert torch.equal(grad, want), name
 
 
+def _options_case(name: str, device: str, dtype: torch.dtype, seed: int) -> tuple:
+    """(q, k, v, fwd's arguments after q, k, v) of an options case of OPTION_CASES."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    rng_state = torch.tensor([seed, 3], dtype=torch.int64, device=device)
+    if name == "varlen-everything":
+        lengths_q, lengths_k = [5, 0, 40], [7, 3, 30]
+        q = torch.randn(sum(lengths_q), 4, 32, generator=gen, dtype=dtype, device=device)
+        k, v = (torch.randn(sum(lengths_k), 2, 32, generator=gen, dtype=dtype, device=device) for _ in range(2))
+        cu_q, cu_k = (torch.tensor([0, *itertools.accumulate(n)], dtype=torch.int32, device=device)
+                      for n in (lengths_q, lengths_k))  # fmt: skip
+        slopes = torch.rand(4, generator=gen, device=device)
+        return q, k, v, (32**-0.5, True, False, 10, -1, 3.0, slopes, 0.1, rng_state, cu_q, cu_k, 40, 30)
+    if name == "window-softcap":
+        q, k, v = random_qkv(2, 70, 90, 4, 2, 40, dtype, device, seed, "packed")
+        return q, k, v, (0.3, False, False, 20, 5, 2.0, None, 0.0, None, None, None, 0, 0)
+    q, k, v = random_qkv(2, 33, 33, 4, 1, 64, dtype, device, seed, "transposed")
+    slopes = torch.rand(2, 4, generator=gen, device=device)
+    return q, k, v, (0.125, True, False, -1, -1, 0.0, slopes, 0.2, rng_state, None, None, 0, 0)
+
+
+OPTION_CASES = ["window-softcap", "alibi-dropout", "varlen-everything"]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("requires_grad", [False, True], ids=["no-grad", "grad"])
+@pytest.mark.parametrize("name", OPTION_CASES)
+def test_opcheck_forward_options(device, requires_grad, name):
+    """opcheck of the forward with windows, softcap, ALiBi, dropout and a variable-length batch:
+    the optional tensors (ALiBi slopes, rng_state, cu_seqlens) pass through fake tensors and AOT
+    autograd, and get no gradient."""
+    q, k, v, options = _options_case(name, device, torch.bfloat16, case_seed("fwd options", name))
+    if requires_grad:
+        q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    results = opcheck(torch.ops.flashattn.fwd.default, (q, k, v, *options), test_utils=OPCHECK_UTILS)
+    assert results == dict.fromkeys(OPCHECK_UTILS, "SUCCESS")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", OPTION_CASES)
+def test_opcheck_backward_options(device, name):
+    q, k, v, options = _options_case(name, device, torch.float16, case_seed("bwd options", name))
+    out, softmax_lse = torch.ops.flashattn.fwd(q, k, v, *options)
+    dout = torch.randn_like(out)
+    scale, causal, deterministic, *rest = options
+    args = (dout, q, k, v, out, softmax_lse, scale, causal, True, *rest)
+    results = opcheck(torch.ops.flashattn.bwd.default, args, test_utils=OPCHECK_UTILS)
+    assert results == dict.fromkeys(OPCHECK_UTILS, "SUCCESS")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_torch_compile_fullgraph_with_options(device):
+    """Every option traces into one graph, dropout's rng_state (torch.randint) included; under one
+    torch seed the compiled step (AOT autograd, eager kernels) gives eager's out and gradients."""
+
+    def loss_of(q, k, v, slopes):
+        out = flash_attn_func(q, k, v, dropout_p=0.2, softmax_scale=0.2, causal=True, window_size=(30, -1),
+                              softcap=4.0, alibi_slopes=slopes, deterministic=True)  # fmt: skip
+        return (out * 2).sum()
+
+    graphs = {"forward": [], "backward": []}
+    compiled = torch.compile(loss_of, fullgraph=True, backend=_graph_recording_backend(graphs))
+    seed = case_seed("compile options", device)
+    leaves = [t.detach().requires_grad_() for t in random_qkv(2, 70, 90, 4, 2, 59, torch.bfloat16, device, seed)]
+    slopes = torch.rand(4, device=device)
+    torch.manual_seed(seed)
+    compiled_grads = torch.autograd.grad(compiled(*leaves, slopes), leaves)
+    torch.manual_seed(seed)
+    eager_grads = torch.autograd.grad(loss_of(*leaves, slopes), leaves)
+    assert len(graphs["forward"]) == 1 and len(graphs["backward"]) == 1
+    for name, grad, want in zip(("dq", "dk", "dv"), compiled_grads, eager_grads):
+        assert torch.equal(grad, want), name
+
+
+def _cpp_schemas() -> list[str]:
+    """The schema strings of csrc/flash_api.cpp's TORCH_LIBRARY block: each m.def's adjacent
+    C string literals, concatenated as the compiler does."""
+    library = re.search(r"TORCH_LIBRARY\(flashattn, m\) \{(.*?)\n\}", FLASH_API.read_text(), re.DOTALL).group(1)
+    calls = re.findall(r"m\.def\((.*?)\);", library, re.DOTALL)
+    return ["".join(re.findall(r'"((?:[^"\\]|\\.)*)"', call)) for call in calls]
+
+
+def test_schemas_of_flash_api_cpp_are_python_s():
+    """The C++ schema text of fwd and bwd is the Python one, character for character (no build needed)."""
+    by_name = {schema.split("(", 1)[0]: schema for schema in _cpp_schemas()}
+    assert by_name["fwd"] == FWD_SCHEMA
+    assert by_name["bwd"] == BWD_SCHEMA
+
+
+def test_registered_schemas_are_python_s():
+    """The operators carry the schemas of flashattn.ops, whoever defined them (the extension, or
+    flashattn.ops without it). torch prints a parsed schema in its own way (0.0 as 0.), so both
+    sides are compared parsed."""
+    for op, schema in ((torch.ops.flashattn.fwd.default, FWD_SCHEMA), (torch.ops.flashattn.bwd.default, BWD_SCHEMA)):
+        assert str(op._schema) == str(torch._C.parse_schema("flashattn::" + schema))
+
+
 @pytest.mark.skipif(
     not flashattn.HAS_CUDA_KERNELS, reason=f"the extension defines the schemas: {flashattn.NOT_BUILT_REASON}"
 )
 def test_schemas_of_extension_match_python():
-    assert str(torch.ops.flashattn.fwd.default._schema) == "flashattn::" + FWD_SCHEMA
-    assert str(torch.ops.flashattn.bwd.default._schema) == "flashattn::" + BWD_SCHEMA
+    assert str(torch.ops.flashattn.fwd.default._schema) == str(torch._C.parse_schema("flashattn::" + FWD_SCHEMA))
+    assert str(torch.ops.flashattn.bwd.default._schema) == str(torch._C.parse_schema("flashattn::" + BWD_SCHEMA))

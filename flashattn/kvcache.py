@@ -1,0 +1,359 @@
+"""Inference over a KV cache: flash_attn_with_kvcache, apply_rotary_emb, and a small cache for generation loops.
+
+``torch.ops.flashattn.fwd_kvcache`` (schema KVCACHE_SCHEMA) writes the new keys and values into the
+cache in place (rotary applied to them and to the queries first, if given) and attends from q to each
+sequence's cached keys; flash_attn_with_kvcache checks its arguments and calls it. On CUDA it runs
+flashattn's kernels (an append kernel, then the forward over the cache, contiguous or paged, split
+across the key sequence and merged by log-sum-exp when that fills the GPU better); on CPU tensors a
+PyTorch implementation of the same semantics, built on the blockwise CPU forward.
+"""
+
+from __future__ import annotations
+
+import math
+from numbers import Integral
+
+import torch
+from torch import Tensor
+
+from . import ops  # noqa: F401  the flashattn::fwd operator the CPU path runs
+from ._extension import HAS_CUDA_KERNELS
+from .interface import CUDA_DTYPES, CPU_DTYPES, MAX_HEAD_DIM, _check_alibi_slopes, _check_cuda_ready
+from .interface import _check_softcap, _check_window_size, _resolve_softmax_scale
+
+__all__ = ["KVCACHE_SCHEMA", "KVCache", "apply_rotary_emb", "flash_attn_with_kvcache"]
+
+# The Python copy of the schema; csrc/flash_api.cpp holds the C++ one (tests/test_kvcache.py compares).
+KVCACHE_SCHEMA = (
+    "fwd_kvcache(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor? k, Tensor? v, Tensor? rotary_cos, "
+    "Tensor? rotary_sin, Tensor cache_seqlens, Tensor? cache_batch_idx, Tensor? cache_leftpad, "
+    "Tensor? block_table, float softmax_scale, bool causal, int window_left, int window_right, float softcap, "
+    "bool rotary_interleaved, Tensor? alibi_slopes, int num_splits) -> (Tensor out, Tensor softmax_lse)"
+)
+
+if not HAS_CUDA_KERNELS:
+    _lib = torch.library.Library("flashattn", "FRAGMENT")
+    _lib.define(KVCACHE_SCHEMA)
+
+
+def apply_rotary_emb(
+    x: Tensor,
+    cos: Tensor,
+    sin: Tensor,
+    interleaved: bool = False,
+    inplace: bool = False,
+    seqlen_offsets: int | Tensor = 0,
+) -> Tensor:
+    """Rotary position embedding of x (batch, seqlen, nheads, headdim), FlashAttention-2's function.
+
+    cos, sin: (seqlen_ro, rotary_dim / 2); the first rotary_dim channels of x rotate, the rest pass
+    through. Row i of sequence b is at position i + seqlen_offsets (an int, or a (batch,) int tensor),
+    which must be below seqlen_ro. interleaved=True rotates channel pairs (2j, 2j + 1) (GPT-J),
+    False the halves (j, j + rotary_dim / 2) (GPT-NeoX). Differentiable; computed in fp32.
+    """
+    batch, seqlen, _, head_dim = x.shape
+    rotary_dim = 2 * cos.shape[-1]
+    if rotary_dim > head_dim:
+        raise ValueError(f"apply_rotary_emb: rotary_dim (2 * cos.shape[-1] = {rotary_dim}) exceeds the head dim "
+                         f"({head_dim})")
+    positions = torch.arange(seqlen, device=x.device).unsqueeze(0)  # [1, S]
+    offsets = seqlen_offsets if isinstance(seqlen_offsets, Tensor) else torch.tensor([seqlen_offsets], device=x.device)
+    positions = positions + offsets.reshape(-1, 1).to(x.device)  # [B or 1, S]
+    c = cos.float()[positions].unsqueeze(2)  # [B or 1, S, 1, rotary_dim / 2]
+    s = sin.float()[positions].unsqueeze(2)
+    rot, rest = x[..., :rotary_dim].float(), x[..., rotary_dim:]
+    if interleaved:
+        a, b = rot[..., 0::2], rot[..., 1::2]
+        rotated = torch.stack((a * c - b * s, a * s + b * c), dim=-1).flatten(-2)
+    else:
+        a, b = rot.chunk(2, dim=-1)
+        rotated = torch.cat((a * c - b * s, a * s + b * c), dim=-1)
+    out = torch.cat((rotated.to(x.dtype), rest), dim=-1)
+    if inplace:
+        return x.copy_(out)
+    return out
+
+
+def flash_attn_with_kvcache(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    k: Tensor | None = None,
+    v: Tensor | None = None,
+    rotary_cos: Tensor | None = None,
+    rotary_sin: Tensor | None = None,
+    cache_seqlens: int | Tensor | None = None,
+    cache_batch_idx: Tensor | None = None,
+    cache_leftpad: Tensor | None = None,
+    block_table: Tensor | None = None,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    rotary_interleaved: bool = True,
+    alibi_slopes: Tensor | None = None,
+    num_splits: int = 0,
+    return_softmax_lse: bool = False,
+) -> Tensor | tuple[Tensor, Tensor]:
+    """Attention of q over a KV cache, after appending k and v to it in place (FlashAttention-2's function).
+
+    Args:
+        q: (batch, seqlen_q, nheads, headdim): one query per sequence when decoding, a few for
+            speculative decoding or chunked prefill.
+        k_cache, v_cache: (batch_cache, seqlen_cache, nheads_k, headdim), or with block_table a paged
+            cache (num_blocks, page_block_size, nheads_k, headdim) of pages of any size (16, 256, ...).
+        k, v: (batch, seqlen_new, nheads_k, headdim) or None: written into the cache at rows
+            cache_seqlens[b] .. cache_seqlens[b] + seqlen_new - 1 before attending.
+        rotary_cos, rotary_sin: (seqlen_ro, rotary_dim / 2) or None: rotary embedding applied to k
+            (position: its cache row minus cache_leftpad) and to q (positions cache_seqlens - leftpad + i
+            with causal or a window, all at cache_seqlens - leftpad otherwise), interleaved or not
+            (rotary_interleaved).
+        cache_seqlens: int or (batch,) int32: the keys already in each sequence's cache; None: the whole
+            cache. The attention sees rows cache_leftpad[b] .. cache_seqlens[b] + seqlen_new - 1.
+        cache_batch_idx: (batch,) int32: the cache row of each sequence (contiguous caches only).
+        cache_leftpad: (batch,) int32: the first valid cache row of each sequence.
+        block_table: (batch, max_blocks_per_seq) int32: the pages of each sequence, in order.
+        softmax_scale, causal, window_size, softcap, alibi_slopes: as flash_attn_func; causal and the
+            window are bottom-right aligned with the cached keys (query i sits at key
+            cache_seqlens + seqlen_new - seqlen_q + i).
+        num_splits: split each sequence's keys across this many thread blocks, merged by log-sum-exp;
+            0 picks a number that fills the GPU (decoding with a small batch needs it).
+        return_softmax_lse: also return the LSE (batch, nheads, seqlen_q), fp32.
+
+    Returns out (batch, seqlen_q, nheads, headdim), or (out, softmax_lse). Not differentiable
+    (inference). The cache tensors are modified in place when k and v are given. Runs on CUDA
+    (fp16/bf16; headdim a multiple of 8) and on CPU tensors (fp16, bf16, fp32). The index tensors are
+    not read on the host (no synchronisation): on CUDA a one-block check kernel runs first, and a value
+    out of range (cache_seqlens + seqlen_new beyond the cache, cache_leftpad beyond that,
+    cache_batch_idx or a used block_table entry outside k_cache) prints which argument and stops the
+    stream with a device-side trap before anything is read out of bounds; on CPU the same checks
+    raise ValueError. Rotary positions must stay below seqlen_ro (checked on CPU only).
+    """
+    _check_kvcache_args(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_batch_idx, cache_leftpad,
+                        block_table, num_splits)
+    _check_window_size(window_size)
+    _check_softcap(softcap)
+    _check_alibi_slopes(alibi_slopes, q)
+    batch = q.shape[0]
+    scale = _resolve_softmax_scale(softmax_scale, q.shape[-1])
+    capacity = block_table.shape[1] * k_cache.shape[1] if block_table is not None else k_cache.shape[1]
+    cache_seqlens = _seqlens_tensor(cache_seqlens, batch, capacity, q.device)
+    if q.is_cuda:
+        _check_cuda_ready(q.device)
+    else:
+        _check_cpu_values(k_cache, k, cache_seqlens, cache_batch_idx, cache_leftpad, block_table, rotary_cos, q,
+                          causal, window_size)
+    out, lse = torch.ops.flashattn.fwd_kvcache(
+        q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
+        block_table, scale, bool(causal), int(window_size[0]), int(window_size[1]), float(softcap),
+        bool(rotary_interleaved), alibi_slopes, int(num_splits),
+    )
+    return (out, lse) if return_softmax_lse else out
+
+
+def _seqlens_tensor(cache_seqlens: object, batch: int, capacity: int, device: torch.device) -> Tensor:
+    if cache_seqlens is None:
+        return torch.full((batch,), capacity, dtype=torch.int32, device=device)
+    if isinstance(cache_seqlens, Integral) and not isinstance(cache_seqlens, bool):
+        if not 0 <= cache_seqlens <= capacity:
+            raise ValueError(f"flashattn: cache_seqlens={cache_seqlens} is outside [0, {capacity}] (the cache's rows)")
+        return torch.full((batch,), int(cache_seqlens), dtype=torch.int32, device=device)
+    if not isinstance(cache_seqlens, Tensor):
+        raise TypeError(f"flashattn: cache_seqlens must be an int or a (batch,) int32 tensor, got "
+                        f"{type(cache_seqlens).__name__}")
+    _check_index("cache_seqlens", cache_seqlens, (batch,), device)
+    return cache_seqlens
+
+
+def _check_index(name: str, t: object, shape: tuple, device: torch.device, matrix: bool = False) -> None:
+    if not isinstance(t, Tensor):
+        raise TypeError(f"flashattn: {name} must be an int32 tensor, got {type(t).__name__}")
+    if t.dtype != torch.int32:
+        raise TypeError(f"flashattn: {name} must be int32, got {t.dtype}")
+    if t.device != device:
+        raise RuntimeError(f"flashattn: {name} is on {t.device} but q is on {device}")
+    if (t.dim() != 2 or t.shape[0] != shape[0]) if matrix else tuple(t.shape) != shape:
+        want = f"({shape[0]}, max_blocks_per_seq)" if matrix else str(shape)
+        raise ValueError(f"flashattn: {name} must have shape {want}, got {tuple(t.shape)}")
+
+
+def _check_kvcache_args(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_batch_idx, cache_leftpad,
+                        block_table, num_splits) -> None:
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"flashattn: {name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"flashattn: {name} must be 4-D, got shape {tuple(t.shape)}")
+        if t.device != q.device:
+            raise RuntimeError(f"flashattn: {name} is on {t.device} but q is on {q.device}")
+    accepted = CUDA_DTYPES if q.is_cuda else CPU_DTYPES
+    if q.dtype not in accepted:
+        raise TypeError(f"flashattn: q has dtype {q.dtype}; accepted on {q.device.type}: "
+                        + ", ".join(map(str, accepted)))
+    batch, _, num_heads, head_dim = q.shape
+    if k_cache.shape != v_cache.shape:
+        raise ValueError(f"flashattn: k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)} must have "
+                         "the same shape")
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if t.dtype != q.dtype:
+            raise TypeError(f"flashattn: {name} has dtype {t.dtype} but q has {q.dtype}")
+    num_heads_k = k_cache.shape[2]
+    if k_cache.shape[3] != head_dim:
+        raise ValueError(f"flashattn: head dims differ: q {tuple(q.shape)}, k_cache {tuple(k_cache.shape)}")
+    if not 1 <= head_dim <= MAX_HEAD_DIM or (q.is_cuda and head_dim % 8):
+        raise ValueError(f"flashattn: headdim {head_dim} is not supported by flash_attn_with_kvcache; accepted: "
+                         + ("a multiple of 8 up to 256 on CUDA" if q.is_cuda else f"1 to {MAX_HEAD_DIM}"))
+    if num_heads % num_heads_k:
+        raise ValueError(f"flashattn: the number of query heads ({num_heads}) must be a multiple of k_cache's "
+                         f"heads ({num_heads_k})")
+    if (k is None) != (v is None):
+        raise ValueError("flashattn: k and v must be given together (or neither)")
+    if k is not None:
+        for name, t in (("k", k), ("v", v)):
+            if not isinstance(t, Tensor) or t.dim() != 4 or t.shape[0] != batch or t.shape[2:] != k_cache.shape[2:]:
+                shown = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
+                raise ValueError(f"flashattn: {name} must have shape ({batch}, seqlen_new, {num_heads_k}, "
+                                 f"{head_dim}), got {shown}")
+            if t.dtype != q.dtype or t.device != q.device:
+                raise TypeError(f"flashattn: {name} must be a {q.dtype} tensor on {q.device}")
+    if (rotary_cos is None) != (rotary_sin is None):
+        raise ValueError("flashattn: rotary_cos and rotary_sin must be given together (or neither)")
+    if rotary_cos is not None:
+        if rotary_cos.dim() != 2 or rotary_cos.shape != rotary_sin.shape or 2 * rotary_cos.shape[1] > head_dim:
+            raise ValueError(f"flashattn: rotary_cos and rotary_sin must be (seqlen_ro, rotary_dim / 2) with "
+                             f"rotary_dim <= headdim ({head_dim}), got {tuple(rotary_cos.shape)} and "
+                             f"{tuple(rotary_sin.shape)}")
+    for name, t in (("cache_batch_idx", cache_batch_idx), ("cache_leftpad", cache_leftpad)):
+        if t is not None:
+            _check_index(name, t, (batch,), q.device)
+    if block_table is not None:
+        _check_index("block_table", block_table, (batch,), q.device, matrix=True)
+        if cache_batch_idx is not None:
+            raise ValueError("flashattn: cache_batch_idx cannot be combined with block_table (a paged cache)")
+    if not isinstance(num_splits, Integral) or isinstance(num_splits, bool) or num_splits < 0:
+        raise ValueError(f"flashattn: num_splits must be an int >= 0 (0: automatic), got {num_splits!r}")
+
+
+def _check_cpu_values(k_cache, k, cache_seqlens, cache_batch_idx, cache_leftpad, block_table, rotary_cos, q,
+                      causal, window_size) -> None:
+    """The range checks that need the index values (free on CPU tensors)."""
+    seqlen_new = 0 if k is None else k.shape[1]
+    capacity = block_table.shape[1] * k_cache.shape[1] if block_table is not None else k_cache.shape[1]
+    end = cache_seqlens.long() + seqlen_new
+    if bool((cache_seqlens < 0).any()) or bool((end > capacity).any()):
+        raise ValueError(f"flashattn: cache_seqlens + seqlen_new must be in [0, {capacity}] (the cache's rows), got "
+                         f"{end.tolist()}")
+    if cache_leftpad is not None and bool(((cache_leftpad < 0) | (cache_leftpad.long() > end)).any()):
+        raise ValueError(f"flashattn: cache_leftpad must be in [0, cache_seqlens + seqlen_new], got "
+                         f"{cache_leftpad.tolist()}")
+    if block_table is not None and bool(((block_table < 0) | (block_table >= k_cache.shape[0])).any()):
+        raise ValueError(f"flashattn: block_table entries must be in [0, {k_cache.shape[0]}) (k_cache's pages)")
+    if cache_batch_idx is not None and bool(((cache_batch_idx < 0) | (cache_batch_idx >= k_cache.shape[0])).any()):
+        raise ValueError(f"flashattn: cache_batch_idx entries must be in [0, {k_cache.shape[0]})")
+    if rotary_cos is not None:
+        start = cache_seqlens.long() - (0 if cache_leftpad is None else cache_leftpad.long())
+        last = start + max(seqlen_new, q.shape[1]) - 1
+        if bool((last >= rotary_cos.shape[0]).any()):
+            raise ValueError(f"flashattn: rotary positions up to {int(last.max())} need rotary_cos/sin of at least "
+                             f"{int(last.max()) + 1} rows, got {rotary_cos.shape[0]}")
+
+
+def _cache_rows(cache: Tensor, b: int, rows: Tensor, cache_batch_idx: Tensor | None,
+                block_table: Tensor | None) -> tuple[Tensor, Tensor]:
+    """(index into cache's first dim, index into its second) of sequence b's cache rows `rows`."""
+    if block_table is not None:
+        page_size = cache.shape[1]
+        return block_table[b].long()[rows // page_size], rows % page_size
+    batch_row = int(cache_batch_idx[b]) if cache_batch_idx is not None else b
+    return torch.full_like(rows, batch_row), rows
+
+
+def _fwd_kvcache_cpu(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+                     cache_leftpad, block_table, softmax_scale, causal, window_left, window_right, softcap,
+                     rotary_interleaved, alibi_slopes, num_splits):
+    """The semantics in plain PyTorch, one sequence at a time, on the blockwise CPU forward."""
+    batch, seqlen_q, num_heads, _ = q.shape
+    seqlen_new = 0 if k is None else k.shape[1]
+    out = q.new_empty(q.shape)
+    lse = q.new_empty((batch, num_heads, seqlen_q), dtype=torch.float32)
+    positions_per_row = causal or window_left >= 0 or window_right >= 0
+    for b in range(batch):
+        start = int(cache_seqlens[b])
+        leftpad = int(cache_leftpad[b]) if cache_leftpad is not None else 0
+        if seqlen_new:
+            new_rows = torch.arange(start, start + seqlen_new)
+            k_new = k[b : b + 1]
+            if rotary_cos is not None:
+                k_new = apply_rotary_emb(k_new, rotary_cos, rotary_sin, rotary_interleaved, seqlen_offsets=start - leftpad)
+            index = _cache_rows(k_cache, b, new_rows, cache_batch_idx, block_table)
+            k_cache[index] = k_new[0]
+            v_cache[index] = v[b]
+        rows = torch.arange(leftpad, start + seqlen_new)
+        index = _cache_rows(k_cache, b, rows, cache_batch_idx, block_table)
+        keys, values = k_cache[index].unsqueeze(0), v_cache[index].unsqueeze(0)
+        q_b = q[b : b + 1]
+        if rotary_cos is not None:
+            # Causal or windowed: query i at position start - leftpad + i; otherwise every query there.
+            rows_as_batch = q_b if positions_per_row else q_b.transpose(0, 1)
+            q_b = apply_rotary_emb(rows_as_batch, rotary_cos, rotary_sin, rotary_interleaved,
+                                   seqlen_offsets=start - leftpad)
+            q_b = q_b if positions_per_row else q_b.transpose(0, 1)
+        slopes = None
+        if alibi_slopes is not None:
+            slopes = alibi_slopes[b] if alibi_slopes.dim() == 2 else alibi_slopes
+        o_b, lse_b = torch.ops.flashattn.fwd(
+            q_b, keys, values, softmax_scale, causal, False, window_left, window_right, softcap, slopes
+        )
+        out[b] = o_b[0]
+        lse[b] = lse_b[0]
+    return out, lse
+
+
+def _fwd_kvcache_fake(q, k_cache, v_cache, *args):
+    batch, seqlen_q, num_heads, _ = q.shape
+    return q.new_empty(q.shape), q.new_empty((batch, num_heads, seqlen_q), dtype=torch.float32)
+
+
+torch.library.register_fake("flashattn::fwd_kvcache", _fwd_kvcache_fake)
+torch.library.impl("flashattn::fwd_kvcache", "cpu", _fwd_kvcache_cpu)
+
+
+class KVCache:
+    """Per-layer key/value caches for a generation loop: allocated once, appended by flash_attn_with_kvcache.
+
+        cache = KVCache(batch=4, max_seqlen=4096, num_heads_k=8, head_dim=128, num_layers=32,
+                        device="cuda", dtype=torch.bfloat16)           # or page_size=16 for a paged cache
+        out = cache.attend(layer, q, k, v, causal=True)                 # appends k, v; attends
+        cache.advance(k.shape[1])                                       # after the last layer of a step
+
+    seqlens (batch,) int32 holds the cached length of every sequence; a paged cache hands each sequence
+    the pages it needs up to max_seqlen in order (block_table); `reset()` empties it.
+    """
+
+    def __init__(self, batch: int, max_seqlen: int, num_heads_k: int, head_dim: int, num_layers: int = 1,
+                 device: torch.device | str | None = None, dtype: torch.dtype = torch.bfloat16,
+                 page_size: int | None = None) -> None:
+        self.batch, self.max_seqlen, self.page_size = batch, max_seqlen, page_size
+        if page_size is None:
+            shape = (batch, max_seqlen, num_heads_k, head_dim)
+            self.block_table = None
+        else:
+            pages_per_seq = math.ceil(max_seqlen / page_size)
+            shape = (batch * pages_per_seq, page_size, num_heads_k, head_dim)
+            self.block_table = torch.arange(batch * pages_per_seq, device=device, dtype=torch.int32).reshape(
+                batch, pages_per_seq)
+        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(num_layers)]
+        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(num_layers)]
+        self.seqlens = torch.zeros(batch, device=device, dtype=torch.int32)
+
+    def attend(self, layer: int, q: Tensor, k: Tensor | None = None, v: Tensor | None = None, **kwargs) -> Tensor:
+        """flash_attn_with_kvcache on this layer's cache at the current lengths (kwargs pass through)."""
+        return flash_attn_with_kvcache(q, self.k[layer], self.v[layer], k, v, cache_seqlens=self.seqlens,
+                                       block_table=self.block_table, **kwargs)
+
+    def advance(self, tokens: int) -> None:
+        """Counts `tokens` new tokens as cached in every sequence (call once per step, after all layers)."""
+        self.seqlens += tokens
+
+    def reset(self) -> None:
+        self.seqlens.zero_()
