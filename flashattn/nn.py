@@ -18,7 +18,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ._extension import NOT_BUILT_REASON, unsupported_gpu_reason
-from .interface import CPU_DTYPES, CUDA_DTYPES, MAX_HEAD_DIM, flash_attn_func
+from .interface import CPU_DTYPES, CUDA_DTYPES, MAX_HEAD_DIM, flash_attn_func, flash_attn_varlen_func
+from .kvcache import KVCache
 
 __all__ = ["MHA", "FallbackWarning", "MultiheadAttention", "RotaryEmbedding", "convert_multihead_attention"]
 
@@ -52,6 +53,7 @@ class _FlashPlan:
 
     causal: bool  # torch's is_causal: top-left aligned
     keep: Tensor | None  # [N, S] bool, True for the keys each sequence attends to; None: every key
+    dropout_p: float = 0.0  # the module's dropout in training, 0 in eval
 
 
 class MultiheadAttention(nn.MultiheadAttention):
@@ -72,9 +74,10 @@ class MultiheadAttention(nn.MultiheadAttention):
     - ``key_padding_mask`` bool (True: ignore) or float (-inf: ignore, 0: keep):
       each sequence attends to its kept keys only. With a causal mask the kept
       keys must come first (right padding).
-    - No dropout in training (flashattn has none yet), no ``add_bias_kv`` or
-      ``add_zero_attn``, head dim up to 256, a dtype flash_attn_func takes on the
-      device (after autocast), no nested tensors.
+    - ``dropout`` in training runs as flashattn's dropout on the probabilities
+      (a different random mask than torch's, with the same distribution).
+    - No ``add_bias_kv`` or ``add_zero_attn``, head dim up to 256, a dtype
+      flash_attn_func takes on the device (after autocast), no nested tensors.
 
     Any other call runs torch's forward, exact, with a ``FallbackWarning`` once
     per reason. A query whose keys are all padded gets 0 before ``out_proj``, as
@@ -126,8 +129,6 @@ class MultiheadAttention(nn.MultiheadAttention):
         self._check_inputs(query, key, value, key_padding_mask, attn_mask)
         if need_weights:
             return "need_weights=True returns the attention weights (pass need_weights=False for speed)"
-        if self.training and self.dropout > 0:
-            return f"dropout={self.dropout} in training is not implemented in flashattn yet"
         if self.bias_k is not None:
             return "add_bias_kv=True is not supported"
         if self.add_zero_attn:
@@ -144,8 +145,9 @@ class MultiheadAttention(nn.MultiheadAttention):
         )
         if attn_mask is not None and not causal:
             return "attn_mask is not the causal mask"
+        dropout_p = self.dropout if self.training else 0.0
         if key_padding_mask is None:
-            return _FlashPlan(causal, keep=None)
+            return _FlashPlan(causal, keep=None, dropout_p=dropout_p)
         if key_padding_mask.dtype == torch.bool:
             keep = ~key_padding_mask
         else:
@@ -155,7 +157,7 @@ class MultiheadAttention(nn.MultiheadAttention):
         keep = keep.reshape(-1, keep.shape[-1])  # [N, S]; unbatched: N = 1
         if causal and not _kept_keys_come_first(keep):
             return "with a causal mask, key_padding_mask pads other keys than the last ones"
-        return _FlashPlan(causal, keep)
+        return _FlashPlan(causal, keep, dropout_p)
 
     def _check_inputs(
         self,
@@ -273,50 +275,69 @@ def _kept_keys_come_first(keep: Tensor) -> bool:
 
 
 def _attention(q: Tensor, k: Tensor, v: Tensor, plan: _FlashPlan) -> Tensor:
-    """torch's attention of q [N, L, H, D] over k, v [N, S, H, D] under plan, on flash_attn_func."""
+    """torch's attention of q [N, L, H, D] over k, v [N, S, H, D] under plan, on flashattn's kernels."""
     if plan.keep is None:
-        return _top_left_attention(q, k, v, plan.causal)
-    return _attention_over_kept_keys(q, k, v, plan.keep, plan.causal)
+        return _top_left_attention(q, k, v, plan.causal, plan.dropout_p)
+    return _attention_over_kept_keys(q, k, v, plan.keep, plan.causal, plan.dropout_p)
 
 
-def _top_left_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool) -> Tensor:
+def _top_left_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, dropout_p: float) -> Tensor:
     """flash_attn_func with torch's causal alignment: query i sees keys j <= i.
 
     flash_attn_func's causal mask is aligned to the bottom-right corner instead;
     the two agree when q and k have the same length.
     """
     if not causal:
-        return flash_attn_func(q, k, v)
+        return flash_attn_func(q, k, v, dropout_p)
     seqlen_q, seqlen_k = q.shape[1], k.shape[1]
     if seqlen_q <= seqlen_k:
         # Keys from seqlen_q on are in every query's future.
-        return flash_attn_func(q, k[:, :seqlen_q], v[:, :seqlen_q], causal=True)
+        return flash_attn_func(q, k[:, :seqlen_q], v[:, :seqlen_q], dropout_p, causal=True)
     # The first seqlen_k queries form a square causal block; the others see every key.
-    head = flash_attn_func(q[:, :seqlen_k], k, v, causal=True)
-    tail = flash_attn_func(q[:, seqlen_k:], k, v)
+    head = flash_attn_func(q[:, :seqlen_k], k, v, dropout_p, causal=True)
+    tail = flash_attn_func(q[:, seqlen_k:], k, v, dropout_p)
     return torch.cat((head, tail), dim=1)
 
 
-def _attention_over_kept_keys(q: Tensor, k: Tensor, v: Tensor, keep: Tensor, causal: bool) -> Tensor:
+def _attention_over_kept_keys(
+    q: Tensor, k: Tensor, v: Tensor, keep: Tensor, causal: bool, dropout_p: float
+) -> Tensor:
     """Attention of each sequence's queries over its kept keys only (keep [N, S]); exact, no mask.
 
     The kept keys and values are packed as flash_attn_varlen_func takes them,
-    (total_k, H, D) with per-sequence lengths. That function does not exist
-    yet, so each sequence runs flash_attn_func on its slice; once it lands,
-    the loop becomes one varlen call (two with causal: the queries past a
-    sequence's length see all its keys, as _top_left_attention splits them).
+    (total_k, H, D) with per-sequence lengths, and every sequence runs in one
+    call. With torch's top-left causal mask (kept keys first, checked by the
+    plan), query i of a sequence with n kept keys sees keys j <= i: keys from L
+    (the query count) on are never seen, so a sequence keeps m = min(n, L)
+    keys; its first m queries form a square causal block (where bottom-right
+    and top-left agree) and the others see all m keys: two varlen calls.
     """
-    lengths = keep.sum(dim=1).tolist()  # on the host, as unpad_input's max_seqlen is
-    if all(length == k.shape[1] for length in lengths):
-        return _top_left_attention(q, k, v, causal)
+    if bool(keep.all()):
+        return _top_left_attention(q, k, v, causal, dropout_p)
+    num_seqs, seqlen_q = q.shape[:2]
+    if causal:
+        keep = keep & (torch.arange(keep.shape[1], device=keep.device) < seqlen_q)
+    lengths = keep.sum(dim=1)
+    max_kept = int(lengths.max())  # on the host, as unpad_input's max_seqlen is
     kept = keep.flatten().nonzero().squeeze(1)
     k_packed = k.flatten(0, 1).index_select(0, kept)  # [total_k, H, D]
     v_packed = v.flatten(0, 1).index_select(0, kept)  # [total_k, H, D]
-    outs = [
-        _top_left_attention(q[i : i + 1], k_i.unsqueeze(0), v_i.unsqueeze(0), causal)
-        for i, (k_i, v_i) in enumerate(zip(k_packed.split(lengths), v_packed.split(lengths)))
-    ]
-    return torch.cat(outs)
+    cu_k = F.pad(lengths.cumsum(0), (1, 0)).to(torch.int32)
+    if not causal:
+        cu_q = torch.arange(0, (num_seqs + 1) * seqlen_q, seqlen_q, device=q.device, dtype=torch.int32)
+        out = flash_attn_varlen_func(q.flatten(0, 1), k_packed, v_packed, cu_q, cu_k, seqlen_q, max_kept, dropout_p)
+        return out.unflatten(0, (num_seqs, seqlen_q))
+    square = torch.arange(seqlen_q, device=q.device) < lengths.unsqueeze(1)  # [N, L]: query i < m
+    cu_square = F.pad(lengths.cumsum(0), (1, 0)).to(torch.int32)
+    cu_rest = F.pad((seqlen_q - lengths).cumsum(0), (1, 0)).to(torch.int32)
+    out = q.new_empty(q.shape)
+    out[square] = flash_attn_varlen_func(
+        q[square], k_packed, v_packed, cu_square, cu_k, max_kept, max_kept, dropout_p, causal=True
+    )
+    out[~square] = flash_attn_varlen_func(
+        q[~square], k_packed, v_packed, cu_rest, cu_k, seqlen_q - int(lengths.min()), max_kept, dropout_p
+    )
+    return out
 
 
 def convert_multihead_attention(model: nn.Module) -> nn.Module:
@@ -382,14 +403,20 @@ class RotaryEmbedding(nn.Module):
         """
         return self.rotate(q, seqlen_offset), self.rotate(k, seqlen_offset)
 
+    def cos_sin(self, seqlen: int, device: torch.device | str | None = None, seqlen_offset: int = 0):
+        """(cos, sin) of positions seqlen_offset .. seqlen_offset + seqlen - 1: fp32 (seqlen, dim / 2),
+        the tables flash_attn_with_kvcache and apply_rotary_emb take."""
+        positions = torch.arange(seqlen_offset, seqlen_offset + seqlen, device=device, dtype=torch.float32)
+        inv_freq = self.base ** -(torch.arange(0, self.dim, 2, device=device, dtype=torch.float32) / self.dim)
+        angles = torch.outer(positions, inv_freq)
+        return angles.cos(), angles.sin()
+
     def rotate(self, x: Tensor, seqlen_offset: int = 0) -> Tensor:
         """x (batch, seqlen, nheads, headdim) rotated, in x's dtype; channels from dim on unchanged."""
         if x.shape[-1] < self.dim:
             raise ValueError(f"RotaryEmbedding: head dim {x.shape[-1]} is smaller than the rotary dim {self.dim}")
-        positions = torch.arange(seqlen_offset, seqlen_offset + x.shape[1], device=x.device, dtype=torch.float32)
-        inv_freq = self.base ** -(torch.arange(0, self.dim, 2, device=x.device, dtype=torch.float32) / self.dim)
-        angles = torch.outer(positions, inv_freq).unsqueeze(1)  # [S, 1, dim / 2]: broadcast over heads
-        cos, sin = angles.cos(), angles.sin()
+        cos, sin = self.cos_sin(x.shape[1], x.device, seqlen_offset)
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [S, 1, dim / 2]: broadcast over heads
         rotary, rest = x[..., : self.dim].float(), x[..., self.dim :]
         if self.interleaved:
             x1, x2 = rotary[..., 0::2], rotary[..., 1::2]
@@ -417,15 +444,16 @@ class MHA(nn.Module):
         num_heads_kv: key/value heads (GQA/MQA), a divisor of num_heads; default num_heads.
         cross_attn: queries from x, keys and values from forward's x_kv.
         qkv_proj_bias, out_proj_bias: biases of the projections.
-        dropout: attention dropout in training (not implemented in flashattn yet:
-            flash_attn_func raises for dropout_p > 0).
+        dropout: attention dropout on the probabilities, in training only.
         softmax_scale: default 1 / sqrt(head dim).
         causal: query i sees keys j <= i + seqlen_k - seqlen_q (bottom-right aligned).
-        window_size: (left, right) sliding window, passed to flash_attn_func
-            (which raises NotImplementedError until it supports windows).
+        window_size: (left, right) sliding window (see flash_attn_func), with or without causal.
         rotary_emb_dim: rotate the first rotary_emb_dim channels of q and k
             (0: no rotary embeddings); rotary_emb_base, rotary_emb_interleaved:
             see RotaryEmbedding.
+
+    forward(x, kv_cache=cache, layer_idx=i) runs inference over a KVCache
+    (flash_attn_with_kvcache): see forward.
     """
 
     def __init__(
@@ -475,20 +503,35 @@ class MHA(nn.Module):
             self.Wqkv = nn.Linear(embed_dim, embed_dim + kv_dim, bias=qkv_proj_bias, **factory)
         self.out_proj = nn.Linear(embed_dim, embed_dim, bias=out_proj_bias, **factory)
 
-    def forward(self, x: Tensor, x_kv: Tensor | None = None) -> Tensor:
+    def forward(self, x: Tensor, x_kv: Tensor | None = None, kv_cache: KVCache | None = None,
+                layer_idx: int = 0) -> Tensor:
         """x (batch, seqlen, embed_dim) -> (batch, seqlen, embed_dim); with cross_attn, keys and values
-        come from x_kv (batch, seqlen_k, embed_dim)."""
+        come from x_kv (batch, seqlen_k, embed_dim).
+
+        Inference with a cache (self-attention): pass a flashattn.kvcache.KVCache and this layer's
+        index; x holds the new tokens only (the prompt, then one token per step). Their keys and values
+        are appended to the cache at its current lengths (rotary applied at those positions, in the
+        kernel) and the queries attend to everything cached. Call kv_cache.advance(x.shape[1]) once
+        per step, after the last layer.
+        """
         if self.cross_attn != (x_kv is not None):
             raise ValueError(
                 f"MHA(cross_attn={self.cross_attn}): forward takes x_kv "
                 + ("(the keys' and values' input), got None" if self.cross_attn else "only with cross_attn=True")
             )
         q, k, v = self._project(x, x_kv)
+        if kv_cache is not None:
+            if self.cross_attn:
+                raise ValueError("MHA: kv_cache is for self-attention (cross_attn=False)")
+            rotary = {}
+            if self.rotary_emb is not None:
+                cos, sin = self.rotary_emb.cos_sin(kv_cache.max_seqlen, x.device)
+                rotary = {"rotary_cos": cos, "rotary_sin": sin, "rotary_interleaved": self.rotary_emb.interleaved}
+            out = kv_cache.attend(layer_idx, q, k, v, softmax_scale=self.softmax_scale, causal=self.causal,
+                                  window_size=self.window_size, **rotary)
+            return self.out_proj(out.flatten(-2))
         if self.rotary_emb is not None:
             q, k = self.rotary_emb(q, k)
-        # An inference cache goes here once flash_attn_with_kvcache exists: the new
-        # k and v are written into the layer's cache at its current length (which
-        # is also rotary's seqlen_offset) and q attends to the whole cache.
         out = flash_attn_func(
             q,
             k,

@@ -25,6 +25,7 @@ from helpers import GRAD_EPS, GRAD_FACTOR, OUT_EPS, case_seed, max_abs_diff
 from torch import Tensor, nn
 
 import flashattn.nn as fnn
+from flashattn.kvcache import KVCache
 from flashattn.nn import MHA, FallbackWarning, MultiheadAttention, RotaryEmbedding, convert_multihead_attention
 from flashattn.reference import attention_ref
 
@@ -55,16 +56,17 @@ def _fresh_fallback_warnings(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture
-def flash_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, ...]]:
-    """The q shapes of the flash_attn_func calls flashattn.nn makes during the test."""
+def flash_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, tuple[int, ...]]]:
+    """(function, q shape) of the flash_attn_func and flash_attn_varlen_func calls flashattn.nn makes."""
     calls = []
-    real = fnn.flash_attn_func
+    for name in ("flash_attn_func", "flash_attn_varlen_func"):
+        real = getattr(fnn, name)
 
-    def counting(q: Tensor, *args: object, **kwargs: object) -> Tensor:
-        calls.append(tuple(q.shape))
-        return real(q, *args, **kwargs)
+        def counting(q: Tensor, *args: object, _real=real, _name=name, **kwargs: object) -> Tensor:
+            calls.append((_name, tuple(q.shape)))
+            return _real(q, *args, **kwargs)
 
-    monkeypatch.setattr(fnn, "flash_attn_func", counting)
+        monkeypatch.setattr(fnn, name, counting)
     return calls
 
 
@@ -287,7 +289,7 @@ def test_key_padding_mask(
     mask = hidden if mask_type == "bool" else float_mask(hidden, dtype)
     ours, lowp, accurate = versions.outputs(query, key, value, key_padding_mask=mask)
     assert_within_bound(ours, lowp, accurate, "attn_output")
-    assert len(flash_calls) == batch, "one flash_attn_func call per sequence"
+    assert [name for name, _ in flash_calls] == ["flash_attn_varlen_func"], "one varlen call for the batch"
 
 
 def test_every_key_padded_gives_zero_attention(flash_calls: list) -> None:
@@ -372,7 +374,6 @@ FALLBACKS = {
         lambda L, S: {"key_padding_mask": torch.where(torch.rand(BATCH, S) < 0.3, -1e4, 0.0)},
         "key_padding_mask",
     ),
-    "dropout in training": ({"dropout": 0.25}, lambda L, S: {}, "dropout=0.25"),
     "add_bias_kv": ({"add_bias_kv": True}, lambda L, S: {}, "add_bias_kv"),
     "add_zero_attn": ({"add_zero_attn": True}, lambda L, S: {}, "add_zero_attn"),
 }
@@ -395,6 +396,24 @@ def test_fallback_is_torch_exactly_and_warns_once(flash_calls: list, case: str) 
     assert len(records) == 1, [str(r.message) for r in records]
     assert words in str(records[0].message)
     assert not flash_calls
+
+
+def test_dropout_in_training_runs_on_flashattn(flash_calls: list) -> None:
+    """dropout > 0 in training: flashattn's dropout, no fallback; the same seed gives the same output, and
+    the output is not the eval one (some probabilities were dropped)."""
+    versions = Versions.make("cpu", torch.float32, case_seed("dropout"), batch_first=True, dropout=0.25)
+    module = versions.ours.train()
+    query = torch.randn(BATCH, 7, EMBED_DIM)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FallbackWarning)
+        torch.manual_seed(0)
+        first = module(query, query, query, need_weights=False)[0]
+        torch.manual_seed(0)
+        again = module(query, query, query, need_weights=False)[0]
+        evaluated = module.eval()(query, query, query, need_weights=False)[0]
+    assert torch.equal(first, again)
+    assert not torch.allclose(first, evaluated)
+    assert flash_calls
 
 
 def test_default_need_weights_returns_the_weights() -> None:
@@ -829,7 +848,7 @@ def mha_reference(module: MHA, x: Tensor, x_kv: Tensor | None) -> Tensor:
     if module.rotary_emb is not None:
         rotary = module.rotary_emb
         q, k = (rotary_reference(t, rotary.dim, rotary.base, rotary.interleaved).to(t.dtype) for t in (q, k))
-    out, _ = attention_ref(q, k, v, module.softmax_scale, module.causal, upcast=False)
+    out, _ = attention_ref(q, k, v, module.softmax_scale, module.causal, module.window_size, upcast=False)
     return module.out_proj(out.flatten(-2))
 
 
@@ -889,6 +908,34 @@ def test_mha_parameter_names_are_flash_attn_s() -> None:
     assert set(cross.state_dict()) == {"Wq.weight", "Wkv.weight", "out_proj.weight", "out_proj.bias"}
 
 
+@pytest.mark.parametrize("device, dtype", DEVICE_DTYPES)
+@pytest.mark.parametrize("config", [
+    pytest.param({"num_heads": 4, "num_heads_kv": 2, "causal": True, "rotary_emb_dim": 12}, id="gqa-rotary"),
+    pytest.param({"num_heads": 4, "num_heads_kv": 1, "causal": True, "rotary_emb_dim": 8,
+                  "rotary_emb_interleaved": True, "window_size": (4, 0)}, id="mqa-interleaved-window"),
+])
+def test_mha_kv_cache_decoding_matches_the_full_forward(device: str, dtype: torch.dtype, config: dict) -> None:
+    """A prompt, then one token per step through a KVCache (flash_attn_with_kvcache, rotary in the
+    kernel at the cached positions), gives each step's output of the full causal forward over the
+    tokens so far: within the bound against the float64 module on the whole sequence."""
+    embed_dim = 64  # head dim 16: the CUDA KV cache takes multiples of 8
+    torch.manual_seed(case_seed("mha cache", device, dtype, config))
+    module = randomized(MHA(embed_dim, device=device, dtype=dtype, **config))
+    accurate = copy.deepcopy(module).double()
+    prompt, steps = 5, 4
+    x = torch.randn(BATCH, prompt + steps, embed_dim, device=device, dtype=dtype)
+    cache = KVCache(BATCH, 16, config["num_heads_kv"], embed_dim // 4, device=device, dtype=dtype)
+    outs = [module(x[:, :prompt], kv_cache=cache)]
+    cache.advance(prompt)
+    for t in range(prompt, prompt + steps):
+        outs.append(module(x[:, t : t + 1], kv_cache=cache))
+        cache.advance(1)
+    ours = torch.cat(outs, dim=1)
+    assert_within_bound(ours, mha_reference(module, x, None), mha_reference(accurate, x.double(), None),
+                        "decoding through the KV cache")
+    assert cache.seqlens.tolist() == [prompt + steps] * BATCH
+
+
 def test_mha_dropout_is_off_in_eval() -> None:
     torch.manual_seed(0)
     with_dropout = MHA(MHA_EMBED_DIM, 4, dropout=0.1).eval()
@@ -898,7 +945,6 @@ def test_mha_dropout_is_off_in_eval() -> None:
     assert torch.equal(with_dropout(x), without(x))
 
 
-@pytest.mark.xfail(raises=NotImplementedError, strict=True, reason="flash_attn_func has no window_size yet")
 def test_mha_window() -> None:
     module, accurate = _mha_pair("cpu", torch.float32, {"num_heads": 4, "window_size": (3, 0)}, case_seed("window"))
     x = torch.randn(BATCH, 13, MHA_EMBED_DIM)
