@@ -1034,6 +1034,9 @@ def parse_args(argv=None):
                    help="do_bench warm-up of the bwd and fwdbwd passes, ms")
     p.add_argument("--grad-rep", type=float, default=GRAD_REP_MS,
                    help="do_bench repetition time of the bwd and fwdbwd passes, ms")
+    p.add_argument("--features", action="store_true",
+                   help="GPU: also time variable-length batches, sliding windows, softcap, ALiBi and dropout "
+                        "(benchmarks/bench_features.py) into features.csv and a section of results.md")
     p.add_argument("--cpu-budget", type=float, default=0.5,
                    help="CPU run: seconds of timed repeats per measurement (3 calls at least)")
     args = p.parse_args(argv)
@@ -1131,6 +1134,14 @@ def main(argv=None):
 
     write_csv(rows, out_dir / "results.csv")
     text = markdown(run, rows)
+    if args.features and device == "cuda":
+        if str(REPO_ROOT) not in sys.path:  # run as a script: benchmarks/ is on the path, the repo is not
+            sys.path.insert(0, str(REPO_ROOT))
+        from benchmarks import bench_features
+        feature_timers, _ = cuda_timers({p: (args.grad_warmup, args.grad_rep) for p in bench_features.PASSES})
+        features = bench_features.feature_rows(feature_timers, args.quick)
+        bench_features.write_csv(features, out_dir / "features.csv")
+        text += "\n\n## Options: variable-length batches, sliding windows, extras\n\n" + bench_features.markdown(features)
     (out_dir / "results.md").write_text(text + "\n")
     print()
     print(text)

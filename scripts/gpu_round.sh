@@ -14,7 +14,7 @@
 #
 # OUTDIR gets these files and no subfolders: build.log, tests.log,
 # sanitize.log, sanitize.md, long_context.log, long_context.md, bench.log,
-# results.csv, results.md, env.txt. Tests marked slow are left out of the
+# results.csv, results.md, features.csv, env.txt. Tests marked slow are left out of the
 # pytest run: the long-context step runs what they wrap. The benchmark runs
 # whenever the build succeeded, even after failed tests (with a warning).
 # Exit status: non-zero if the build, the tests, the sanitizer, the
@@ -162,7 +162,7 @@ elif [ "$bench" -eq 1 ]; then
     fi
     banner "benchmark"
     bench_started=$SECONDS
-    "$PY" benchmarks/bench_attention.py --out "$outdir" "${quick[@]}" 2>&1 | tee "$outdir/bench.log"
+    "$PY" benchmarks/bench_attention.py --out "$outdir" --features "${quick[@]}" 2>&1 | tee "$outdir/bench.log"
     bench_rc=${PIPESTATUS[0]}
     bench_summary="exit $bench_rc in $((SECONDS - bench_started)) s; results.csv, results.md"
 fi

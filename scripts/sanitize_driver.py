@@ -12,6 +12,10 @@ past a tensor's end is out of bounds, not a read of a neighbour).
 Every case runs the forward and both backward paths (dQ by atomics, and
 deterministic) through the operators, on inputs the kernels read in place:
 strided views of one packed tensor, or separate tensors of exactly their size.
+The cases take the options in turn (OPTIONS: plain, sliding windows, softcap
+with ALiBi, dropout, all of them, and variable-length batches that include a
+sequence of length 0), so every compiled kernel variant (local or not, with
+extras or not) and the varlen addressing run under every tool.
 
   full   both dtypes; every compiled head dim (32, 64, 96, 128, 192, 256) and one
          head dim below each that runs on it with a partial tile (8, 40, 72, 104,
@@ -38,23 +42,54 @@ PARTIAL_HEAD_DIMS = [8, 40, 72, 104, 136, 200]  # each runs on the smallest comp
 FULL_SEQLENS = [(1, 1), (3, 130), (130, 3), (77, 200), (200, 77)]
 SMALL_SEQLENS = [(130, 190)]
 HEADS = [(4, 4), (4, 2), (4, 1)]  # (H, Hk): MHA, GQA, MQA
+# Keyword arguments of the operators, taken in turn by the cases; "varlen" packs the batch.
+OPTIONS = [
+    {},
+    {"window_left": 17, "window_right": 5},
+    {"softcap": 7.5, "alibi": True},
+    {"dropout_p": 0.25},
+    {"window_left": 40, "window_right": 0, "softcap": 3.0, "alibi": True, "dropout_p": 0.1},
+    {"varlen": True},
+    {"varlen": True, "window_left": 9, "window_right": 3, "dropout_p": 0.2},
+]
 
 
 def sweep(name: str) -> list[tuple]:
-    """(dtype, head_dim, (Sq, Sk), causal, (H, Hk), layout, batch) of every case of the sweep."""
+    """(dtype, head_dim, (Sq, Sk), causal, (H, Hk), layout, batch, options) of every case of the sweep."""
     if name == "small":
+        # Plain and everything-on, so each compiled kernel variant runs under the slow tools.
         return [
-            (dtype, head_dim, seqlens, causal, (2, 1), "contiguous", 1)
-            for dtype, head_dim, seqlens, causal in itertools.product(
-                DTYPES, KERNEL_HEAD_DIMS, SMALL_SEQLENS, [False, True]
+            (dtype, head_dim, seqlens, causal, (2, 1), "contiguous", 1, options)
+            for dtype, head_dim, seqlens, causal, options in itertools.product(
+                DTYPES, KERNEL_HEAD_DIMS, SMALL_SEQLENS, [False, True], [OPTIONS[0], OPTIONS[4]]
             )
         ]
     head_dims = sorted(KERNEL_HEAD_DIMS + PARTIAL_HEAD_DIMS)
     cases = []
     for i, (dtype, head_dim, seqlens) in enumerate(itertools.product(DTYPES, head_dims, FULL_SEQLENS)):
         layout = "packed" if i % 2 else "contiguous"  # with HEADS, every (layout, heads) pair in turn
-        cases += [(dtype, head_dim, seqlens, causal, HEADS[i % len(HEADS)], layout, 2) for causal in (False, True)]
+        cases += [(dtype, head_dim, seqlens, causal, HEADS[i % len(HEADS)], layout, 2, OPTIONS[(2 * i + c) % len(OPTIONS)])
+                  for c, causal in enumerate((False, True))]
     return cases
+
+
+def operator_kwargs(options, q, k, v):
+    """(q, k, v, kwargs) for the operators: the option values, ALiBi slopes, a dropout seed, and for
+    varlen the batch packed into two sequences of uneven length (one of length 0 when S = 1)."""
+    kwargs = {key: value for key, value in options.items() if key not in ("alibi", "varlen")}
+    batch, num_heads = q.shape[0], q.shape[2]
+    if options.get("dropout_p"):
+        kwargs["rng_state"] = torch.randint(0, 2**62, (2,), device="cuda", dtype=torch.int64)
+    if options.get("varlen"):
+        q, k, v = (t.reshape(-1, *t.shape[2:]) for t in (q.contiguous(), k.contiguous(), v.contiguous()))
+        cu_q = torch.tensor([0, q.shape[0] // 2 // batch, q.shape[0]], device="cuda", dtype=torch.int32)
+        cu_k = torch.tensor([0, k.shape[0] // 2 // batch, k.shape[0]], device="cuda", dtype=torch.int32)
+        kwargs.update(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=int(cu_q.diff().max()),
+                      max_seqlen_k=int(cu_k.diff().max()))
+        batch = 2
+    if options.get("alibi"):
+        kwargs["alibi_slopes"] = torch.rand(batch, num_heads, device="cuda")
+    return q, k, v, kwargs
 
 
 def inputs(dtype, head_dim, seqlens, heads, layout, batch):
@@ -78,14 +113,14 @@ def main() -> None:
     args = parser.parse_args()
     torch.manual_seed(0)
     forward_calls = backward_calls = 0
-    for dtype, head_dim, seqlens, causal, heads, layout, batch in sweep(args.sweep):
-        q, k, v = inputs(dtype, head_dim, seqlens, heads, layout, batch)
+    for dtype, head_dim, seqlens, causal, heads, layout, batch, options in sweep(args.sweep):
+        q, k, v, kwargs = operator_kwargs(options, *inputs(dtype, head_dim, seqlens, heads, layout, batch))
         scale = head_dim**-0.5
-        out, lse = torch.ops.flashattn.fwd(q, k, v, scale, causal)
+        out, lse = torch.ops.flashattn.fwd(q, k, v, scale, causal, **kwargs)
         dout = torch.randn_like(out)
         forward_calls += 1
         for deterministic in (False, True):
-            torch.ops.flashattn.bwd(dout, q, k, v, out, lse, scale, causal, deterministic)
+            torch.ops.flashattn.bwd(dout, q, k, v, out, lse, scale, causal, deterministic, **kwargs)
             backward_calls += 1
     torch.cuda.synchronize()
     print(f"sanitize driver: {forward_calls} forward and {backward_calls} backward calls completed "

@@ -1,0 +1,277 @@
+"""Speed of the options beyond plain attention: variable-length batches, sliding windows, and the cost of
+softcap, ALiBi and dropout. bench_attention.py runs it with --features (GPU only); it also runs alone:
+
+    python benchmarks/bench_features.py [--out DIR] [--quick]
+
+Variable-length batch (bf16, H=16, D=128): a batch of mixed lengths (seeded, 128 to 8192 tokens,
+32k tokens in all), timed as
+
+- flashattn varlen: flash_attn_varlen_func on the packed tokens;
+- flashattn padded: flash_attn_func on the batch padded to the longest sequence (padding rows and keys
+  computed and thrown away, which is what a padded batch costs; the answer differs in the padded rows);
+- flashattn one by one: flash_attn_func per sequence, one launch each;
+- SDPA padded + mask: scaled_dot_product_attention on the padded batch with a boolean key-padding mask
+  (the backend PyTorch picks for a mask);
+- SDPA one by one: SDPA's flash backend per sequence;
+- flashattn padded, same tokens: flash_attn_func on B x S = the same total tokens in equal sequences
+  (S = 2048), the yardstick of issue 4's "varlen throughput within 10% of the padded function".
+
+Throughput counts the useful FLOPs only (4 * H * D * sum of S_i^2, halved for causal) for every row, so
+padding shows up as lost throughput. Sliding window (bf16, B=1, H=16, D=128, S=16384): full attention
+against window_size=(4096, 0) with causal and (2048, 2047) without, i.e. 4096 keys per row; the time
+ratio against full non-causal attention should be about 1/4. Extras (bf16, B=2, H=16, D=128, S=8192,
+causal): softcap=30, ALiBi and dropout_p=0.1 against plain attention.
+
+Each timed pass is fwd (out = fn()) and fwdbwd (forward and backward of out against a random dout).
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import random
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.bench_attention import RESULTS_ROOT, cuda_timers, gpu_header  # noqa: E402
+
+HEADS, HEAD_DIM = 16, 128
+DTYPE = torch.bfloat16
+PASSES = ("fwd", "fwdbwd")
+
+
+@dataclass
+class FeatureRow:
+    section: str
+    case: str
+    backend: str
+    pass_: str
+    median_ms: float | None
+    tflops: float | None
+    note: str = ""
+
+
+def mixed_lengths(total, low, high, seed):
+    """Lengths in [low, high] (multiples of 8 or not: drawn uniformly), summing to exactly `total`."""
+    rnd = random.Random(seed)
+    lengths = []
+    while sum(lengths) < total:
+        lengths.append(min(rnd.randint(low, high), total - sum(lengths)))
+    return lengths
+
+
+def useful_flops(lengths, causal, heads=HEADS, head_dim=HEAD_DIM):
+    flops = sum(4 * heads * head_dim * s * s for s in lengths)
+    return flops / 2 if causal else flops
+
+
+def timed(timer, fn, pass_, leaves):
+    """Median ms of fn() (fwd) or of its forward and backward (fwdbwd)."""
+    if pass_ == "fwd":
+        with torch.no_grad():
+            return timer(fn)
+    out = fn()
+    dout = torch.randn_like(out)
+    del out
+
+    def step():
+        torch.autograd.grad(fn(), leaves, dout)
+    return timer(step)
+
+
+def rows_for(section, case, fns, flops, timers, passes):
+    """FeatureRows of every (backend, pass): fns maps backend -> (fn, leaves)."""
+    rows = []
+    for pass_ in passes:
+        factor = 3.5 if pass_ == "fwdbwd" else 1.0
+        for backend, (fn, leaves) in fns.items():
+            try:
+                ms = timed(timers[pass_], fn, pass_, leaves)
+                rows.append(FeatureRow(section, case, backend, pass_, ms, flops * factor / ms / 1e9))
+            except torch.cuda.OutOfMemoryError:
+                rows.append(FeatureRow(section, case, backend, pass_, None, None, "OOM"))
+            except Exception as exc:  # a backend that refuses the shape: say so, keep going
+                rows.append(FeatureRow(section, case, backend, pass_, None, None,
+                                       f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"))
+            torch.cuda.empty_cache()
+    return rows
+
+
+def varlen_rows(timers, passes, quick):
+    from flashattn import flash_attn_func, flash_attn_varlen_func
+
+    total = 16384 if quick else 32768
+    lengths = mixed_lengths(total, 128, 8192, seed=0)
+    batch, longest = len(lengths), max(lengths)
+    rows = []
+    for causal in (False, True):
+        gen = torch.Generator(device="cuda").manual_seed(1)
+
+        def randn(*shape):
+            return torch.randn(shape, generator=gen, device="cuda", dtype=DTYPE).requires_grad_()
+
+        q, k, v = (randn(total, HEADS, HEAD_DIM) for _ in range(3))
+        cu = torch.tensor([0] + [sum(lengths[: i + 1]) for i in range(batch)], device="cuda", dtype=torch.int32)
+        starts = cu.tolist()
+        # The padded batch: each sequence at the start of its row of `longest`.
+        qp, kp, vp = (randn(batch, longest, HEADS, HEAD_DIM) for _ in range(3))
+        keep = torch.arange(longest, device="cuda")[None, :] < torch.tensor(lengths, device="cuda")[:, None]
+        sdpa_mask = keep[:, None, None, :]  # [B, 1, 1, S]: key padding
+        qt, kt, vt = (t.detach().transpose(1, 2).requires_grad_() for t in (qp, kp, vp))  # SDPA's layout
+        uniform = total // 2048
+        qu, ku, vu = (randn(uniform, 2048, HEADS, HEAD_DIM) for _ in range(3))
+
+        def one_by_one(attn):
+            def fn():
+                return torch.cat([attn(q[a:b], k[a:b], v[a:b]) for a, b in zip(starts, starts[1:])])
+            return fn
+
+        def fa_single(qs, ks, vs):
+            return flash_attn_func(qs[None], ks[None], vs[None], causal=causal)[0]
+
+        def sdpa_single(qs, ks, vs):
+            with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.FLASH_ATTENTION):
+                return F.scaled_dot_product_attention(qs.transpose(0, 1)[None], ks.transpose(0, 1)[None],
+                                                      vs.transpose(0, 1)[None], is_causal=causal)[0].transpose(0, 1)
+
+        def sdpa_padded():
+            # A causal key-padding mask: SDPA takes one boolean mask, so the causal part goes in it too.
+            mask = sdpa_mask & torch.ones(longest, longest, device="cuda", dtype=torch.bool).tril() if causal \
+                else sdpa_mask
+            return F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask)
+
+        fns = {
+            "flashattn varlen": (lambda: flash_attn_varlen_func(q, k, v, cu, cu, longest, longest, causal=causal),
+                                 (q, k, v)),
+            "flashattn padded": (lambda: flash_attn_func(qp, kp, vp, causal=causal), (qp, kp, vp)),
+            "flashattn one by one": (one_by_one(fa_single), (q, k, v)),
+            "SDPA padded + mask": (sdpa_padded, (qt, kt, vt)),
+            "SDPA one by one": (one_by_one(sdpa_single), (q, k, v)),
+        }
+        case = f"{batch} sequences, {total} tokens, longest {longest}, {'causal' if causal else 'non-causal'}"
+        rows += rows_for("varlen", case, fns, useful_flops(lengths, causal), timers, passes)
+        same = {"flashattn padded, same tokens": (lambda: flash_attn_func(qu, ku, vu, causal=causal), (qu, ku, vu))}
+        rows += rows_for("varlen", case, same, useful_flops([2048] * uniform, causal), timers, passes)
+        del q, k, v, qp, kp, vp, qt, kt, vt, qu, ku, vu
+        torch.cuda.empty_cache()
+    return rows
+
+
+def window_rows(timers, passes, quick):
+    from flashattn import flash_attn_func
+
+    seqlen = 8192 if quick else 16384
+    gen = torch.Generator(device="cuda").manual_seed(2)
+    q, k, v = (torch.randn(1, seqlen, HEADS, HEAD_DIM, generator=gen, device="cuda", dtype=DTYPE).requires_grad_()
+               for _ in range(3))
+    full = useful_flops([seqlen], causal=False)
+    cases = {
+        "full, non-causal": dict(causal=False),
+        "full, causal": dict(causal=True),
+        "window (4096, 0), causal": dict(causal=True, window_size=(4096, 0)),
+        "window (2048, 2047)": dict(window_size=(2048, 2047)),
+    }
+    fns = {name: ((lambda kw=kw: flash_attn_func(q, k, v, **kw)), (q, k, v)) for name, kw in cases.items()}
+    # TFLOP/s here count full non-causal attention's FLOPs for every row: the column reads as
+    # "equivalent throughput", and the time ratio is the point.
+    return rows_for("window", f"B=1 S={seqlen} H={HEADS} D={HEAD_DIM}", fns, full, timers, passes)
+
+
+def extras_rows(timers, passes, quick):
+    from flashattn import flash_attn_func
+
+    seqlen = 4096 if quick else 8192
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    q, k, v = (torch.randn(2, seqlen, HEADS, HEAD_DIM, generator=gen, device="cuda", dtype=DTYPE).requires_grad_()
+               for _ in range(3))
+    slopes = torch.tensor([2 ** (-8 * (h + 1) / HEADS) for h in range(HEADS)], device="cuda")
+    cases = {
+        "plain": {},
+        "softcap=30": dict(softcap=30.0),
+        "ALiBi": dict(alibi_slopes=slopes),
+        "dropout_p=0.1": dict(dropout_p=0.1),
+    }
+    fns = {name: ((lambda kw=kw: flash_attn_func(q, k, v, causal=True, **kw)), (q, k, v))
+           for name, kw in cases.items()}
+    return rows_for("extras", f"B=2 S={seqlen} H={HEADS} D={HEAD_DIM} causal", fns,
+                    2 * useful_flops([seqlen], causal=True), timers, passes)
+
+
+def feature_rows(timers, quick=False, passes=PASSES):
+    return varlen_rows(timers, passes, quick) + window_rows(timers, passes, quick) + extras_rows(timers, passes, quick)
+
+
+def markdown(rows):
+    """One table per section: case, backend, then ms and TFLOP/s per pass, and the ratio to the section's
+    yardstick (varlen: flashattn padded, same tokens; window and extras: the first row of the case)."""
+    lines = []
+    titles = {"varlen": "Variable-length batch (bf16, H=16, D=128; TFLOP/s of useful FLOPs)",
+              "window": "Sliding window (bf16; TFLOP/s as if full non-causal; time vs full non-causal)",
+              "extras": "Softcap, ALiBi, dropout (bf16, causal; time vs plain)"}
+    for section, title in titles.items():
+        sec = [r for r in rows if r.section == section]
+        if not sec:
+            continue
+        passes = list(dict.fromkeys(r.pass_ for r in sec))
+        lines += [f"### {title}", "",
+                  "| case | backend | " + " | ".join(f"{p} ms | {p} TFLOP/s | {p} vs yardstick" for p in passes) + " |",
+                  "|---|---|" + "---|---|---|" * len(passes)]
+        for case in dict.fromkeys(r.case for r in sec):
+            backends = list(dict.fromkeys(r.backend for r in sec if r.case == case))
+            yard = "flashattn padded, same tokens" if section == "varlen" else backends[0]
+            for backend in backends:
+                cells = []
+                for p in passes:
+                    row = next(r for r in sec if r.case == case and r.backend == backend and r.pass_ == p)
+                    ref = next(r for r in sec if r.case == case and r.backend == yard and r.pass_ == p)
+                    if row.median_ms is None:
+                        cells += [row.note or "-", "-", "-"]
+                        continue
+                    if section == "varlen":
+                        ratio = f"{row.tflops / ref.tflops:.2f}x throughput" if ref.tflops else "-"
+                    else:
+                        ratio = f"{row.median_ms / ref.median_ms:.2f}x time" if ref.median_ms else "-"
+                    cells += [f"{row.median_ms:.3f}", f"{row.tflops:.1f}", ratio]
+                lines.append(f"| {case} | {backend} | " + " | ".join(cells) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def write_csv(rows, path):
+    import csv
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["section", "case", "backend", "pass", "median_ms", "tflops", "note"])
+        for r in rows:
+            writer.writerow([r.section, r.case, r.backend, r.pass_,
+                             "" if r.median_ms is None else f"{r.median_ms:.4f}",
+                             "" if r.tflops is None else f"{r.tflops:.2f}", r.note])
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--quick", action="store_true", help="half the tokens and sequence lengths")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench_features.py: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    timers, timing = cuda_timers({"fwd": (25, 100), "fwdbwd": (25, 100)})
+    header = gpu_header(timing)
+    rows = feature_rows(timers, args.quick)
+    out = args.out or RESULTS_ROOT / "features"
+    out.mkdir(parents=True, exist_ok=True)
+    text = "\n".join([f"# Feature benchmarks", ""] + [f"- {k}: {v}" for k, v in header.items()] + ["", markdown(rows)])
+    (out / "features.md").write_text(text)
+    write_csv(rows, out / "features.csv")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
