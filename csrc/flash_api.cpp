@@ -104,8 +104,13 @@ void check_input(const at::Tensor& t, const char* name, const at::Tensor& q, con
                 " must be contiguous (stride 1, got ", str(t.stride(-1)), "); call .contiguous()");
     TORCH_CHECK(strides_aligned(t), "flashattn: ", name, " stride ", str(t.strides()), " must be a multiple of ",
                 str(kAlignElems), " elements in every dimension but the last (flash_attn_func copies such inputs)");
-    TORCH_CHECK(start_aligned(t), "flashattn: ", name,
-                " must start at a 16-byte aligned address (flash_attn_func copies such inputs)");
+}
+
+// t itself when its first row is 16-byte aligned, else an aligned copy (the
+// kernels read 16-byte chunks). Under torch.compile flash_attn_func cannot see
+// addresses, only strides, so the start is checked here.
+at::Tensor aligned(const at::Tensor& t) {
+    return start_aligned(t) ? t : t.clone(at::MemoryFormat::Contiguous);
 }
 
 // cu_seqlens_q/k: both or neither; int32 [B + 1] on q's device, contiguous.
@@ -287,10 +292,11 @@ std::tuple<at::Tensor, at::Tensor> mha_fwd(const at::Tensor& q,  // [B, Sq, H, D
                                    : at::empty({batch, num_heads, rows}, q.options().dtype(at::kFloat));
     if (batch == 0 || rows == 0 || num_heads == 0) return {out, lse};
 
+    const at::Tensor q_in = aligned(q), k_in = aligned(k), v_in = aligned(v);
     flash::FwdParams params{};
-    set_params(params, q, k, v, out, lse, layout, batch, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-               softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, dropout_p, rng_state,
-               max_smem_per_block);
+    set_params(params, q_in, k_in, v_in, out, lse, layout, batch, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+               max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, dropout_p,
+               rng_state, max_smem_per_block);
     check_launch(flash::run_fwd(params, c10::cuda::getCurrentCUDAStream().stream()), "forward", q, params);
     return {out, lse};
 }
@@ -351,10 +357,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> mha_bwd(
     const bool dout_readable = dout.stride(-1) == 1 && strides_aligned(dout) && start_aligned(dout);
     const at::Tensor dout_rows = dout_readable ? dout : dout.clone(at::MemoryFormat::Contiguous);
 
+    const at::Tensor q_in = aligned(q), k_in = aligned(k), v_in = aligned(v), out_in = aligned(out);
     flash::BwdParams params{};
-    set_params(params, q, k, v, out, lse, layout, batch, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-               softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, dropout_p, rng_state,
-               max_smem_per_block);
+    set_params(params, q_in, k_in, v_in, out_in, lse, layout, batch, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+               max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, dropout_p,
+               rng_state, max_smem_per_block);
     params.do_ptr = dout_rows.data_ptr();
     params.dq_ptr = dq.data_ptr();
     params.dk_ptr = dk.data_ptr();
@@ -402,6 +409,8 @@ std::tuple<at::Tensor, at::Tensor> mha_fwd_kvcache(
     check_input(q, "q", q, layout);
     check_input(k_cache, "k_cache", q, layout);
     check_input(v_cache, "v_cache", q, layout);
+    TORCH_CHECK(start_aligned(k_cache) && start_aligned(v_cache),
+                "flashattn: k_cache and v_cache must start at 16-byte aligned addresses (they are written in place)");
     TORCH_CHECK(k_cache.sizes() == v_cache.sizes(), "flashattn: k_cache ", str(k_cache.sizes()), " and v_cache ",
                 str(v_cache.sizes()), " must have the same shape");
     const int64_t batch = q.size(0), seqlen_q = q.size(1), num_heads = q.size(2), head_dim = q.size(3);
@@ -460,7 +469,7 @@ std::tuple<at::Tensor, at::Tensor> mha_fwd_kvcache(
     const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
 
     // The index check, the append, and q rotated (where it rotates) into q_attn.
-    at::Tensor q_attn = rotary_dim > 0 ? at::empty(q.sizes(), q.options()) : q;
+    at::Tensor q_attn = rotary_dim > 0 ? at::empty(q.sizes(), q.options()) : aligned(q);
     {
         flash::AppendParams ap{};
         if (seqlen_knew > 0) {

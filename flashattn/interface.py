@@ -461,9 +461,9 @@ def _rows_aligned(t: Tensor) -> bool:
         size <= 1 or stride % _KERNEL_CHUNK_ELEMS == 0 for size, stride in zip(t.shape[:-1], t.stride()[:-1])
     )
     if torch.compiler.is_compiling():
-        # Traced tensors have no address; the caching allocator aligns every
-        # storage, so the storage offset decides (the binding checks the address).
-        return strides_ok and t.storage_offset() % _KERNEL_CHUNK_ELEMS == 0
+        # Traced tensors have no address (and a view's storage offset may not be
+        # traceable): the binding copies a misaligned start itself.
+        return strides_ok
     return strides_ok and t.data_ptr() % _KERNEL_CHUNK_BYTES == 0
 
 

@@ -1,0 +1,262 @@
+"""flash_attn_with_kvcache against an fp32 reference on the gathered cache, on CPU and (marked gpu) CUDA.
+
+The reference appends the new keys and values itself (rotated by a rotary written here), gathers each
+sequence's rows [leftpad, cache_seqlens + seqlen_new) from the contiguous or paged cache, rotates q,
+and runs attention_ref with the same options. Outputs follow the project's bound (tests/helpers.py:
+twice PyTorch's own error in the input dtype, plus eps); the cache after the append must equal the
+reference's exactly.
+"""
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from torch import Tensor
+
+from flashattn import KVCache, apply_rotary_emb, flash_attn_with_kvcache
+from flashattn.kvcache import KVCACHE_SCHEMA
+from flashattn.reference import attention_ref
+
+from helpers import DEVICES, case_seed, poisoned_allocations, rounding_floor
+
+OUT_EPS, LSE_EPS = 1e-5, 1e-4
+
+
+def rotate(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool, positions: Tensor) -> Tensor:
+    """x [S, H, D] with row s at positions[s], in fp32 elementwise ops, cast back."""
+    rotary_dim = 2 * cos.shape[1]
+    c, s = cos[positions].unsqueeze(1), sin[positions].unsqueeze(1)
+    r = x[..., :rotary_dim].float()
+    if interleaved:
+        a, b = r[..., 0::2], r[..., 1::2]
+        out = torch.stack((a * c - b * s, a * s + b * c), dim=-1).flatten(-2)
+    else:
+        a, b = r.chunk(2, dim=-1)
+        out = torch.cat((a * c - b * s, a * s + b * c), dim=-1)
+    return torch.cat((out.to(x.dtype), x[..., rotary_dim:]), dim=-1)
+
+
+def make_case(device, dtype, batch, seqlen_q, seqlen_new, heads, heads_k, head_dim, page, seed, capacity=97,
+              leftpad=False, batch_idx=False, rotary=None):
+    gen = torch.Generator(device=device).manual_seed(seed)
+
+    def randn(*shape):
+        return torch.randn(shape, generator=gen, device=device, dtype=dtype)
+
+    seqlens = torch.randint(0, capacity - seqlen_new + 1, (batch,), generator=gen, device=device).to(torch.int32)
+    case = {"q": randn(batch, seqlen_q, heads, head_dim), "cache_seqlens": seqlens}
+    if page:
+        pages = -(-capacity // page)
+        order = torch.randperm(batch * pages + 2, generator=gen, device=device)[: batch * pages]
+        case["block_table"] = order.reshape(batch, pages).to(torch.int32)
+        case["k_cache"], case["v_cache"] = randn(batch * pages + 2, page, heads_k, head_dim), \
+            randn(batch * pages + 2, page, heads_k, head_dim)
+    else:
+        rows = batch + 2 if batch_idx else batch
+        case["k_cache"], case["v_cache"] = randn(rows, capacity, heads_k, head_dim), randn(rows, capacity, heads_k,
+                                                                                              head_dim)
+        if batch_idx:
+            case["cache_batch_idx"] = torch.randperm(rows, generator=gen, device=device)[:batch].to(torch.int32)
+    if seqlen_new:
+        case["k"], case["v"] = randn(batch, seqlen_new, heads_k, head_dim), randn(batch, seqlen_new, heads_k, head_dim)
+    if leftpad:
+        case["cache_leftpad"] = (torch.rand(batch, generator=gen, device=device) * seqlens.float() * 0.5).to(torch.int32)
+    if rotary is not None:
+        rotary_dim, interleaved = rotary
+        angles = torch.rand(capacity + seqlen_q + 1, rotary_dim // 2, generator=gen, device=device) * 6
+        case.update(rotary_cos=angles.cos(), rotary_sin=angles.sin(), rotary_interleaved=interleaved)
+    return case
+
+
+def reference(case: dict, causal: bool, window_size, softcap: float, alibi_slopes, upcast: bool):
+    """(out, lse, k_cache, v_cache) of the semantics, sequence by sequence (caches: cloned, appended)."""
+    k_cache, v_cache = case["k_cache"].clone(), case["v_cache"].clone()
+    q = case["q"]
+    batch, seqlen_q = q.shape[:2]
+    seqlen_new = case["k"].shape[1] if "k" in case else 0
+    outs, lses = [], []
+    for b in range(batch):
+        start = int(case["cache_seqlens"][b])
+        leftpad = int(case["cache_leftpad"][b]) if "cache_leftpad" in case else 0
+
+        def index(rows: Tensor):
+            if "block_table" in case:
+                page = k_cache.shape[1]
+                return case["block_table"][b].long()[rows // page], rows % page
+            row = int(case["cache_batch_idx"][b]) if "cache_batch_idx" in case else b
+            return torch.full_like(rows, row), rows
+
+        rotary = "rotary_cos" in case
+        if seqlen_new:
+            k_new = case["k"][b]
+            if rotary:
+                positions = torch.arange(start, start + seqlen_new, device=q.device) - leftpad
+                k_new = rotate(k_new, case["rotary_cos"], case["rotary_sin"], case["rotary_interleaved"], positions)
+            rows = index(torch.arange(start, start + seqlen_new, device=q.device))
+            k_cache[rows], v_cache[rows] = k_new, case["v"][b]
+        rows = index(torch.arange(leftpad, start + seqlen_new, device=q.device))
+        keys, values = k_cache[rows], v_cache[rows]
+        q_b = q[b]
+        if rotary:
+            per_row = causal or window_size != (-1, -1)
+            positions = start - leftpad + (torch.arange(seqlen_q, device=q.device) if per_row else
+                                           torch.zeros(seqlen_q, dtype=torch.long, device=q.device))
+            q_b = rotate(q_b, case["rotary_cos"], case["rotary_sin"], case["rotary_interleaved"], positions)
+        accurate = torch.float64 if q.dtype == torch.float32 and upcast else torch.float32 if upcast else q.dtype
+        slopes = None if alibi_slopes is None else alibi_slopes.to(torch.float32)
+        out, lse = attention_ref(*(t.unsqueeze(0).to(accurate) for t in (q_b, keys, values)), None, causal,
+                                 window_size, softcap, slopes, upcast=upcast)
+        outs.append(out[0])
+        lses.append(lse[0])
+    return torch.stack(outs), torch.stack(lses), k_cache, v_cache
+
+
+def check(case, causal=False, window_size=(-1, -1), softcap=0.0, alibi=False, num_splits=0):
+    q = case["q"]
+    slopes = torch.rand(q.shape[2], device=q.device) * 0.3 if alibi else None
+    ref_out, ref_lse, k_ref, v_ref = reference(case, causal, window_size, softcap, slopes, upcast=True)
+    low_out, low_lse, _, _ = reference(case, causal, window_size, softcap, slopes, upcast=False)
+    with poisoned_allocations():
+        out, lse = flash_attn_with_kvcache(**case, causal=causal, window_size=window_size, softcap=softcap,
+                                           alibi_slopes=slopes, num_splits=num_splits, return_softmax_lse=True)
+    assert torch.equal(case["k_cache"], k_ref) and torch.equal(case["v_cache"], v_ref), "cache after the append"
+    err = (out.double() - ref_out.double()).abs().max().item()
+    bound = max(2 * (low_out.double() - ref_out.double()).abs().max().item(), rounding_floor(ref_out, q.dtype)) + OUT_EPS
+    assert err <= bound, f"out: {err:.3g} > {bound:.3g}"
+    seen = torch.isfinite(ref_lse)
+    assert torch.equal(torch.isinf(lse) & (lse < 0), ~seen), "rows that see no key: lse -inf"
+    lse_err = (lse[seen].double() - ref_lse[seen].double()).abs().max().item() if seen.any() else 0.0
+    lse_bound = 2 * (low_lse[seen].double() - ref_lse[seen].double()).abs().max().item() + LSE_EPS if seen.any() else 1
+    assert lse_err <= lse_bound, f"lse: {lse_err:.3g} > {lse_bound:.3g}"
+    return out
+
+
+DTYPES = {"cpu": [torch.float32, torch.bfloat16], "cuda": [torch.float16, torch.bfloat16]}
+OPTIONS = [
+    pytest.param({}, id="plain"),
+    pytest.param({"causal": True}, id="causal"),
+    pytest.param({"causal": True, "window_size": (11, 0), "rotary": (16, True), "leftpad": True}, id="window-rot-i"),
+    pytest.param({"rotary": (32, False), "softcap": 20.0, "batch_idx": True}, id="rot-half-softcap-idx"),
+    pytest.param({"alibi": True, "causal": True, "window_size": (30, -1)}, id="alibi-window"),
+]
+SHAPES = [(1, 1, 8, 2), (2, 2, 4, 4), (7, 0, 8, 1), (1, 0, 4, 2)]  # (seqlen_q, seqlen_new, H, Hk)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("page", [None, 16, 5], ids=["contiguous", "page16", "page5"])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"q{s[0]}new{s[1]}h{s[2]}kv{s[3]}")
+@pytest.mark.parametrize("options", OPTIONS)
+def test_matches_reference(device, page, shape, options):
+    seqlen_q, seqlen_new, heads, heads_k = shape
+    options = dict(options)
+    make = {key: options.pop(key) for key in ("rotary", "leftpad", "batch_idx") if key in options}
+    if page and make.get("batch_idx"):
+        pytest.skip("cache_batch_idx is for contiguous caches")
+    for dtype in DTYPES[device]:
+        seed = case_seed("kvcache", device, page, shape, sorted(options), sorted(make), dtype)
+        case = make_case(device, dtype, 3, seqlen_q, seqlen_new, heads, heads_k, 64, page, seed, **make)
+        check(case, **options)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("page", [None, 16, 64, 256], ids=["contiguous", "page16", "page64", "page256"])
+@pytest.mark.parametrize("seqlen_q, seqlen_new", [(1, 1), (2, 2), (7, 0), (128, 5)])
+@pytest.mark.parametrize("num_splits", [1, 0, 7])
+def test_gpu_sweep(dtype, head_dim, page, seqlen_q, seqlen_new, num_splits):
+    """Long ragged caches (up to 700 rows), GQA: splits 1, automatic and 7 all within the bound."""
+    seed = case_seed("kv gpu", dtype, head_dim, page, seqlen_q, seqlen_new, num_splits)
+    case = make_case("cuda", dtype, 3, seqlen_q, seqlen_new, 8, 2, head_dim, page, seed, capacity=700,
+                     rotary=(head_dim // 2, seqlen_q % 2 == 0), leftpad=seqlen_q > 1)
+    check(case, causal=seqlen_q > 1, num_splits=num_splits)
+
+
+@pytest.mark.gpu
+def test_gpu_long_paged_cache_decoding():
+    """B=1, a 64k-token cache in pages of 16 (shuffled), GQA 32/8, automatic splits."""
+    case = make_case("cuda", torch.bfloat16, 1, 1, 1, 32, 8, 128, 16, case_seed("kv long"), capacity=65536)
+    check(case)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_splits_agree(device):
+    dtype = DTYPES[device][-1]
+    case = make_case(device, dtype, 2, 1, 1, 8, 2, 64, None, case_seed("splits", device), capacity=300)
+    outs = []
+    for splits in (1, 3, 0):
+        trial = {**case, "k_cache": case["k_cache"].clone(), "v_cache": case["v_cache"].clone()}
+        outs.append(check(trial, num_splits=splits))
+    assert all((o.float() - outs[0].float()).abs().max() <= 2 * torch.finfo(dtype).eps for o in outs)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_int_cache_seqlens_and_plain_return(device):
+    dtype = DTYPES[device][0]
+    case = make_case(device, dtype, 2, 1, 0, 4, 4, 64, None, case_seed("int seqlens", device))
+    tensor_out = flash_attn_with_kvcache(**{**case, "cache_seqlens": torch.full_like(case["cache_seqlens"], 40)})
+    out = flash_attn_with_kvcache(**{**case, "cache_seqlens": 40})
+    assert isinstance(out, Tensor) and torch.equal(out, tensor_out)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_kvcache_generation_loop(device):
+    """KVCache over a prompt and three steps equals attention over everything so far, each step."""
+    dtype = DTYPES[device][0]
+    gen = torch.Generator(device=device).manual_seed(case_seed("loop", device))
+    batch, heads, heads_k, head_dim, total = 2, 4, 2, 64, 9
+    q, k, v = (torch.randn(batch, total, h, head_dim, generator=gen, device=device, dtype=dtype)
+               for h in (heads, heads_k, heads_k))
+    for page in (None, 4):
+        cache = KVCache(batch, 16, heads_k, head_dim, num_layers=1, device=device, dtype=dtype, page_size=page)
+        for start, stop in ((0, 6), (6, 7), (7, 8), (8, 9)):
+            out = cache.attend(0, q[:, start:stop], k[:, start:stop], v[:, start:stop], causal=True)
+            cache.advance(stop - start)
+            expected, _ = attention_ref(q[:, start:stop].float(), k[:, :stop].float(), v[:, :stop].float(),
+                                        causal=True)
+            low, _ = attention_ref(q[:, start:stop], k[:, :stop], v[:, :stop], causal=True, upcast=False)
+            bound = max(2 * (low.double() - expected.double()).abs().max().item(),
+                        rounding_floor(expected, dtype)) + OUT_EPS
+            assert (out.double() - expected.double()).abs().max().item() <= bound
+
+
+def test_apply_rotary_emb_matches_the_tests_rotation():
+    x = torch.randn(2, 5, 3, 16)
+    angles = torch.rand(20, 4) * 6
+    for interleaved in (True, False):
+        ours = apply_rotary_emb(x, angles.cos(), angles.sin(), interleaved, seqlen_offsets=7)
+        for b in range(2):
+            expected = rotate(x[b], angles.cos(), angles.sin(), interleaved, torch.arange(7, 12))
+            assert torch.equal(ours[b], expected)
+
+
+def _cpu_case():
+    return make_case("cpu", torch.float32, 2, 1, 1, 4, 2, 64, 16, case_seed("errors"))
+
+
+@pytest.mark.parametrize("change, error, words", [
+    (lambda c: c.update(block_table=c["block_table"].long()), TypeError, "block_table must be int32"),
+    (lambda c: c.update(block_table=c["block_table"][:1]), ValueError, "block_table must have shape"),
+    (lambda c: c.update(cache_seqlens=c["cache_seqlens"].float()), TypeError, "cache_seqlens must be int32"),
+    (lambda c: c.update(cache_seqlens=c["cache_seqlens"][:1]), ValueError, "cache_seqlens must have shape"),
+    (lambda c: c.pop("v"), ValueError, "k and v must be given together"),
+    (lambda c: c.update(cache_batch_idx=torch.zeros(2, dtype=torch.int32)), ValueError, "cache_batch_idx cannot"),
+    (lambda c: c.update(cache_seqlens=torch.full((2,), 112, dtype=torch.int32)), ValueError, "cache_seqlens + seqlen_new"),
+    (lambda c: c["block_table"].__setitem__((0, 0), 10_000), ValueError, "block_table entries"),
+    (lambda c: c.update(rotary_cos=torch.ones(5, 40), rotary_sin=torch.ones(5, 40)), ValueError, "rotary_cos"),
+    (lambda c: c.update(q=c["q"][..., :32]), ValueError, "head dims differ"),
+    (lambda c: c.update(num_splits=-1), ValueError, "num_splits"),
+])
+def test_bad_arguments_name_themselves(change, error, words):
+    case = _cpu_case()
+    change(case)
+    with pytest.raises(error, match=re.escape(words)):
+        flash_attn_with_kvcache(**case)
+
+
+def test_schema_matches_the_binding():
+    source = (Path(__file__).resolve().parents[1] / "csrc" / "flash_api.cpp").read_text()
+    definition = re.search(r'm\.def\(\s*((?:"[^"]*"\s*)+)\);', source[source.index('"fwd_kvcache(') - 20:])
+    text = "".join(re.findall(r'"([^"]*)"', definition.group(1)))
+    assert text == KVCACHE_SCHEMA
