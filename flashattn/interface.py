@@ -224,8 +224,9 @@ def flash_attn_varlen_func(
             fine. Rows past cu_seqlens_q[-1] belong to no sequence (their out is unspecified
             on CUDA, 0 on CPU; their gradients are 0).
         max_seqlen_q, max_seqlen_k: at least the longest query (key) sequence: a Python int
-            (a SymInt under torch.compile(dynamic=True)), or outside torch.compile a 0-d
-            integer tensor (read with int(): a host sync on CUDA).
+            (a SymInt under torch.compile(dynamic=True)), or a 0-d integer tensor: read with
+            int() (a host sync on CUDA), or under torch.compile replaced by the row count of q
+            (k), a bound on every length that needs no read (S_dmask then has that many rows).
         dropout_p, softmax_scale, causal, window_size, softcap, deterministic: as in
             flash_attn_func, applied to each sequence on its own: causal and window_size
             align each sequence's queries to the bottom-right corner of its own keys.
@@ -642,16 +643,20 @@ def _check_varlen(
             f"flashattn: {cu_q_name} {tuple(cu_seqlens_q.shape)} and {cu_k_name} {tuple(cu_seqlens_k.shape)} "
             "must have the same length (batch + 1)"
         )
-    max_q = _check_max_seqlen(max_q_name, max_seqlen_q)
-    max_k = _check_max_seqlen(max_k_name, max_seqlen_k)
+    max_q = _check_max_seqlen(max_q_name, max_seqlen_q, q.shape[0])
+    max_k = _check_max_seqlen(max_k_name, max_seqlen_k, k.shape[0])
     if not q.is_cuda and not torch.compiler.is_compiling():
         _check_offsets(cu_q_name, cu_seqlens_q, q.shape[0], "q", max_q_name, max_q)
         _check_offsets(cu_k_name, cu_seqlens_k, k.shape[0], "k", max_k_name, max_k)
     return _Varlen(cu_seqlens_q, cu_seqlens_k, max_q, max_k)
 
 
-def _check_max_seqlen(name: str, value: object) -> int:
-    """A non-negative Python int, a SymInt (under torch.compile) or a 0-d integer tensor, as an int."""
+def _check_max_seqlen(name: str, value: object, rows: int) -> int:
+    """A non-negative Python int, a SymInt (under torch.compile) or a 0-d integer tensor, as an int.
+
+    Under torch.compile a tensor's value cannot be read without a graph break; `rows` (the packed
+    tensor's row count, a bound on every sequence's length) stands in for it: the kernels size their
+    grid from it and the blocks past a sequence's end exit at once."""
     accepted = "a non-negative Python int (or a 0-d integer tensor)"
     if isinstance(value, Tensor):
         if value.dim() != 0 or value.dtype.is_floating_point or value.dtype.is_complex or value.dtype == torch.bool:
@@ -659,12 +664,7 @@ def _check_max_seqlen(name: str, value: object) -> int:
                 f"flashattn: {name} must be {accepted}, got a {value.dtype} tensor of shape {tuple(value.shape)}"
             )
         if torch.compiler.is_compiling():
-            # Its value cannot be read while tracing, and the operator's int argument takes no
-            # data-dependent SymInt.
-            raise TypeError(
-                f"flashattn: {name} must be a Python int under torch.compile, got a tensor; "
-                "read it with int() outside the compiled region"
-            )
+            return rows
         value = int(value)  # on the host: a sync on CUDA
     if isinstance(value, torch.SymInt):
         return value

@@ -408,11 +408,13 @@ def test_torch_compile_fullgraph_varlen(device):
         assert torch.equal(forward_only(*leaves, *cu), want_out)
 
 
-def test_torch_compile_refuses_tensor_max_seqlen_by_name():
-    """Under torch.compile a 0-d tensor max_seqlen cannot be read (the operator takes an int): the
-    error names the argument and says what to pass."""
-    q, k, v, varlen = packed_batch([9, 3], [4, 4], (2, 2), 16, torch.float32, "cpu", 1)
-    varlen["max_seqlen_q"] = torch.tensor(9)
-    compiled = torch.compile(lambda *args: flash_attn_varlen_func(*args), fullgraph=True, backend="eager")
-    with pytest.raises(Exception, match=r"max_seqlen_q must be a Python int under torch\.compile"):
-        compiled(q, k, v, *varlen.values())
+@pytest.mark.parametrize("device", DEVICES)
+def test_torch_compile_takes_tensor_max_seqlen(device):
+    """Under torch.compile(fullgraph=True) a 0-d tensor max_seqlen is not read (that would break the
+    graph): the packed row count bounds it, and the result is eager's with the int."""
+    q, k, v, varlen = packed_batch([9, 3, 0], [4, 7, 2], (2, 2), 16, torch.bfloat16, device, 1)
+    want = flash_attn_varlen_func(q, k, v, *varlen.values(), causal=True)
+    as_tensors = {**varlen, "max_seqlen_q": torch.tensor(9), "max_seqlen_k": torch.tensor(7)}
+    compiled = torch.compile(lambda *args: flash_attn_varlen_func(*args, causal=True), fullgraph=True,
+                             backend="eager")
+    assert torch.equal(compiled(q, k, v, *as_tensors.values()), want)
