@@ -1,0 +1,1 @@
+"""Integrations of flashattn with other libraries (import each submodule on its own: each needs its library)."""

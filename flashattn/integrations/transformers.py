@@ -1,0 +1,124 @@
+"""flashattn as a HuggingFace transformers attention implementation.
+
+    import flashattn.integrations.transformers as fa_hf
+    name = fa_hf.register()                       # "tiled_attention"
+    model = AutoModelForCausalLM.from_config(config, attn_implementation=name)   # or
+    model.set_attn_implementation(name)
+
+transformers 5.x treats every implementation name containing "flash" as a request for its own
+FlashAttention integrations (utils/generic.py: is_flash_attention_requested, then a check for the
+flash_attn package or a hub kernel), so the name must not contain it: the default is
+"tiled_attention". register() adds the attention function to AttentionInterface and, under the same
+name, SDPA's boolean mask builder to AttentionMaskInterface, so the function receives either no mask
+(pure causal or full attention, which it runs as flash_attn_func) or a boolean 4-D mask (True =
+attend). A mask that is the causal or full pattern cut by a key-padding mask (left padding in
+generation; any padding without causality) runs as one flash_attn_varlen_func call over the kept
+keys; any other mask runs torch's SDPA with the mask, exactly, after a one-time warning. Nothing is
+dropped silently: the padding pattern is checked element for element against the mask it came from.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ..interface import flash_attn_func, flash_attn_varlen_func
+
+DEFAULT_NAME = "tiled_attention"
+_warned: set[str] = set()
+
+
+def register(name: str = DEFAULT_NAME) -> str:
+    """Registers flashattn under `name` (which must not contain "flash", see the module doc); returns it."""
+    if "flash" in name:
+        raise ValueError(f"flashattn: transformers routes names containing 'flash' to its own FlashAttention "
+                         f"integrations; pick another name than {name!r}")
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(name, attention_forward)
+    AttentionMaskInterface.register(name, sdpa_mask)
+    return name
+
+
+def _fallback(reason: str) -> None:
+    if reason not in _warned:
+        _warned.add(reason)
+        warnings.warn(f"flashattn (transformers): {reason}; running torch's SDPA with the mask instead", stacklevel=3)
+
+
+def attention_forward(module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None,
+                      dropout: float = 0.0, scaling: float | None = None, is_causal: bool | None = None,
+                      **kwargs) -> tuple[Tensor, None]:
+    """transformers' attention signature: query (B, H, Sq, D), key/value (B, Hk, Sk, D) -> ((B, Sq, H, D), None)."""
+    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    window = getattr(module, "sliding_window", None)
+    options = {"softmax_scale": scaling, "softcap": kwargs.get("softcap") or 0.0,
+               "window_size": (window - 1, -1) if window else (-1, -1),
+               "dropout_p": dropout if module.training else 0.0}
+    q, k, v = (t.transpose(1, 2) for t in (query, key, value))  # (B, S, H, D) views
+    seqlen_q, seqlen_k = q.shape[1], k.shape[1]
+    if attention_mask is None:
+        if causal and seqlen_q > 1 and seqlen_k > seqlen_q:
+            # As transformers' SDPA path: an empty static cache's slots past the prompt (top-left causal).
+            k, v = k[:, :seqlen_q], v[:, :seqlen_q]
+        return flash_attn_func(q, k, v, causal=causal and seqlen_q > 1, **options), None
+    if attention_mask.dtype != torch.bool or attention_mask.dim() != 4 or attention_mask.shape[1] != 1:
+        _fallback(f"an attention mask of dtype {attention_mask.dtype} and shape {tuple(attention_mask.shape)}")
+        return _sdpa(module, query, key, value, attention_mask, dropout, scaling), None
+    mask = attention_mask[:, 0, :, -seqlen_k:] if attention_mask.shape[-1] >= seqlen_k else None
+    if mask is None or mask.shape[1] != seqlen_q:
+        _fallback("an attention mask whose shape does not match the keys")
+        return _sdpa(module, query, key, value, attention_mask, dropout, scaling), None
+    keep = mask.any(dim=1)  # [B, Sk]: the keys some query sees
+    for causal_pattern in (True, False):
+        pattern = _pattern(keep, seqlen_q, causal_pattern, options["window_size"][0])
+        if torch.equal(pattern, mask) and (not causal_pattern or _suffix(keep)):
+            out = _varlen(q, k, v, keep, causal_pattern, options)
+            return out, None
+    _fallback("an attention mask that is not the causal or full pattern cut by key padding")
+    return _sdpa(module, query, key, value, attention_mask, dropout, scaling), None
+
+
+def _pattern(keep: Tensor, seqlen_q: int, causal: bool, left: int) -> Tensor:
+    """[B, Sq, Sk] bool: query i (at key position i + Sk - Sq) sees kept key j (j <= its position if causal)."""
+    seqlen_k = keep.shape[1]
+    keys = torch.arange(seqlen_k, device=keep.device)
+    positions = torch.arange(seqlen_q, device=keep.device).unsqueeze(1) + seqlen_k - seqlen_q
+    visible = torch.ones(seqlen_q, seqlen_k, dtype=torch.bool, device=keep.device)
+    if causal:
+        visible &= keys <= positions
+    if left >= 0:
+        visible &= keys >= positions - left
+    return visible.unsqueeze(0) & keep.unsqueeze(1)
+
+
+def _suffix(keep: Tensor) -> bool:
+    """Whether each row keeps a contiguous run of keys ending at the last one (left padding)."""
+    positions = torch.arange(keep.shape[1], device=keep.device)
+    return torch.equal(keep, positions >= keep.shape[1] - keep.sum(dim=1, keepdim=True))
+
+
+def _varlen(q: Tensor, k: Tensor, v: Tensor, keep: Tensor, causal: bool, options: dict) -> Tensor:
+    """Every query of each sequence over its kept keys, one flash_attn_varlen_func call. With causal the
+    kept keys are the sequence's last ones, so bottom-right alignment over them is the mask's."""
+    batch, seqlen_q = q.shape[:2]
+    lengths = keep.sum(dim=1)
+    kept = keep.flatten().nonzero().squeeze(1)
+    k_packed, v_packed = (t.flatten(0, 1).index_select(0, kept) for t in (k, v))
+    cu_k = F.pad(lengths.cumsum(0), (1, 0)).to(torch.int32)
+    cu_q = torch.arange(0, (batch + 1) * seqlen_q, seqlen_q, device=q.device, dtype=torch.int32)
+    out = flash_attn_varlen_func(q.flatten(0, 1), k_packed, v_packed, cu_q, cu_k, seqlen_q, int(lengths.max()),
+                                 causal=causal, **options)
+    return out.unflatten(0, (batch, seqlen_q))
+
+
+def _sdpa(module, query, key, value, mask, dropout, scaling) -> Tensor:
+    groups = query.shape[1] // key.shape[1]
+    key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
+    out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scaling,
+                                         dropout_p=dropout if module.training else 0.0)
+    return out.transpose(1, 2)

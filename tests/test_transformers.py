@@ -1,0 +1,93 @@
+"""flashattn as a transformers attention implementation: a small random Llama-style model (built from a
+config, no download) gives the logits of transformers' own SDPA implementation within the project's bound
+(twice the error of the same-dtype SDPA run against an fp64 run, plus eps), with and without left padding,
+and greedy generate() produces the same tokens. CPU in fp32 here (the CPU path); the gpu-marked case in
+bf16 on CUDA."""
+
+import warnings
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+import flashattn.integrations.transformers as fa_hf  # noqa: E402
+
+from helpers import case_seed  # noqa: E402
+
+NAME = fa_hf.register()
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """The flashattn functions the integration calls (so a test sees that flashattn ran at all)."""
+    seen = []
+    for name in ("flash_attn_func", "flash_attn_varlen_func"):
+        real = getattr(fa_hf, name)
+
+        def counting(*args, _real=real, _name=name, **kwargs):
+            seen.append(_name)
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(fa_hf, name, counting)
+    return seen
+
+
+def tiny_llama(seed: int):
+    config = transformers.LlamaConfig(vocab_size=97, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    torch.manual_seed(seed)
+    return transformers.LlamaForCausalLM(config).eval()
+
+
+def logits_of(model, implementation, ids, mask, dtype, device):
+    model = model.to(device=device, dtype=dtype)
+    model.set_attn_implementation(implementation)
+    with torch.no_grad():
+        return model(input_ids=ids, attention_mask=mask).logits.double()
+
+
+@pytest.mark.parametrize("device, dtype", [("cpu", torch.float32),
+                                           pytest.param("cuda", torch.bfloat16, marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("padded", [False, True], ids=["no-padding", "left-padding"])
+def test_logits_match_sdpa(calls, device, dtype, padded):
+    model = tiny_llama(case_seed("llama", device, padded))
+    gen = torch.Generator().manual_seed(case_seed("ids", padded))
+    ids = torch.randint(0, 97, (3, 21), generator=gen).to(device)
+    mask = torch.ones_like(ids)
+    if padded:
+        mask[1, :5] = 0
+        mask[2, :13] = 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a fallback to SDPA would warn: the padding must run on flashattn
+        ours = logits_of(model, NAME, ids, mask, dtype, device)
+    assert calls == ["flash_attn_varlen_func" if padded else "flash_attn_func"] * 2  # both layers
+    sdpa = logits_of(model, "sdpa", ids, mask, dtype, device)
+    exact = logits_of(model, "sdpa", ids, mask, torch.float64, "cpu").to(device)
+    kept = mask.bool()
+    err = (ours - exact)[kept].abs().max().item()
+    bound = 2 * (sdpa - exact)[kept].abs().max().item() + (1e-4 if dtype == torch.float32 else 1e-2)
+    assert err <= bound, f"logits: {err:.3g} > {bound:.3g}"
+
+
+@pytest.mark.parametrize("device, dtype", [("cpu", torch.float32),
+                                           pytest.param("cuda", torch.bfloat16, marks=pytest.mark.gpu)])
+def test_greedy_generate_matches_sdpa(calls, device, dtype):
+    model = tiny_llama(case_seed("generate", device)).to(device=device, dtype=dtype)
+    gen = torch.Generator().manual_seed(case_seed("prompt"))
+    ids = torch.randint(0, 97, (2, 9), generator=gen).to(device)
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0  # left padding
+    outputs = {}
+    for implementation in (NAME, "sdpa"):
+        model.set_attn_implementation(implementation)
+        with torch.no_grad():
+            outputs[implementation] = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=8,
+                                                     do_sample=False, pad_token_id=0)
+    assert torch.equal(outputs[NAME], outputs["sdpa"])
+    assert calls
+
+
+def test_names_with_flash_are_refused():
+    with pytest.raises(ValueError, match="flash"):
+        fa_hf.register("flashattn")
