@@ -15,7 +15,9 @@ strided views of one packed tensor, or separate tensors of exactly their size.
 The cases take the options in turn (OPTIONS: plain, sliding windows, softcap
 with ALiBi, dropout, all of them, and variable-length batches that include a
 sequence of length 0), so every compiled kernel variant (local or not, with
-extras or not) and the varlen addressing run under every tool.
+extras or not) and the varlen addressing run under every tool. Then KVCACHE_CASES
+run flash_attn_with_kvcache (contiguous and paged caches, appends, rotary,
+split-KV), its four kernels included.
 
   full   both dtypes; every compiled head dim (32, 64, 96, 128, 192, 256) and one
          head dim below each that runs on it with a partial tile (8, 40, 72, 104,
@@ -107,6 +109,42 @@ def inputs(dtype, head_dim, seqlens, heads, layout, batch):
     return q, k, v
 
 
+# KV-cache calls (flash_attn_with_kvcache: the check, append, forward and combine kernels):
+# (head_dim, page size or None, seqlen_q, seqlen_new, num_splits, rotary, causal). Caches of 203
+# rows, ragged lengths, GQA 4/2.
+KVCACHE_CASES = [
+    (64, None, 1, 1, 0, True, False),
+    (128, 16, 1, 0, 3, False, True),
+    (72, 64, 7, 3, 1, True, True),
+    (256, 5, 2, 2, 0, False, False),
+]
+
+
+def kvcache_calls(dtype) -> int:
+    """Runs every KVCACHE_CASES case on dtype; returns the number of calls."""
+    from flashattn import flash_attn_with_kvcache
+
+    batch, capacity, heads, heads_k = 2, 203, 4, 2
+    for head_dim, page, seqlen_q, seqlen_new, splits, rotary, causal in KVCACHE_CASES:
+        if page is None:
+            k_cache = torch.randn(batch, capacity, heads_k, head_dim, device="cuda", dtype=dtype)
+            table = None
+        else:
+            pages = -(-capacity // page)
+            k_cache = torch.randn(batch * pages, page, heads_k, head_dim, device="cuda", dtype=dtype)
+            table = torch.randperm(batch * pages, device="cuda").to(torch.int32).reshape(batch, pages)
+        v_cache = torch.randn_like(k_cache)
+        seqlens = torch.tensor([capacity - seqlen_new, 17], device="cuda", dtype=torch.int32)
+        q = torch.randn(batch, seqlen_q, heads, head_dim, device="cuda", dtype=dtype)
+        new = [torch.randn(batch, seqlen_new, heads_k, head_dim, device="cuda", dtype=dtype) for _ in range(2)]
+        angles = torch.rand(capacity + seqlen_q, head_dim // 4, device="cuda")
+        flash_attn_with_kvcache(q, k_cache, v_cache, *(new if seqlen_new else (None, None)),
+                                rotary_cos=angles.cos() if rotary else None,
+                                rotary_sin=angles.sin() if rotary else None, cache_seqlens=seqlens,
+                                block_table=table, causal=causal, num_splits=splits)
+    return len(KVCACHE_CASES)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sweep", choices=["full", "small"], default="full")
@@ -122,9 +160,10 @@ def main() -> None:
         for deterministic in (False, True):
             torch.ops.flashattn.bwd(dout, q, k, v, out, lse, scale, causal, deterministic, **kwargs)
             backward_calls += 1
+    kvcache = sum(kvcache_calls(dtype) for dtype in DTYPES)
     torch.cuda.synchronize()
     print(f"sanitize driver: {forward_calls} forward and {backward_calls} backward calls completed "
-          f"(sweep {args.sweep})")
+          f"(sweep {args.sweep}), and {kvcache} KV-cache calls")
 
 
 if __name__ == "__main__":
