@@ -91,3 +91,35 @@ def test_greedy_generate_matches_sdpa(calls, device, dtype):
 def test_names_with_flash_are_refused():
     with pytest.raises(ValueError, match="flash"):
         fa_hf.register("flashattn")
+
+
+class _Module(torch.nn.Module):
+    is_causal = True
+    sliding_window = None
+
+
+def test_sinks_and_softcap_fall_back_exactly():
+    """Attention sinks (s_aux, as gpt-oss passes them) are not in flashattn's kernels: the call warns and
+    computes them as transformers' own gpt-oss eager function does; a softcap with an arbitrary mask
+    keeps the softcap in the fallback."""
+    from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward
+
+    gen = torch.Generator().manual_seed(case_seed("sinks"))
+    query, key, value = (torch.randn(2, h, 9, 16, generator=gen, dtype=torch.float64) for h in (4, 2, 2))
+    mask = torch.rand(2, 1, 9, 9, generator=gen) < 0.7
+    mask[..., 0] = True
+    module = _Module().eval()
+    module.num_key_value_groups = 2
+    sinks = torch.randn(4, generator=gen, dtype=torch.float64)
+    module.sinks = torch.nn.Parameter(sinks, requires_grad=False)  # gpt-oss's eager reads them from the module
+    with pytest.warns(UserWarning, match="sinks"):
+        ours, _ = fa_hf.attention_forward(module, query, key, value, mask, scaling=0.25, s_aux=sinks)
+    float_mask = torch.zeros(mask.shape, dtype=torch.float64).masked_fill(~mask, float("-inf"))
+    expected, _ = eager_attention_forward(module, query, key, value, float_mask, scaling=0.25, dropout=0.0,
+                                          s_aux=sinks)
+    torch.testing.assert_close(ours, expected)
+    with pytest.warns(UserWarning, match="not the causal or full pattern"):
+        capped, _ = fa_hf.attention_forward(module, query, key, value, mask, scaling=0.25, softcap=2.0)
+    scores = 2.0 * torch.tanh((query @ key.repeat_interleave(2, 1).transpose(-1, -2)) * 0.25 / 2.0)
+    probs = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
+    torch.testing.assert_close(capped, (probs @ value.repeat_interleave(2, 1)).transpose(1, 2))

@@ -13,7 +13,8 @@ name, SDPA's boolean mask builder to AttentionMaskInterface, so the function rec
 (pure causal or full attention, which it runs as flash_attn_func) or a boolean 4-D mask (True =
 attend). A mask that is the causal or full pattern cut by a key-padding mask (left padding in
 generation; any padding without causality) runs as one flash_attn_varlen_func call over the kept
-keys; any other mask runs torch's SDPA with the mask, exactly, after a one-time warning. Nothing is
+keys; any other mask, attention sinks (s_aux) or a position_bias run the attention in plain
+PyTorch the way transformers' eager functions do (softcap included), after a one-time warning. Nothing is
 dropped silently: the padding pattern is checked element for element against the mask it came from.
 """
 
@@ -47,7 +48,7 @@ def register(name: str = DEFAULT_NAME) -> str:
 def _fallback(reason: str) -> None:
     if reason not in _warned:
         _warned.add(reason)
-        warnings.warn(f"flashattn (transformers): {reason}; running torch's SDPA with the mask instead", stacklevel=3)
+        warnings.warn(f"flashattn (transformers): {reason}; running plain PyTorch attention instead", stacklevel=3)
 
 
 def attention_forward(module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None,
@@ -55,8 +56,13 @@ def attention_forward(module, query: Tensor, key: Tensor, value: Tensor, attenti
                       **kwargs) -> tuple[Tensor, None]:
     """transformers' attention signature: query (B, H, Sq, D), key/value (B, Hk, Sk, D) -> ((B, Sq, H, D), None)."""
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
-    window = getattr(module, "sliding_window", None)
-    options = {"softmax_scale": scaling, "softcap": kwargs.get("softcap") or 0.0,
+    window = kwargs.get("sliding_window") or getattr(module, "sliding_window", None)
+    softcap = kwargs.get("softcap") or 0.0
+    extras = {"softcap": softcap, "s_aux": kwargs.get("s_aux"), "position_bias": kwargs.get("position_bias")}
+    if extras["s_aux"] is not None or extras["position_bias"] is not None:
+        _fallback("attention sinks (s_aux) or a position_bias, which flashattn's kernels do not take")
+        return _eager(module, query, key, value, attention_mask, dropout, scaling, **extras), None
+    options = {"softmax_scale": scaling, "softcap": softcap,
                "window_size": (window - 1, -1) if window else (-1, -1),
                "dropout_p": dropout if module.training else 0.0}
     q, k, v = (t.transpose(1, 2) for t in (query, key, value))  # (B, S, H, D) views
@@ -68,11 +74,11 @@ def attention_forward(module, query: Tensor, key: Tensor, value: Tensor, attenti
         return flash_attn_func(q, k, v, causal=causal and seqlen_q > 1, **options), None
     if attention_mask.dtype != torch.bool or attention_mask.dim() != 4 or attention_mask.shape[1] != 1:
         _fallback(f"an attention mask of dtype {attention_mask.dtype} and shape {tuple(attention_mask.shape)}")
-        return _sdpa(module, query, key, value, attention_mask, dropout, scaling), None
+        return _eager(module, query, key, value, attention_mask, dropout, scaling, **extras), None
     mask = attention_mask[:, 0, :, -seqlen_k:] if attention_mask.shape[-1] >= seqlen_k else None
     if mask is None or mask.shape[1] != seqlen_q:
         _fallback("an attention mask whose shape does not match the keys")
-        return _sdpa(module, query, key, value, attention_mask, dropout, scaling), None
+        return _eager(module, query, key, value, attention_mask, dropout, scaling, **extras), None
     keep = mask.any(dim=1)  # [B, Sk]: the keys some query sees
     for causal_pattern in (True, False):
         pattern = _pattern(keep, seqlen_q, causal_pattern, options["window_size"][0])
@@ -80,7 +86,7 @@ def attention_forward(module, query: Tensor, key: Tensor, value: Tensor, attenti
             out = _varlen(q, k, v, keep, causal_pattern, options)
             return out, None
     _fallback("an attention mask that is not the causal or full pattern cut by key padding")
-    return _sdpa(module, query, key, value, attention_mask, dropout, scaling), None
+    return _eager(module, query, key, value, attention_mask, dropout, scaling, **extras), None
 
 
 def _pattern(keep: Tensor, seqlen_q: int, causal: bool, left: int) -> Tensor:
@@ -116,9 +122,24 @@ def _varlen(q: Tensor, k: Tensor, v: Tensor, keep: Tensor, causal: bool, options
     return out.unflatten(0, (batch, seqlen_q))
 
 
-def _sdpa(module, query, key, value, mask, dropout, scaling) -> Tensor:
+def _eager(module, query, key, value, mask, dropout, scaling, softcap=0.0, s_aux=None, position_bias=None) -> Tensor:
+    """Attention the plain way, as transformers' eager functions compute it: scale, softcap, bias,
+    mask (bool: True attends; float: added), softmax in fp32 with the sinks (s_aux, one logit per
+    head) as an extra column that is dropped after it, dropout in training."""
     groups = query.shape[1] // key.shape[1]
     key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
-    out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scaling,
-                                         dropout_p=dropout if module.training else 0.0)
-    return out.transpose(1, 2)
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    scores = (query @ key.transpose(-1, -2)).float() * scale
+    if softcap:
+        scores = softcap * torch.tanh(scores / softcap)
+    if position_bias is not None:
+        scores = scores + position_bias
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+    if s_aux is not None:
+        sinks = s_aux.float().reshape(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
+        probs = torch.softmax(torch.cat((scores, sinks), dim=-1), dim=-1)[..., :-1]
+    else:
+        probs = torch.softmax(scores, dim=-1)
+    probs = F.dropout(probs, p=dropout if module.training else 0.0)
+    return (probs.to(value.dtype) @ value).transpose(1, 2)
