@@ -19,7 +19,8 @@ from torch import Tensor, nn
 
 from ._extension import NOT_BUILT_REASON, unsupported_gpu_reason
 from .interface import CPU_DTYPES, CUDA_DTYPES, MAX_HEAD_DIM, flash_attn_func, flash_attn_varlen_func
-from .kvcache import KVCache
+from .kvcache import KVCache, apply_rotary_emb
+from .padding import unpad_input
 
 __all__ = ["MHA", "FallbackWarning", "MultiheadAttention", "RotaryEmbedding", "convert_multihead_attention"]
 
@@ -317,22 +318,18 @@ def _attention_over_kept_keys(
     num_seqs, seqlen_q = q.shape[:2]
     if causal:
         keep = keep & (torch.arange(keep.shape[1], device=keep.device) < seqlen_q)
-    lengths = keep.sum(dim=1)
-    max_kept = int(lengths.max())  # on the host, as unpad_input's max_seqlen is
-    kept = keep.flatten().nonzero().squeeze(1)
-    k_packed = k.flatten(0, 1).index_select(0, kept)  # [total_k, H, D]
-    v_packed = v.flatten(0, 1).index_select(0, kept)  # [total_k, H, D]
-    cu_k = F.pad(lengths.cumsum(0), (1, 0)).to(torch.int32)
+    k_packed, indices, cu_k, max_kept, lengths = unpad_input(k, keep)  # [total_k, H, D]
+    v_packed = v.flatten(0, 1).index_select(0, indices)
     if not causal:
         cu_q = torch.arange(0, (num_seqs + 1) * seqlen_q, seqlen_q, device=q.device, dtype=torch.int32)
         out = flash_attn_varlen_func(q.flatten(0, 1), k_packed, v_packed, cu_q, cu_k, seqlen_q, max_kept, dropout_p)
         return out.unflatten(0, (num_seqs, seqlen_q))
+    # The square blocks have the kept keys' lengths, so cu_k is their offsets too.
     square = torch.arange(seqlen_q, device=q.device) < lengths.unsqueeze(1)  # [N, L]: query i < m
-    cu_square = F.pad(lengths.cumsum(0), (1, 0)).to(torch.int32)
     cu_rest = F.pad((seqlen_q - lengths).cumsum(0), (1, 0)).to(torch.int32)
     out = q.new_empty(q.shape)
     out[square] = flash_attn_varlen_func(
-        q[square], k_packed, v_packed, cu_square, cu_k, max_kept, max_kept, dropout_p, causal=True
+        q[square], k_packed, v_packed, cu_k, cu_k, max_kept, max_kept, dropout_p, causal=True
     )
     out[~square] = flash_attn_varlen_func(
         q[~square], k_packed, v_packed, cu_rest, cu_k, seqlen_q - int(lengths.min()), max_kept, dropout_p
@@ -415,16 +412,8 @@ class RotaryEmbedding(nn.Module):
         """x (batch, seqlen, nheads, headdim) rotated, in x's dtype; channels from dim on unchanged."""
         if x.shape[-1] < self.dim:
             raise ValueError(f"RotaryEmbedding: head dim {x.shape[-1]} is smaller than the rotary dim {self.dim}")
-        cos, sin = self.cos_sin(x.shape[1], x.device, seqlen_offset)
-        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [S, 1, dim / 2]: broadcast over heads
-        rotary, rest = x[..., : self.dim].float(), x[..., self.dim :]
-        if self.interleaved:
-            x1, x2 = rotary[..., 0::2], rotary[..., 1::2]
-            rotary = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
-        else:
-            x1, x2 = rotary.chunk(2, dim=-1)
-            rotary = torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
-        return torch.cat((rotary.to(x.dtype), rest), dim=-1)
+        cos, sin = self.cos_sin(x.shape[1], x.device, seqlen_offset)  # rows = x's positions
+        return apply_rotary_emb(x, cos, sin, self.interleaved)
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}, base={self.base}, interleaved={self.interleaved}"

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..interface import flash_attn_func, flash_attn_varlen_func
+from ..padding import unpad_input
 
 DEFAULT_NAME = "tiled_attention"
 _warned: set[str] = set()
@@ -112,12 +113,10 @@ def _varlen(q: Tensor, k: Tensor, v: Tensor, keep: Tensor, causal: bool, options
     """Every query of each sequence over its kept keys, one flash_attn_varlen_func call. With causal the
     kept keys are the sequence's last ones, so bottom-right alignment over them is the mask's."""
     batch, seqlen_q = q.shape[:2]
-    lengths = keep.sum(dim=1)
-    kept = keep.flatten().nonzero().squeeze(1)
-    k_packed, v_packed = (t.flatten(0, 1).index_select(0, kept) for t in (k, v))
-    cu_k = F.pad(lengths.cumsum(0), (1, 0)).to(torch.int32)
+    k_packed, indices, cu_k, max_k, _ = unpad_input(k, keep)
+    v_packed = v.flatten(0, 1).index_select(0, indices)
     cu_q = torch.arange(0, (batch + 1) * seqlen_q, seqlen_q, device=q.device, dtype=torch.int32)
-    out = flash_attn_varlen_func(q.flatten(0, 1), k_packed, v_packed, cu_q, cu_k, seqlen_q, int(lengths.max()),
+    out = flash_attn_varlen_func(q.flatten(0, 1), k_packed, v_packed, cu_q, cu_k, seqlen_q, max_k,
                                  causal=causal, **options)
     return out.unflatten(0, (batch, seqlen_q))
 
