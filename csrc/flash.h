@@ -89,6 +89,11 @@ struct FwdParams {
     const int* __restrict__ block_table;
     int64_t block_table_batch_stride;
     int page_size;
+    // The ranges the kernels check those indices against where they read them
+    // (index_check.cuh): the rows one sequence's cache holds (S_cache, or the
+    // block table's pages x page_size) and k_cache.size(0) (sequences or pages).
+    int kv_capacity;
+    int kv_cache_batch;
     // Decoding (Sq == 1) with GQA: a block's rows are the heads_per_kv_head query
     // heads of one KV head (the binding sets seqlen_q = that group, num_heads =
     // num_heads_k and the strides to match), so each KV tile is read once for all.
@@ -152,8 +157,10 @@ struct AppendParams {
     const int* __restrict__ block_table;
     int64_t block_table_batch_stride;
     int page_size;
-    const float* __restrict__ rotary_cos;  // [S_rotary, rotary_dim / 2] fp32, or nullptr
+    int capacity, num_cache_rows;  // as FwdParams' kv_capacity and kv_cache_batch
+    const float* __restrict__ rotary_cos;  // [rotary_rows, rotary_dim / 2] fp32, or nullptr
     const float* __restrict__ rotary_sin;
+    int rotary_rows;
     int rotary_dim;
     bool rotary_interleaved;  // rotate pairs (2i, 2i + 1); else (i, i + rotary_dim / 2)
     bool q_positions_per_row;  // causal/local: query i at position cache_seqlens + i; else all at cache_seqlens
@@ -176,13 +183,16 @@ struct CombineParams {
 };
 cudaError_t run_fwd_kvcache(const FwdParams& params, const CombineParams& combine, cudaStream_t stream);
 
-// The append (and rotary) of flash_attn_with_kvcache.
+// The append (and rotary) of flash_attn_with_kvcache. It checks the indices it
+// reads (cache_seqlens, cache_leftpad, cache_batch_idx, the used block-table
+// entries, rotary positions) as the forward kernels do (index_check.cuh).
 cudaError_t run_kvcache_append(const AppendParams& params, cudaStream_t stream);
 
-// Checks the index tensors of `params` on the device (a trap if one is out of
-// range): capacity = the rows a sequence may use, num_cache_rows = k_cache's
-// first dimension (sequences or pages).
-cudaError_t run_kvcache_check(const AppendParams& params, int capacity, int num_cache_rows, cudaStream_t stream);
+// The number of splits (split-KV) that fills the GPU for a KV-cache forward
+// whose sequences hold at most max_keys keys, on a device with `sms` SMs (at
+// most kMaxKvSplits).
+int kvcache_num_splits(const FwdParams& params, int max_keys, int sms);
+constexpr int kMaxKvSplits = 128;  // the most num_splits takes (larger values are clamped)
 
 // Runs the backward pass on `stream`. Returns the launch error, if any.
 cudaError_t run_bwd(const BwdParams& params, cudaStream_t stream);

@@ -493,8 +493,10 @@ std::tuple<at::Tensor, at::Tensor> mha_fwd_kvcache(
         ap.block_table = paged ? block_table->data_ptr<int>() : nullptr;
         ap.block_table_batch_stride = paged ? block_table->stride(0) : 0;
         ap.page_size = static_cast<int>(page_size);
+        ap.capacity = static_cast<int>(cache_capacity), ap.num_cache_rows = static_cast<int>(k_cache.size(0));
         ap.rotary_cos = rotary_dim > 0 ? cos.data_ptr<float>() : nullptr;
         ap.rotary_sin = rotary_dim > 0 ? sin.data_ptr<float>() : nullptr;
+        ap.rotary_rows = rotary_dim > 0 ? static_cast<int>(cos.size(0)) : 0;
         ap.rotary_dim = static_cast<int>(rotary_dim);
         ap.rotary_interleaved = rotary_interleaved;
         ap.q_positions_per_row = causal || window_left >= 0 || window_right >= 0;
@@ -503,11 +505,11 @@ std::tuple<at::Tensor, at::Tensor> mha_fwd_kvcache(
         ap.num_heads = static_cast<int>(num_heads), ap.num_heads_k = static_cast<int>(num_heads_k);
         ap.head_dim = static_cast<int>(head_dim);
         ap.dtype = q.scalar_type() == at::kBFloat16 ? flash::DType::kBFloat16 : flash::DType::kFloat16;
-        cudaError_t err = flash::run_kvcache_check(ap, static_cast<int>(cache_capacity),
-                                                   static_cast<int>(k_cache.size(0)), stream);
-        if (err == cudaSuccess && (seqlen_knew > 0 || rotary_dim > 0)) err = flash::run_kvcache_append(ap, stream);
-        TORCH_CHECK(err == cudaSuccess, "flashattn: the KV-cache check or append kernel failed to launch: ",
-                    cudaGetErrorString(err));
+        if (seqlen_knew > 0 || rotary_dim > 0) {
+            const cudaError_t err = flash::run_kvcache_append(ap, stream);
+            TORCH_CHECK(err == cudaSuccess, "flashattn: the KV-cache append kernel failed to launch: ",
+                        cudaGetErrorString(err));
+        }
     }
 
     at::Tensor out = at::empty(q.sizes(), q.options());
@@ -526,6 +528,8 @@ std::tuple<at::Tensor, at::Tensor> mha_fwd_kvcache(
     params.block_table = paged ? block_table->data_ptr<int>() : nullptr;
     params.block_table_batch_stride = paged ? block_table->stride(0) : 0;
     params.page_size = static_cast<int>(page_size);
+    params.kv_capacity = static_cast<int>(cache_capacity);
+    params.kv_cache_batch = static_cast<int>(k_cache.size(0));
     // Decoding with GQA: the group's query heads are the rows of one block (q and
     // out seen as [B, G, Hk, D], lse's (h, i) as (hk, g)).
     const int64_t group = num_heads / num_heads_k;
@@ -539,18 +543,12 @@ std::tuple<at::Tensor, at::Tensor> mha_fwd_kvcache(
         params.lse_head_stride = group;
         params.total_q = static_cast<int>(batch * group);
     }
-    // Splits: enough blocks for about four per SM (the 64-row tiles leave room
-    // for four), each with at least four key tiles of 64.
-    constexpr int64_t kKeysPerTile = 64, kBlocksPerSm = 4, kMinTilesPerSplit = 4, kMaxSplits = 128;
     if (num_splits <= 0) {
         int sms = 0;
         C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, q.get_device()));
-        const int64_t blocks = batch * params.num_heads * ((params.seqlen_q + 63) / 64);
-        const int64_t tiles = (cache_capacity + kKeysPerTile - 1) / kKeysPerTile;
-        num_splits = std::min({(kBlocksPerSm * sms + blocks - 1) / blocks, std::max<int64_t>(1, tiles / kMinTilesPerSplit),
-                               kMaxSplits});
+        num_splits = flash::kvcache_num_splits(params, static_cast<int>(cache_capacity), sms);
     }
-    params.num_splits = static_cast<int>(std::max<int64_t>(1, std::min(num_splits, kMaxSplits)));
+    params.num_splits = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(num_splits, flash::kMaxKvSplits)));
     at::Tensor o_accum, lse_accum;
     flash::CombineParams combine{};
     if (params.num_splits > 1) {

@@ -59,16 +59,7 @@ __global__ void __launch_bounds__(Traits::kNThreads) fwd_kernel(const FwdParams 
     const int seqlen_q = seq.seqlen_q;
     const int m0 = m_block * kBlockM;
     if (m0 >= seqlen_q) return;  // a shorter sequence of a variable-length batch
-    Window window = window_of(params, seqlen_q, seq.seqlen_k);
-    if (Is_kvcache && params.pack_gqa) {
-        // The rows are query heads at one position, the last: the window of a
-        // one-row sequence cuts the keys, then every row sees all of them.
-        const Window one_row = window_of(params, 1, seq.seqlen_k);
-        const int key_lo = one_row.key_begin(0), key_hi = one_row.key_end(0);
-        seq.k_start += key_lo;
-        seq.seqlen_k = max(0, key_hi - key_lo);
-        window = window_of(-1, -1, seqlen_q, seq.seqlen_k);
-    }
+    const Window window = Is_kvcache ? kvcache_window(params, seq) : window_of(params, seqlen_q, seq.seqlen_k);
     const int seqlen_k = seq.seqlen_k;
 
     const Element* q = static_cast<const Element*>(params.q_ptr) + batch * params.q_batch_stride +
@@ -82,17 +73,13 @@ __global__ void __launch_bounds__(Traits::kNThreads) fwd_kernel(const FwdParams 
                        (paged ? 0 : seq.kv_batch * params.v_batch_stride + seq.k_start * params.v_row_stride);
     const int* table = paged ? params.block_table + batch * params.block_table_batch_stride : nullptr;
     const PagedRows<Element> k_pages{k, table, params.k_batch_stride, params.k_row_stride, params.page_size,
-                                     seq.k_start};
+                                     seq.k_start, params.kv_cache_batch, batch};
     const PagedRows<Element> v_pages{v, table, params.v_batch_stride, params.v_row_stride, params.page_size,
-                                     seq.k_start};
+                                     seq.k_start, params.kv_cache_batch, batch};
 
-    KeyTileRange key_tiles = key_tile_range<kBlockM, kBlockN>(m0, seqlen_q, window);
-    if (num_splits > 1) {  // this block's share of the tiles, as even as whole tiles allow
-        const int per_split = (key_tiles.n_end - key_tiles.n_begin + num_splits - 1) / num_splits;
-        const int begin = min(key_tiles.n_begin + split * per_split, key_tiles.n_end);
-        const int end = min(begin + per_split, key_tiles.n_end);
-        key_tiles = {begin, end, min(max(key_tiles.full_begin, begin), end), min(max(key_tiles.full_end, begin), end)};
-    }
+    // With split-KV, this block's share of the tiles.
+    const KeyTileRange key_tiles =
+        split_key_tiles(key_tile_range<kBlockM, kBlockN>(m0, seqlen_q, window), split, num_splits);
     const ScoreExtras extras(params, batch, head, window.diagonal);
     const bool has_dropout = Has_extras && !Is_kvcache && params.rng_state != nullptr;
     const DropoutRng rng = has_dropout ? DropoutRng(params.rng_state, batch, params.num_heads, head,

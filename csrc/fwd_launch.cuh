@@ -2,6 +2,7 @@
 #pragma once
 
 #include "flash.h"
+#include "decode_kernel.cuh"
 #include "fwd_kernel.cuh"
 #include "kernel_traits.h"
 #include "kvcache.cuh"
@@ -39,20 +40,33 @@ cudaError_t run_fwd_(const FwdParams& params, cudaStream_t stream) {
     }
 }
 
-// The KV-cache forward: 64-row tiles, as decoding has one or a few rows per
-// head (a GQA group with pack_gqa) and is bound by reading the cache, and
-// every option switched at run time (one kernel per dtype and head dim).
-template <int kHeadDim, typename Element>
-using KvcacheTraits = FwdKernelTraits<kHeadDim, 64, 64, 4, Element>;
+template <typename Traits>
+cudaError_t launch_decode(const FwdParams& params, cudaStream_t stream) {
+    auto kernel = &decode_kernel<Traits>;
+    constexpr int kSmem = Traits::kSmemBytes;
+    if (kSmem > params.max_smem_per_block) return cudaErrorInvalidConfiguration;
+    if (kSmem > 48 * 1024) {
+        cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+        if (err != cudaSuccess) return err;
+    }
+    kernel<<<dim3(params.num_splits, params.num_heads, params.batch), Traits::kNThreads, kSmem, stream>>>(params);
+    return cudaGetLastError();
+}
 
+// The KV-cache forward: the decoding kernel for up to kDecodeRows rows per
+// (batch, head), the tiled forward beyond; then the combine of the splits.
 template <typename Element, int kHeadDim>
 cudaError_t run_fwd_kvcache_(const FwdParams& params, const CombineParams& combine, cudaStream_t stream) {
     using Traits = KvcacheTraits<kHeadDim, Element>;
     static_assert(Traits::kSmemBytes <= kSmallSmemPerBlock, "the KV-cache config must fit sm_86/sm_89");
-    cudaError_t err = launch_fwd<Traits, /*Is_local=*/true, /*Has_extras=*/true, /*Is_kvcache=*/true>(params, stream);
+    cudaError_t err =
+        params.seqlen_q <= kDecodeRows
+            ? launch_decode<DecodeTraits<kHeadDim, Element>>(params, stream)
+            : launch_fwd<Traits, /*Is_local=*/true, /*Has_extras=*/true, /*Is_kvcache=*/true>(params, stream);
     if (err != cudaSuccess || params.num_splits <= 1) return err;
     const int64_t rows = static_cast<int64_t>(combine.batch) * combine.num_heads * combine.seqlen_q;
-    kvcache_combine_kernel<Element><<<static_cast<unsigned>((rows + 3) / 4), 128, 0, stream>>>(combine);
+    kvcache_combine_kernel<Element><<<static_cast<unsigned>((rows + kCombineWarps - 1) / kCombineWarps),
+                                      kCombineWarps * 32, 0, stream>>>(combine);
     return cudaGetLastError();
 }
 

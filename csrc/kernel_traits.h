@@ -227,4 +227,48 @@ struct BwdKernelTraits {
 template <int kHeadDim, typename Element, typename Config = FwdConfig<kHeadDim>>
 using FwdTraitsFor = FwdKernelTraits<kHeadDim, Config::kBlockM, Config::kBlockN, Config::kNWarps, Element>;
 
+
+// The KV-cache forward for more than kDecodeRows rows per block (chunked
+// prefill, a GQA group of more than 16 heads): 64-row tiles, every option
+// switched at run time (one kernel per dtype and head dim).
+template <int kHeadDim, typename Element>
+using KvcacheTraits = FwdKernelTraits<kHeadDim, 64, 64, 4, Element>;
+
+// Up to this many rows per (batch, head) -- with pack_gqa per KV head -- a
+// KV-cache forward runs the decoding kernel.
+constexpr int kDecodeRows = 16;
+
+// The decoding kernel (decode_kernel.cuh): a block holds up to kRows query
+// rows and walks key tiles of kBlockN keys, 16 per warp, with kStages - 1
+// tiles in flight while it computes on one. Small tiles and deep pipelines:
+// decoding is bound by reading the cache, and many bytes in flight per SM is
+// what reaches the memory's bandwidth. Sized for at most 96 KB of shared memory
+// (within the 99 KB of sm_86/sm_89, so one build serves every GPU; the H100
+// then holds two d128 blocks per SM, 128 KB of loads in flight).
+template <int kHeadDim_, typename Element_>
+struct DecodeTraits {
+    using Element = Element_;
+    static constexpr int kHeadDim = kHeadDim_;
+    static constexpr int kRows = kDecodeRows;  // one m16 tile
+    static constexpr int kNWarps = 2;
+    static constexpr int kBlockN = 16 * kNWarps;
+    static constexpr int kNThreads = kNWarps * 32;
+    static constexpr int kNTilesO = kHeadDim / 8;
+    static constexpr int kKSteps = kHeadDim / 16;
+    using QTile = SmemTile<kRows, kHeadDim>;
+    using KVTile = SmemTile<kBlockN, kHeadDim>;
+    static constexpr int kStageBytes = 2 * KVTile::kBytes;  // K then V
+    static constexpr int kFitStages = (96 * 1024 - QTile::kBytes) / kStageBytes;
+    static constexpr int kStages = kFitStages < 2 ? 2 : kFitStages > 6 ? 6 : kFitStages;
+    static constexpr int kSmemStagesOffset = QTile::kBytes;
+    static constexpr int kSmemBytes = QTile::kBytes + kStages * kStageBytes;
+    // The Q copy uses as many threads as 16 rows keep busy with whole passes.
+    static constexpr int kQCopyThreads = kNThreads < kRows * QTile::kBlockChunks ? kNThreads
+                                                                                 : kRows * QTile::kBlockChunks;
+    static_assert(kNWarps * kRows * kHeadDim * 4 <= kStages * kStageBytes,
+                  "the warps' fp32 partial outputs are merged in the stage buffers");
+    static_assert(kNWarps * kRows * 4 <= QTile::kBytes, "the warps' LSEs are merged in the Q tile");
+    static_assert(kSmemBytes <= 96 * 1024, "the decoding kernel must fit sm_86/sm_89");
+};
+
 }  // namespace flash

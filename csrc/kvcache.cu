@@ -1,51 +1,38 @@
-// The KV-cache index check (its kernel here, the one place that launches it)
-// and the append (and rotary) launch, whose kernel is in kvcache.cuh.
-#include <cstdio>
+// The append (and rotary) launch, whose kernel is in kvcache.cuh, and the
+// split-KV heuristic.
+#include <algorithm>
+#include <array>
 
 #include "flash.h"
+#include "kernel_traits.h"
 #include "kvcache.cuh"
 #include "static_switch.h"
 
 namespace flash {
 
-// The index tensors' ranges, before any kernel reads through them: a value out
-// of range prints which argument and traps (the stream stops; the error
-// surfaces at the next synchronisation as a launch failure). One block; the
-// threads stride over the batch and the used block-table entries.
-__global__ void __launch_bounds__(256) kvcache_check_kernel(const AppendParams p, int capacity, int num_cache_rows) {
-    for (int b = threadIdx.x; b < p.batch; b += blockDim.x) {
-        const int seqlen = p.cache_seqlens[b];
-        const int end = seqlen + p.seqlen_knew;
-        if (seqlen < 0 || end > capacity) {
-            printf("flashattn: cache_seqlens[%d] + seqlen_new = %d is outside the cache's %d rows\n", b, end, capacity);
-            __trap();
-        }
-        if (p.leftpad_k != nullptr && (p.leftpad_k[b] < 0 || p.leftpad_k[b] > end)) {
-            printf("flashattn: cache_leftpad[%d] = %d is outside [0, cache_seqlens + seqlen_new = %d]\n", b,
-                   p.leftpad_k[b], end);
-            __trap();
-        }
-        if (p.kv_batch_idx != nullptr && (p.kv_batch_idx[b] < 0 || p.kv_batch_idx[b] >= num_cache_rows)) {
-            printf("flashattn: cache_batch_idx[%d] = %d is outside [0, %d)\n", b, p.kv_batch_idx[b], num_cache_rows);
-            __trap();
-        }
-        if (p.block_table != nullptr) {
-            for (int j = 0; j * p.page_size < end; ++j) {
-                const int page = p.block_table[b * p.block_table_batch_stride + j];
-                if (page < 0 || page >= num_cache_rows) {
-                    printf("flashattn: block_table[%d][%d] = %d is outside [0, num_blocks = %d)\n", b, j, page,
-                           num_cache_rows);
-                    __trap();
-                }
-            }
-        }
+// Splits: as many blocks as the SMs hold at once (their shared memory and
+// threads), never more -- a second, partial wave would cost a whole block's
+// time -- and at least kMinTilesPerSplit key tiles per split (the combine reads
+// every split's fp32 rows back).
+int kvcache_num_splits(const FwdParams& params, int max_keys, int sms) {
+    constexpr int kMinTilesPerSplit = 8;
+    int device = 0, smem_per_sm = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device) != cudaSuccess) {
+        return 1;
     }
-}
-
-
-cudaError_t run_kvcache_check(const AppendParams& params, int capacity, int num_cache_rows, cudaStream_t stream) {
-    kvcache_check_kernel<<<1, 256, 0, stream>>>(params, capacity, num_cache_rows);
-    return cudaGetLastError();
+    const bool decode = params.seqlen_q <= kDecodeRows;
+    const auto [rows, keys, threads, smem] = FLASH_HEADDIM_SWITCH(params.head_dim, kHeadDim, [&] {
+        using Decode = DecodeTraits<kHeadDim, __half>;
+        using Tiled = KvcacheTraits<kHeadDim, __half>;
+        return decode ? std::array<int, 4>{Decode::kRows, Decode::kBlockN, Decode::kNThreads, Decode::kSmemBytes}
+                      : std::array<int, 4>{Tiled::kBlockM, Tiled::kBlockN, Tiled::kNThreads, Tiled::kSmemBytes};
+    });
+    const int per_sm = std::max(1, std::min({smem_per_sm / (smem + 1024), 2048 / threads, 32}));
+    const int64_t blocks = static_cast<int64_t>(params.batch) * params.num_heads * ((params.seqlen_q + rows - 1) / rows);
+    const int64_t tiles = (static_cast<int64_t>(max_keys) + keys - 1) / keys;
+    const int64_t fill = static_cast<int64_t>(per_sm) * sms / blocks;
+    return static_cast<int>(std::max<int64_t>(1, std::min({fill, tiles / kMinTilesPerSplit, int64_t{kMaxKvSplits}})));
 }
 
 cudaError_t run_kvcache_append(const AppendParams& params, cudaStream_t stream) {

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "flash.h"
+#include "index_check.cuh"
 #include "ptx.cuh"
 
 namespace flash {
@@ -33,7 +34,7 @@ template <typename Element>
 __device__ __forceinline__ void rotate_pair(const Element* src, Element* dst, const RotaryPair& pair,
                                             const float* cos, const float* sin, int position, int rotary_dim) {
     const float x = to_float(src[pair.a]), y = to_float(src[pair.b]);
-    if (pair.freq < 0) {
+    if (pair.freq < 0) {  // also every pair without rotary (rotary_dim 0)
         dst[pair.a] = src[pair.a];
         dst[pair.b] = src[pair.b];
         return;
@@ -44,6 +45,21 @@ __device__ __forceinline__ void rotate_pair(const Element* src, Element* dst, co
     // round them: the cache then holds exactly what apply_rotary_emb computes.
     dst[pair.a] = from_float<Element>(__fsub_rn(__fmul_rn(x, c), __fmul_rn(y, s)));
     dst[pair.b] = from_float<Element>(__fadd_rn(__fmul_rn(x, s), __fmul_rn(y, c)));
+}
+
+// Batch b's cache_seqlens, its leftpad and a rotary position, each checked
+// before it is used (index_check.cuh): the new rows must fit the cache, the
+// padding lies within the cached rows, and the tables hold the position.
+__device__ __forceinline__ int cached_rows(const AppendParams& p, int b) {
+    return checked_index(p.cache_seqlens[b], 0, p.capacity - p.seqlen_knew, "cache_seqlens", b);
+}
+
+__device__ __forceinline__ int leftpad(const AppendParams& p, int b, int cached) {
+    return p.leftpad_k == nullptr ? 0 : checked_index(p.leftpad_k[b], 0, cached, "cache_leftpad", b);
+}
+
+__device__ __forceinline__ int rotary_position(const AppendParams& p, int b, int position) {
+    return p.rotary_dim == 0 ? 0 : checked_index(position, 0, p.rotary_rows - 1, "rotary_cos/rotary_sin row of sequence", b);
 }
 
 // One thread per pair of elements: first the new keys and values (written into
@@ -63,16 +79,20 @@ __global__ void __launch_bounds__(256) kvcache_append_kernel(const AppendParams 
         idx /= p.num_heads_k;
         const int j = static_cast<int>(idx % p.seqlen_knew);
         const int b = static_cast<int>(idx / p.seqlen_knew);
-        const int cache_row = p.cache_seqlens[b] + j;
-        const int leftpad = p.leftpad_k == nullptr ? 0 : p.leftpad_k[b];
+        const int cached = cached_rows(p, b);
+        const int cache_row = cached + j;
         int64_t kc, vc;  // the row's offset in the caches
         if (p.block_table != nullptr) {
-            const int page = p.block_table[b * p.block_table_batch_stride + cache_row / p.page_size];
+            const int entry = cache_row / p.page_size;
+            const int page = checked_index(p.block_table[b * p.block_table_batch_stride + entry], 0,
+                                           p.num_cache_rows - 1, "block_table", b, entry);
             const int row = cache_row % p.page_size;
             kc = page * p.kc_batch_stride + row * p.kc_row_stride;
             vc = page * p.vc_batch_stride + row * p.vc_row_stride;
         } else {
-            const int cache_b = p.kv_batch_idx == nullptr ? b : p.kv_batch_idx[b];
+            const int cache_b = p.kv_batch_idx == nullptr
+                                    ? b
+                                    : checked_index(p.kv_batch_idx[b], 0, p.num_cache_rows - 1, "cache_batch_idx", b);
             kc = cache_b * p.kc_batch_stride + static_cast<int64_t>(cache_row) * p.kc_row_stride;
             vc = cache_b * p.vc_batch_stride + static_cast<int64_t>(cache_row) * p.vc_row_stride;
         }
@@ -83,7 +103,8 @@ __global__ void __launch_bounds__(256) kvcache_append_kernel(const AppendParams 
         Element* k_dst = static_cast<Element*>(p.k_cache_ptr) + kc + h * p.kc_head_stride;
         Element* v_dst = static_cast<Element*>(p.v_cache_ptr) + vc + h * p.vc_head_stride;
         const RotaryPair pair = rotary_pair(t, rotary ? p.rotary_dim : 0, p.rotary_interleaved);
-        rotate_pair(k_src, k_dst, pair, p.rotary_cos, p.rotary_sin, cache_row - leftpad, p.rotary_dim);
+        rotate_pair(k_src, k_dst, pair, p.rotary_cos, p.rotary_sin, rotary_position(p, b, cache_row - leftpad(p, b, cached)),
+                    p.rotary_dim);
         v_dst[2 * t] = v_src[2 * t];
         v_dst[2 * t + 1] = v_src[2 * t + 1];
         return;
@@ -96,8 +117,8 @@ __global__ void __launch_bounds__(256) kvcache_append_kernel(const AppendParams 
     idx /= p.num_heads;
     const int i = static_cast<int>(idx % p.seqlen_q);
     const int b = static_cast<int>(idx / p.seqlen_q);
-    const int leftpad = p.leftpad_k == nullptr ? 0 : p.leftpad_k[b];
-    const int position = p.cache_seqlens[b] - leftpad + (p.q_positions_per_row ? i : 0);
+    const int cached = cached_rows(p, b);
+    const int position = rotary_position(p, b, cached - leftpad(p, b, cached) + (p.q_positions_per_row ? i : 0));
     const Element* src = static_cast<const Element*>(p.q_ptr) + b * p.q_batch_stride + i * p.q_row_stride +
                          h * p.q_head_stride;
     Element* dst = static_cast<Element*>(p.q_rot_ptr) + ((static_cast<int64_t>(b) * p.seqlen_q + i) * p.num_heads + h) *
@@ -106,24 +127,45 @@ __global__ void __launch_bounds__(256) kvcache_append_kernel(const AppendParams 
                 p.rotary_dim);
 }
 
-// Merges the split-KV partial results of one row per warp: lse = log sum_s
-// exp(lse_s), out = sum_s exp(lse_s - lse) * out_s. Splits that saw no key
-// (lse_s = -inf) weigh 0; a row no split saw gets out 0 and lse -inf.
+// Merges the split-KV partial results, one row per warp: lse = log sum_s
+// exp(lse_s), out = sum_s exp(lse_s - lse) * out_s. The lanes read the splits'
+// LSEs side by side (a row's cost is then a few dependent loads, not one per
+// split) and leave the weights in shared memory for the sum over the splits.
+// Splits that saw no key (lse_s = -inf) weigh 0; a row no split saw gets out 0
+// and lse -inf.
+constexpr int kCombineWarps = 4;
+
 template <typename Element>
-__global__ void __launch_bounds__(128) kvcache_combine_kernel(const CombineParams p) {
+__global__ void __launch_bounds__(kCombineWarps * 32) kvcache_combine_kernel(const CombineParams p) {
+    __shared__ float weights[kCombineWarps][kMaxKvSplits];
     const int64_t rows = static_cast<int64_t>(p.batch) * p.num_heads * p.seqlen_q;
-    const int64_t row = static_cast<int64_t>(blockIdx.x) * 4 + threadIdx.x / 32;  // (b * H + h) * Sq + i
-    const int lane = threadIdx.x % 32;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int64_t row = static_cast<int64_t>(blockIdx.x) * kCombineWarps + warp;  // (b * H + h) * Sq + i
     if (row >= rows) return;
+    constexpr int kPerLane = kMaxKvSplits / 32;
+    float lse_s[kPerLane];
     float lse_max = -INFINITY;
-    for (int s = 0; s < p.num_splits; ++s) lse_max = fmaxf(lse_max, p.lse_accum_ptr[s * rows + row]);
-    float sum = 0.f;
-    for (int s = 0; s < p.num_splits; ++s) {
-        const float lse_s = p.lse_accum_ptr[s * rows + row];
-        sum += lse_s == -INFINITY ? 0.f : expf(lse_s - lse_max);
+#pragma unroll
+    for (int j = 0; j < kPerLane; ++j) {
+        const int s = j * 32 + lane;
+        lse_s[j] = s < p.num_splits ? p.lse_accum_ptr[s * rows + row] : -INFINITY;
+        lse_max = fmaxf(lse_max, lse_s[j]);
     }
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) lse_max = fmaxf(lse_max, __shfl_xor_sync(0xffffffffu, lse_max, offset));
+    float sum = 0.f;
+#pragma unroll
+    for (int j = 0; j < kPerLane; ++j) sum += lse_s[j] == -INFINITY ? 0.f : expf(lse_s[j] - lse_max);
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
     const bool empty = sum == 0.f;
     const float lse = empty ? -INFINITY : lse_max + logf(sum);
+#pragma unroll
+    for (int j = 0; j < kPerLane; ++j) {
+        const int s = j * 32 + lane;
+        if (s < p.num_splits) weights[warp][s] = (empty || lse_s[j] == -INFINITY) ? 0.f : expf(lse_s[j] - lse);
+    }
+    __syncwarp();
     if (lane == 0) p.lse_ptr[row] = lse;
     const int i = static_cast<int>(row % p.seqlen_q);
     const int h = static_cast<int>((row / p.seqlen_q) % p.num_heads);
@@ -131,10 +173,9 @@ __global__ void __launch_bounds__(128) kvcache_combine_kernel(const CombineParam
     Element* out = static_cast<Element*>(p.o_ptr) + b * p.o_batch_stride + i * p.o_row_stride + h * p.o_head_stride;
     for (int d = lane * 4; d < p.head_dim; d += 32 * 4) {
         float acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll 4
         for (int s = 0; s < p.num_splits; ++s) {
-            const float lse_s = p.lse_accum_ptr[s * rows + row];
-            if (empty || lse_s == -INFINITY) continue;
-            const float w = expf(lse_s - lse);
+            const float w = weights[warp][s];
             const float4 o = *reinterpret_cast<const float4*>(p.o_accum_ptr + (s * rows + row) * p.head_dim + d);
             acc[0] += w * o.x, acc[1] += w * o.y, acc[2] += w * o.z, acc[3] += w * o.w;
         }

@@ -12,6 +12,7 @@
 #include <cmath>
 
 #include "flash.h"
+#include "index_check.cuh"
 
 namespace flash {
 
@@ -26,10 +27,16 @@ struct Sequence {
 template <bool Is_kvcache>
 __device__ __forceinline__ Sequence sequence_of(const FwdParams& params, int batch) {
     if constexpr (Is_kvcache) {
-        const int k_start = params.leftpad_k == nullptr ? 0 : params.leftpad_k[batch];
-        const int k_end = params.cache_seqlens[batch] + params.seqlen_knew;
-        const int kv_batch = params.kv_batch_idx == nullptr ? batch : params.kv_batch_idx[batch];
-        return {params.seqlen_q, max(0, k_end - k_start), 0, k_start, kv_batch};
+        const int cached = checked_index(params.cache_seqlens[batch], 0, params.kv_capacity - params.seqlen_knew,
+                                         "cache_seqlens", batch);
+        const int k_start = params.leftpad_k == nullptr
+                                ? 0
+                                : checked_index(params.leftpad_k[batch], 0, cached, "cache_leftpad", batch);
+        const int kv_batch = params.kv_batch_idx == nullptr
+                                 ? batch
+                                 : checked_index(params.kv_batch_idx[batch], 0, params.kv_cache_batch - 1,
+                                                 "cache_batch_idx", batch);
+        return {params.seqlen_q, cached + params.seqlen_knew - k_start, 0, k_start, kv_batch};
     }
     if (params.cu_seqlens_q == nullptr) return {params.seqlen_q, params.seqlen_k, 0, 0, batch};
     const int q_start = params.cu_seqlens_q[batch], k_start = params.cu_seqlens_k[batch];
@@ -58,6 +65,18 @@ __device__ __forceinline__ Window window_of(int window_left, int window_right, i
 
 __device__ __forceinline__ Window window_of(const FwdParams& params, int seqlen_q, int seqlen_k) {
     return window_of(params.window_left, params.window_right, seqlen_q, seqlen_k);
+}
+
+// A KV-cache sequence's window. With pack_gqa the rows are query heads at one
+// position, the last: the window of that one row cuts the keys (moving
+// seq.k_start and seq.seqlen_k), then every row sees all that is left.
+__device__ __forceinline__ Window kvcache_window(const FwdParams& params, Sequence& seq) {
+    if (!params.pack_gqa) return window_of(params, seq.seqlen_q, seq.seqlen_k);
+    const Window one_row = window_of(params, 1, seq.seqlen_k);
+    const int key_lo = one_row.key_begin(0), key_hi = one_row.key_end(0);
+    seq.k_start += key_lo;
+    seq.seqlen_k = max(0, key_hi - key_lo);
+    return window_of(-1, -1, seq.seqlen_q, seq.seqlen_k);
 }
 
 // s: the warp's [kMTiles][kNTilesS][4] score fragment of the tile whose first
@@ -140,6 +159,15 @@ __device__ __forceinline__ KeyTileRange key_tile_range(int m0, int seqlen_q, con
     range.full_begin = min(max((full_lo + kKeys - 1) / kKeys, range.n_begin), range.n_end);
     range.full_end = min(max(full_hi / kKeys, range.full_begin), range.n_end);
     return range;
+}
+
+// Split `split` of `num_splits` of a tile range: an even share of whole tiles.
+__device__ __forceinline__ KeyTileRange split_key_tiles(const KeyTileRange& tiles, int split, int num_splits) {
+    if (num_splits <= 1) return tiles;
+    const int per_split = (tiles.n_end - tiles.n_begin + num_splits - 1) / num_splits;
+    const int begin = min(tiles.n_begin + split * per_split, tiles.n_end);
+    const int end = min(begin + per_split, tiles.n_end);
+    return {begin, end, min(max(tiles.full_begin, begin), end), min(max(tiles.full_end, begin), end)};
 }
 
 // The query tiles of kRows queries that see a key of [n0, n0 + kKeys):

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 
+#include "index_check.cuh"
 #include "kernel_traits.h"
 #include "ptx.cuh"
 
@@ -75,6 +76,29 @@ struct TileCopy {
         }
     }
 
+    // load_async for a tile of a paged cache whose rows are already looked up:
+    // the thread's row of pass p is row in_page[p] of page pages[p] (found
+    // ahead by the caller, so the copy waits on no load and divides nothing).
+    // Rows past `rows_valid` are zero-filled.
+    template <typename Element>
+    __device__ __forceinline__ void load_async_pages(uint32_t smem_tile, const Element* base, int64_t page_stride,
+                                                     int64_t row_stride, const int (&pages)[kPasses],
+                                                     const int (&in_page)[kPasses], int rows_valid,
+                                                     int cols_valid) const {
+#pragma unroll
+        for (int pass = 0; pass < kPasses; ++pass) {
+            const bool row_valid = row0 + pass * kRowsPerPass < rows_valid;
+            const Element* src = row_valid ? base + pages[pass] * page_stride + in_page[pass] * row_stride : base;
+#pragma unroll
+            for (int blk = 0; blk < kBlocks; ++blk) {
+                const int col = col0 + blk * Tile::kBlockChunks * Tile::kChunkElems;
+                const bool valid = row_valid && col < cols_valid;
+                cp_async_16B(smem_tile + blk * Tile::kBlockBytes + smem_off0 + pass * kRowsPerPass * Tile::kBlockRowBytes,
+                             valid ? src + col : base, valid);
+            }
+        }
+    }
+
     // Shared -> global for rows below `rows_valid` and columns below `cols_valid`.
     template <typename Element>
     __device__ __forceinline__ void store(const char* smem_tile, Element* gmem, int64_t row_stride,
@@ -97,7 +121,8 @@ struct TileCopy {
 
 // The rows of one head of a paged KV cache, for TileCopy::load_async_rows: row
 // r of the sequence (counted from its first cache row `start`) lives in page
-// table[(start + r) / page_size] at row (start + r) % page_size.
+// table[(start + r) / page_size] at row (start + r) % page_size. A page index
+// outside [0, num_pages) traps before it is used (index_check.cuh).
 template <typename Element>
 struct PagedRows {
     const Element* base;  // the cache, at this head
@@ -105,10 +130,14 @@ struct PagedRows {
     int64_t page_stride, row_stride;
     int page_size;
     int start;
+    int num_pages;
+    int batch;  // the sequence, for the error message
 
     __device__ __forceinline__ const Element* row(int r) const {
         const int cache_row = start + r;
-        return base + table[cache_row / page_size] * page_stride + (cache_row % page_size) * row_stride;
+        const int entry = cache_row / page_size;
+        const int page = checked_index(table[entry], 0, num_pages - 1, "block_table", batch, entry);
+        return base + page * page_stride + (cache_row % page_size) * row_stride;
     }
 };
 

@@ -17,7 +17,8 @@ with ALiBi, dropout, all of them, and variable-length batches that include a
 sequence of length 0), so every compiled kernel variant (local or not, with
 extras or not) and the varlen addressing run under every tool. Then KVCACHE_CASES
 run flash_attn_with_kvcache (contiguous and paged caches, appends, rotary,
-split-KV), its four kernels included.
+split-KV, leftpad), its kernels included: the append, the decoding kernel, the tiled
+KV-cache forward and the combine.
 
   full   both dtypes; every compiled head dim (32, 64, 96, 128, 192, 256) and one
          head dim below each that runs on it with a partial tile (8, 40, 72, 104,
@@ -112,11 +113,16 @@ def inputs(dtype, head_dim, seqlens, heads, layout, batch):
 # KV-cache calls (flash_attn_with_kvcache: the check, append, forward and combine kernels):
 # (head_dim, page size or None, seqlen_q, seqlen_new, num_splits, rotary, causal). Caches of 203
 # rows, ragged lengths, GQA 4/2.
+# (head_dim, page size or None, seqlen_q, seqlen_new, num_splits, rotary, causal,
+# leftpad): up to 16 rows per head (the GQA pair of Sq = 1 included) run the
+# decoding kernel, Sq = 20 the tiled KV-cache forward.
 KVCACHE_CASES = [
-    (64, None, 1, 1, 0, True, False),
-    (128, 16, 1, 0, 3, False, True),
-    (72, 64, 7, 3, 1, True, True),
-    (256, 5, 2, 2, 0, False, False),
+    (64, None, 1, 1, 0, True, False, False),
+    (128, 16, 1, 0, 3, False, True, True),
+    (72, 64, 7, 3, 1, True, True, True),
+    (256, 5, 2, 2, 0, False, False, False),
+    (128, None, 20, 4, 2, True, True, False),
+    (192, 32, 20, 0, 0, False, False, True),
 ]
 
 
@@ -125,7 +131,7 @@ def kvcache_calls(dtype) -> int:
     from flashattn import flash_attn_with_kvcache
 
     batch, capacity, heads, heads_k = 2, 203, 4, 2
-    for head_dim, page, seqlen_q, seqlen_new, splits, rotary, causal in KVCACHE_CASES:
+    for head_dim, page, seqlen_q, seqlen_new, splits, rotary, causal, leftpad in KVCACHE_CASES:
         if page is None:
             k_cache = torch.randn(batch, capacity, heads_k, head_dim, device="cuda", dtype=dtype)
             table = None
@@ -141,7 +147,8 @@ def kvcache_calls(dtype) -> int:
         flash_attn_with_kvcache(q, k_cache, v_cache, *(new if seqlen_new else (None, None)),
                                 rotary_cos=angles.cos() if rotary else None,
                                 rotary_sin=angles.sin() if rotary else None, cache_seqlens=seqlens,
-                                block_table=table, causal=causal, num_splits=splits)
+                                cache_leftpad=seqlens // 3 if leftpad else None, block_table=table, causal=causal,
+                                num_splits=splits)
     return len(KVCACHE_CASES)
 
 
