@@ -107,12 +107,15 @@ def flash_attn_with_kvcache(
         rotary_cos, rotary_sin: (seqlen_ro, rotary_dim / 2) or None: rotary embedding applied to k
             (position: its cache row minus cache_leftpad) and to q (positions cache_seqlens - leftpad + i
             with causal or a window, all at cache_seqlens - leftpad otherwise), interleaved or not
-            (rotary_interleaved).
+            (rotary_interleaved). Rotary positions must stay below seqlen_ro, checked on both: on CPU a
+            ValueError, on CUDA the append kernel traps before reading out of range.
         cache_seqlens: int or (batch,) int32: the keys already in each sequence's cache; None: the whole
             cache. The attention sees rows cache_leftpad[b] .. cache_seqlens[b] + seqlen_new - 1.
         cache_batch_idx: (batch,) int32: the cache row of each sequence (contiguous caches only).
-        cache_leftpad: (batch,) int32: the first valid cache row of each sequence.
-        block_table: (batch, max_blocks_per_seq) int32: the pages of each sequence, in order.
+        cache_leftpad: (batch,) int32: the first valid cache row of each sequence (at most cache_seqlens).
+        block_table: (batch, max_blocks_per_seq) int32: the pages of each sequence, in order; only the
+            entries it uses (j * page_block_size < cache_seqlens + seqlen_new) are read and checked, the
+            rest may hold anything (padding such as -1).
         softmax_scale, causal, window_size, softcap, alibi_slopes: as flash_attn_func; causal and the
             window are bottom-right aligned with the cached keys (query i sits at key
             cache_seqlens + seqlen_new - seqlen_q + i).
@@ -123,11 +126,12 @@ def flash_attn_with_kvcache(
     Returns out (batch, seqlen_q, nheads, headdim), or (out, softmax_lse). Not differentiable
     (inference). The cache tensors are modified in place when k and v are given. Runs on CUDA
     (fp16/bf16; headdim a multiple of 8) and on CPU tensors (fp16, bf16, fp32). The index tensors are
-    not read on the host (no synchronisation): on CUDA a one-block check kernel runs first, and a value
-    out of range (cache_seqlens + seqlen_new beyond the cache, cache_leftpad beyond that,
-    cache_batch_idx or a used block_table entry outside k_cache) prints which argument and stops the
-    stream with a device-side trap before anything is read out of bounds; on CPU the same checks
-    raise ValueError. Rotary positions must stay below seqlen_ro (checked on CPU only).
+    not read on the host (no synchronisation): on CUDA each kernel checks the values it reads where it
+    reads them, and a value out of range (cache_seqlens + seqlen_new beyond the cache, cache_leftpad
+    beyond cache_seqlens, cache_batch_idx or a used block_table entry outside k_cache, a rotary
+    position at or past seqlen_ro) prints which argument and stops the stream with a device-side
+    trap before anything is read or written out of bounds (the error surfaces at the next
+    synchronisation; the CUDA context is then unusable); on CPU the same checks raise ValueError.
     """
     _check_kvcache_args(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_batch_idx, cache_leftpad,
                         block_table, num_splits)
@@ -208,6 +212,9 @@ def _check_kvcache_args(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache
                          f"heads ({num_heads_k})")
     if (k is None) != (v is None):
         raise ValueError("flashattn: k and v must be given together (or neither)")
+    if block_table is None and cache_batch_idx is None and k_cache.shape[0] < batch:
+        raise ValueError(f"flashattn: k_cache holds {k_cache.shape[0]} sequences but q has a batch of {batch} "
+                         "(pass cache_batch_idx to pick cache rows)")
     if k is not None:
         for name, t in (("k", k), ("v", v)):
             if not isinstance(t, Tensor) or t.dim() != 4 or t.shape[0] != batch or t.shape[2:] != k_cache.shape[2:]:
@@ -216,6 +223,8 @@ def _check_kvcache_args(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache
                                  f"{head_dim}), got {shown}")
             if t.dtype != q.dtype or t.device != q.device:
                 raise TypeError(f"flashattn: {name} must be a {q.dtype} tensor on {q.device}")
+        if k.shape[1] != v.shape[1]:
+            raise ValueError(f"flashattn: k {tuple(k.shape)} and v {tuple(v.shape)} must have the same seqlen_new")
     if (rotary_cos is None) != (rotary_sin is None):
         raise ValueError("flashattn: rotary_cos and rotary_sin must be given together (or neither)")
     if rotary_cos is not None:
@@ -243,16 +252,23 @@ def _check_cpu_values(k_cache, k, cache_seqlens, cache_batch_idx, cache_leftpad,
     if bool((cache_seqlens < 0).any()) or bool((end > capacity).any()):
         raise ValueError(f"flashattn: cache_seqlens + seqlen_new must be in [0, {capacity}] (the cache's rows), got "
                          f"{end.tolist()}")
-    if cache_leftpad is not None and bool(((cache_leftpad < 0) | (cache_leftpad.long() > end)).any()):
-        raise ValueError(f"flashattn: cache_leftpad must be in [0, cache_seqlens + seqlen_new], got "
-                         f"{cache_leftpad.tolist()}")
-    if block_table is not None and bool(((block_table < 0) | (block_table >= k_cache.shape[0])).any()):
-        raise ValueError(f"flashattn: block_table entries must be in [0, {k_cache.shape[0]}) (k_cache's pages)")
+    if cache_leftpad is not None and bool(((cache_leftpad < 0) | (cache_leftpad > cache_seqlens)).any()):
+        raise ValueError(f"flashattn: cache_leftpad must be in [0, cache_seqlens] (the padding lies in the cached "
+                         f"rows), got {cache_leftpad.tolist()} with cache_seqlens {cache_seqlens.tolist()}")
+    if block_table is not None:
+        # Only the entries a sequence uses: tables are often padded with -1.
+        page_size = k_cache.shape[1]
+        used = torch.arange(block_table.shape[1]) * page_size < end[:, None]
+        if bool((used & ((block_table < 0) | (block_table >= k_cache.shape[0]))).any()):
+            raise ValueError(f"flashattn: block_table entries must be in [0, {k_cache.shape[0]}) (k_cache's pages) "
+                             "where the sequence uses them")
     if cache_batch_idx is not None and bool(((cache_batch_idx < 0) | (cache_batch_idx >= k_cache.shape[0])).any()):
         raise ValueError(f"flashattn: cache_batch_idx entries must be in [0, {k_cache.shape[0]})")
     if rotary_cos is not None:
+        # Key rows rotate at row - leftpad; queries at cache_seqlens - leftpad (+ i when causal or windowed).
         start = cache_seqlens.long() - (0 if cache_leftpad is None else cache_leftpad.long())
-        last = start + max(seqlen_new, q.shape[1]) - 1
+        per_row = causal or window_size[0] >= 0 or window_size[1] >= 0
+        last = start + max(seqlen_new - 1, q.shape[1] - 1 if per_row else 0, 0)
         if bool((last >= rotary_cos.shape[0]).any()):
             raise ValueError(f"flashattn: rotary positions up to {int(last.max())} need rotary_cos/sin of at least "
                              f"{int(last.max()) + 1} rows, got {rotary_cos.shape[0]}")

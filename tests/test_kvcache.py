@@ -232,7 +232,20 @@ def test_apply_rotary_emb_matches_the_tests_rotation():
 
 
 def _cpu_case():
-    return make_case("cpu", torch.float32, 2, 1, 1, 4, 2, 64, 16, case_seed("errors"))
+    return make_case("cpu", torch.float32, 2, 1, 1, 4, 2, 64, 16, case_seed("errors"))  # 16 pages, capacity 112
+
+
+def _int32(*values):
+    return torch.tensor(values, dtype=torch.int32)
+
+
+def _contiguous(c):
+    c.pop("block_table")
+    c["k_cache"], c["v_cache"] = torch.randn(2, 112, 2, 64), torch.randn(2, 112, 2, 64)
+
+
+def _rotary(c, rows):
+    c.update(rotary_cos=torch.ones(rows, 16), rotary_sin=torch.zeros(rows, 16))
 
 
 @pytest.mark.parametrize("change, error, words", [
@@ -247,8 +260,57 @@ def _cpu_case():
     (lambda c: c.update(rotary_cos=torch.ones(5, 40), rotary_sin=torch.ones(5, 40)), ValueError, "rotary_cos"),
     (lambda c: c.update(q=c["q"][..., :32]), ValueError, "head dims differ"),
     (lambda c: c.update(num_splits=-1), ValueError, "num_splits"),
+    (lambda c: c.update(cache_leftpad=c["cache_seqlens"] + 1), ValueError, "cache_leftpad must be in [0, cache_seqlens]"),
+    (lambda c: c.update(block_table=None, k_cache=c["k_cache"][:1], v_cache=c["v_cache"][:1]), ValueError,
+     "k_cache holds 1 sequences but q has a batch of 2"),
+    (lambda c: c.update(v=torch.cat((c["v"], c["v"]), 1)), ValueError, "must have the same seqlen_new"),
+    # index tensors: dtypes and shapes
+    (lambda c: c.update(cache_seqlens=c["cache_seqlens"].long()), TypeError, "cache_seqlens must be int32"),
+    (lambda c: c.update(cache_seqlens=3.0), TypeError, "cache_seqlens must be an int"),
+    (lambda c: c.update(cache_leftpad=torch.zeros(2, dtype=torch.long)), TypeError, "cache_leftpad must be int32"),
+    (lambda c: c.update(cache_leftpad=_int32(0, 0, 0)), ValueError, "cache_leftpad must have shape"),
+    (lambda c: c.update(block_table=c["block_table"][0]), ValueError, "block_table must have shape"),
+    (lambda c: (_contiguous(c), c.update(cache_batch_idx=torch.zeros(2, dtype=torch.long))), TypeError,
+     "cache_batch_idx must be int32"),
+    # data tensors
+    (lambda c: c.update(q=c["q"][0]), ValueError, "q must be 4-D"),
+    (lambda c: c.update(q=c["q"].int()), TypeError, "q has dtype"),
+    (lambda c: c.update(k_cache=c["k_cache"].double()), TypeError, "k_cache has dtype"),
+    (lambda c: c.update(v_cache=c["v_cache"][:-1]), ValueError, "k_cache"),
+    (lambda c: c.update(q=c["q"][:, :, :3]), ValueError, "query heads (3)"),
+    (lambda c: c.update(k=c["k"][:, :, :1]), ValueError, "k must have shape"),
+    (lambda c: c.update(v=c["v"][:1]), ValueError, "v must have shape"),
+    (lambda c: c.update(k=c["k"].half()), TypeError, "k must be a torch.float32 tensor"),
+    (lambda c: c.pop("k"), ValueError, "k and v must be given together"),
+    (lambda c: (_contiguous(c), c.update(q=torch.randn(3, 1, 4, 64), k=torch.randn(3, 1, 2, 64),
+                                         v=torch.randn(3, 1, 2, 64), cache_seqlens=_int32(1, 2, 3))), ValueError,
+     "k_cache holds 2 sequences but q has a batch of 3"),
+    (lambda c: c.update(v=torch.randn(2, 3, 2, 64)), ValueError, "k (2, 1, 2, 64) and v (2, 3, 2, 64)"),
+    (lambda c: c.update(rotary_cos=torch.ones(9, 16)), ValueError, "rotary_cos and rotary_sin must be given together"),
+    (lambda c: (_rotary(c, 9), c.update(rotary_sin=torch.ones(8, 16))), ValueError, "rotary_cos and rotary_sin"),
+    # values, checked on the host for CPU tensors (on CUDA by the kernels, which trap)
+    (lambda c: c.update(cache_seqlens=_int32(-1, 3)), ValueError, "cache_seqlens + seqlen_new must be in [0, 112]"),
+    (lambda c: c.update(cache_seqlens=_int32(3, 112)), ValueError, "cache_seqlens + seqlen_new must be in [0, 112]"),
+    (lambda c: c.update(cache_seqlens=113), ValueError, "cache_seqlens=113"),
+    (lambda c: c.pop("cache_seqlens"), ValueError, "cache_seqlens + seqlen_new"),
+    (lambda c: c["block_table"].__setitem__((0, 0), -1), ValueError, "block_table entries must be in [0, 16)"),
+    (lambda c: (_contiguous(c), c.update(cache_batch_idx=_int32(0, 2))), ValueError,
+     "cache_batch_idx entries must be in [0, 2)"),
+    (lambda c: c.update(cache_leftpad=_int32(-1, 0)), ValueError, "cache_leftpad must be in [0, cache_seqlens]"),
+    # leftpad past cache_seqlens would put new keys at negative rotary positions (it used to be allowed)
+    (lambda c: (_rotary(c, 20), c.update(cache_seqlens=_int32(0, 3), cache_leftpad=_int32(1, 0))), ValueError,
+     "cache_leftpad must be in [0, cache_seqlens]"),
+    (lambda c: (_rotary(c, 9), c.update(cache_seqlens=_int32(5, 9))), ValueError,
+     "rotary positions up to 9 need rotary_cos/sin of at least 10 rows, got 9"),
+    # options
+    (lambda c: c.update(num_splits=True), ValueError, "num_splits"),
+    (lambda c: c.update(window_size=(-2, 0)), ValueError, "window_size"),
+    (lambda c: c.update(softcap=-1.0), ValueError, "softcap"),
+    (lambda c: c.update(alibi_slopes=torch.ones(3)), ValueError, "alibi_slopes"),
+    (lambda c: c.update(softmax_scale=0.0), ValueError, "softmax_scale"),
 ])
 def test_bad_arguments_name_themselves(change, error, words):
+    flash_attn_with_kvcache(**_cpu_case())  # valid as built
     case = _cpu_case()
     change(case)
     with pytest.raises(error, match=re.escape(words)):
@@ -260,3 +322,76 @@ def test_schema_matches_the_binding():
     definition = re.search(r'm\.def\(\s*((?:"[^"]*"\s*)+)\);', source[source.index('"fwd_kvcache(') - 20:])
     text = "".join(re.findall(r'"([^"]*)"', definition.group(1)))
     assert text == KVCACHE_SCHEMA
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_unused_block_table_entries_are_not_read(device):
+    """Serving systems pad block tables (-1 here): entries past a sequence's rows are never looked at."""
+    dtype = DTYPES[device][0]
+    case = make_case(device, dtype, 2, 1, 1, 4, 2, 64, 16, case_seed("padded table", device))
+    case["cache_seqlens"] = torch.tensor([20, 47], dtype=torch.int32, device=device)
+    padded = case["block_table"].clone()
+    for b, rows in enumerate((21, 48)):
+        padded[b, -(-rows // 16):] = -1
+    outs, caches = [], []
+    for table in (case["block_table"], padded):
+        trial = {**case, "k_cache": case["k_cache"].clone(), "v_cache": case["v_cache"].clone(), "block_table": table}
+        outs.append(flash_attn_with_kvcache(**trial))
+        caches.append(trial["k_cache"])
+    assert torch.equal(outs[0], outs[1]) and torch.equal(caches[0], caches[1])
+    if device == "cpu":  # the last entry a sequence uses is still checked (48 rows: entry 2 of page size 16)
+        padded[1, 2] = -1
+        with pytest.raises(ValueError, match=re.escape("block_table entries must be in [0, 16)")):
+            flash_attn_with_kvcache(**{**case, "block_table": padded})
+
+
+def test_rotary_table_needs_rows_up_to_the_last_position():
+    """Without causal/window every query sits at cache_seqlens - leftpad; with causal, query i at + i."""
+    case = make_case("cpu", torch.float32, 1, 3, 2, 4, 2, 64, None, case_seed("rotary rows"), rotary=(32, False))
+    case["cache_seqlens"] = torch.tensor([10], dtype=torch.int32)
+    case["rotary_cos"], case["rotary_sin"] = case["rotary_cos"][:12], case["rotary_sin"][:12]  # positions 0 .. 11
+    flash_attn_with_kvcache(**{**case, "k_cache": case["k_cache"].clone(), "v_cache": case["v_cache"].clone()})
+    for options in ({"causal": True}, {"window_size": (4, 4)}):  # query i at 10 + i
+        with pytest.raises(ValueError, match=re.escape("rotary positions up to 12 need rotary_cos/sin of at least "
+                                                       "13 rows, got 12")):
+            flash_attn_with_kvcache(**case, **options)
+    # Positions are relative to cache_leftpad: with 2 rows of padding causal queries reach only 10.
+    check({**case, "k_cache": case["k_cache"].clone(), "v_cache": case["v_cache"].clone(),
+           "cache_leftpad": _int32(2)}, causal=True)
+    # The new keys need rows too: 10 and 11, even when every query sits at 10.
+    short = {**case, "rotary_cos": case["rotary_cos"][:11], "rotary_sin": case["rotary_sin"][:11]}
+    with pytest.raises(ValueError, match=re.escape("rotary positions up to 11 need rotary_cos/sin of at least 12 "
+                                                   "rows, got 11")):
+        flash_attn_with_kvcache(**short)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_rows_that_see_no_key(device):
+    """An empty cache, a sequence whose cache_leftpad equals its cache_seqlens (allowed: the bound), causal
+    queries above the first key: out 0, LSE -inf (check also asserts where -inf is)."""
+    dtype = DTYPES[device][0]
+    case = make_case(device, dtype, 3, 5, 0, 4, 2, 64, None, case_seed("empty", device), leftpad=True)
+    case["cache_seqlens"] = torch.tensor([0, 7, 2], dtype=torch.int32, device=device)
+    case["cache_leftpad"] = torch.tensor([0, 7, 0], dtype=torch.int32, device=device)
+    out = check(case, causal=True)
+    assert (out[:2] == 0).all() and (out[2, :3] == 0).all() and (out[2, 3:] != 0).any()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_strided_views(device):
+    """q a (B, H, S, D) tensor seen as (B, S, H, D); the caches the K and V halves of one packed
+    (B, S, 2, Hk, D) tensor: strides are honoured, and the append writes through the views."""
+    dtype = DTYPES[device][-1]
+    gen = torch.Generator(device=device).manual_seed(case_seed("strided", device))
+    batch, capacity, heads, heads_k, head_dim = 2, 80, 8, 2, 64
+    kv = torch.randn(batch, capacity, 2, heads_k, head_dim, generator=gen, device=device, dtype=dtype)
+    case = {
+        "q": torch.randn(batch, heads, 2, head_dim, generator=gen, device=device, dtype=dtype).transpose(1, 2),
+        "k_cache": kv[:, :, 0], "v_cache": kv[:, :, 1],
+        "k": torch.randn(batch, heads_k, 2, head_dim, generator=gen, device=device, dtype=dtype).transpose(1, 2),
+        "v": torch.randn(batch, 2, heads_k, head_dim, generator=gen, device=device, dtype=dtype),
+        "cache_seqlens": torch.tensor([31, 78], dtype=torch.int32, device=device),
+    }
+    before = kv.clone()
+    check(case, causal=True)
+    assert not torch.equal(kv, before), "the append must write into the packed tensor"
