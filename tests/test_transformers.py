@@ -44,7 +44,7 @@ def logits_of(model, implementation, ids, mask, dtype, device):
     model = model.to(device=device, dtype=dtype)
     model.set_attn_implementation(implementation)
     with torch.no_grad():
-        return model(input_ids=ids, attention_mask=mask).logits.double()
+        return model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits.double()
 
 
 @pytest.mark.parametrize("device, dtype", [("cpu", torch.float32),
