@@ -25,8 +25,99 @@
 
 namespace flash {
 
+// The merge of a group's splits (decode_kernel's last block): kThreadsPerRow
+// threads per row find its LSE (reading the splits' LSEs side by side) and
+// leave the splits' weights in shared memory; then each thread sums the
+// splits' fp32 rows for a few (row, 4 columns) pairs, many loads in flight at
+// once. Partial rows are read through L2 (written by other SMs).
+template <typename Traits, typename Element>
+__device__ __forceinline__ void merge_splits(const FwdParams& params, int64_t group_row0, int64_t split_rows,
+                                             int seqlen_q, Element* out, float* out_lse, float* weights, int tid) {
+    constexpr int kRows = Traits::kRows;
+    constexpr int kThreadsPerRow = Traits::kNThreads / kRows;
+    static_assert(kMaxKvSplits * kRows * 4 <= Traits::kStages * Traits::kStageBytes, "the weights fit the stages");
+    const int num_splits = params.num_splits;
+    {
+        const int row = tid / kThreadsPerRow, lane = tid % kThreadsPerRow;
+        float max_lse = -INFINITY, sum = 0.f;
+        for (int s = lane; s < num_splits; s += kThreadsPerRow) {
+            const float l = row < seqlen_q ? __ldcg(params.lse_accum_ptr + s * split_rows + group_row0 + row) : -INFINITY;
+            weights[s * kRows + row] = l;
+            if (l == -INFINITY) continue;
+            if (l > max_lse) {
+                sum = sum * expf(max_lse - l) + 1.f;  // exp(-inf) = 0 on the first
+                max_lse = l;
+            } else {
+                sum += expf(l - max_lse);
+            }
+        }
+#pragma unroll
+        for (int offset = kThreadsPerRow / 2; offset > 0; offset /= 2) {
+            const float other_max = __shfl_xor_sync(0xffffffffu, max_lse, offset);
+            const float other_sum = __shfl_xor_sync(0xffffffffu, sum, offset);
+            const float m = fmaxf(max_lse, other_max);
+            sum = (sum == 0.f ? 0.f : sum * expf(max_lse - m)) + (other_sum == 0.f ? 0.f : other_sum * expf(other_max - m));
+            max_lse = m;
+        }
+        const float lse = sum == 0.f ? -INFINITY : max_lse + logf(sum);
+        for (int s = lane; s < num_splits; s += kThreadsPerRow) {
+            const float l = weights[s * kRows + row];
+            weights[s * kRows + row] = lse == -INFINITY || l == -INFINITY ? 0.f : expf(l - lse);
+        }
+        if (lane == 0 && row < seqlen_q) out_lse[row] = lse;
+    }
+    __syncthreads();
+    // (row, 4 columns) pairs one at a time, each summing the splits kBatch at a
+    // time: that many loads in flight per thread (the merge is latency-bound).
+    constexpr int kQuads = Traits::kHeadDim / 4;
+    constexpr int kPairs = (kRows * kQuads + Traits::kNThreads - 1) / Traits::kNThreads;
+    constexpr int kChunk = 1;
+    constexpr int kBatch = Traits::kHeadDim <= 128 ? 8 : 4;  // registers: d256 is at the limit
+    for (int p0 = 0; p0 < kPairs; p0 += kChunk) {
+        float4 acc[kChunk];
+        int row[kChunk], col[kChunk];
+        bool valid[kChunk];
+#pragma unroll
+        for (int p = 0; p < kChunk; ++p) {
+            const int idx = tid + (p0 + p) * Traits::kNThreads;
+            row[p] = idx / kQuads, col[p] = (idx % kQuads) * 4;
+            valid[p] = idx < kRows * kQuads && row[p] < seqlen_q && col[p] < params.head_dim;
+            acc[p] = make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+        if (!valid[0]) break;  // pairs run row by row: the rest lie past seqlen_q too
+        for (int s0 = 0; s0 < num_splits; s0 += kBatch) {
+            float4 o[kChunk][kBatch];
+#pragma unroll
+            for (int p = 0; p < kChunk; ++p) {
+#pragma unroll
+                for (int j = 0; j < kBatch; ++j) {
+                    const int64_t at = ((s0 + j) * split_rows + group_row0 + row[p]) * params.head_dim + col[p];
+                    o[p][j] = valid[p] && s0 + j < num_splits
+                                  ? __ldcg(reinterpret_cast<const float4*>(params.o_accum_ptr + at))
+                                  : make_float4(0.f, 0.f, 0.f, 0.f);
+                }
+            }
+#pragma unroll
+            for (int p = 0; p < kChunk; ++p) {
+#pragma unroll
+                for (int j = 0; j < kBatch; ++j) {
+                    const float w = s0 + j < num_splits ? weights[(s0 + j) * kRows + row[p]] : 0.f;
+                    acc[p].x += w * o[p][j].x, acc[p].y += w * o[p][j].y;
+                    acc[p].z += w * o[p][j].z, acc[p].w += w * o[p][j].w;
+                }
+            }
+        }
+#pragma unroll
+        for (int p = 0; p < kChunk; ++p) {
+            if (!valid[p]) continue;
+            *reinterpret_cast<uint2*>(out + row[p] * params.o_row_stride + col[p]) =
+                make_uint2(pack2<Element>(acc[p].x, acc[p].y), pack2<Element>(acc[p].z, acc[p].w));
+        }
+    }
+}
+
 template <typename Traits>
-__global__ void __launch_bounds__(Traits::kNThreads) decode_kernel(const FwdParams params) {
+__global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) decode_kernel(const FwdParams params) {
     using Element = typename Traits::Element;
     using QTile = typename Traits::QTile;
     using KVTile = typename Traits::KVTile;
@@ -68,20 +159,46 @@ __global__ void __launch_bounds__(Traits::kNThreads) decode_kernel(const FwdPara
     using KVCopy = TileCopy<KVTile, Traits::kNThreads>;
     const KVCopy kv_copy(tid);
     // Paged caches: where each row this thread copies lives (K and V share it),
-    // looked up one tile before the copy is issued, so that the table's load
-    // latency hides behind a tile of compute instead of stalling the issue.
+    // looked up one tile before the copy is issued, in a copy of the block
+    // table's entries in shared memory: two windows of kTableWindow entries,
+    // the next copied (cp.async, with a tile's group) when the lookups enter
+    // the current one. A lookup that read the table itself would wait for its
+    // load behind the K/V copies in flight -- the pipeline drained at every
+    // new table line (every 8 tiles of 16-row pages). A window spans at least
+    // kTableWindow / kBlockN >= kStages tiles, so it has landed when first used.
     // Pages of a power-of-two size divide by a shift.
+    constexpr int kWindow = Traits::kTableWindow;
+    const uint32_t table_smem = smem_addr(smem + Traits::kSmemTableOffset);
+    const int* table_entries = reinterpret_cast<const int*>(smem + Traits::kSmemTableOffset);
     int pages[KVCopy::kPasses], in_page[KVCopy::kPasses];
     const int page_shift = paged && (params.page_size & (params.page_size - 1)) == 0 ? __ffs(params.page_size) - 1 : -1;
+    auto entry_of = [&](int row) {  // the table entry of the sequence's key `row`
+        const int cache_row = seq.k_start + row;
+        return page_shift >= 0 ? cache_row >> page_shift : cache_row / params.page_size;
+    };
+    // Entries [first_entry, last_entry] are this split's; window w holds
+    // first_entry + w * kWindow + [0, kWindow) in half w % 2 of the copy.
+    const int first_entry = paged ? entry_of(tiles.n_begin * kBlockN) : 0;
+    const int last_entry = paged && seqlen_k > 0 ? entry_of(seqlen_k - 1) : -1;
+    int next_window = 2;  // the window the lookups' entry into window next_window - 1 copies
+    auto copy_window = [&](int w) {
+#pragma unroll
+        for (int i = 0; i < kWindow / Traits::kNThreads; ++i) {
+            const int at = i * Traits::kNThreads + tid;
+            const int entry = first_entry + w * kWindow + at;
+            cp_async_4B(table_smem + ((w % 2) * kWindow + at) * 4, table + (entry <= last_entry ? entry : 0),
+                        entry <= last_entry);
+        }
+    };
     auto look_up_pages = [&](int n_block) {
+        if (entry_of(n_block * kBlockN) >= first_entry + (next_window - 1) * kWindow) copy_window(next_window++);
 #pragma unroll
         for (int pass = 0; pass < KVCopy::kPasses; ++pass) {
             const int row = n_block * kBlockN + kv_copy.row0 + pass * KVCopy::kRowsPerPass;
             if (row < seqlen_k) {
-                const int cache_row = seq.k_start + row;
-                const int entry = page_shift >= 0 ? cache_row >> page_shift : cache_row / params.page_size;
-                in_page[pass] = cache_row - entry * params.page_size;
-                pages[pass] = table[entry];
+                const int entry = entry_of(row);
+                in_page[pass] = seq.k_start + row - entry * params.page_size;
+                pages[pass] = table_entries[(entry - first_entry) % (2 * kWindow)];
             }
         }
     };
@@ -117,6 +234,13 @@ __global__ void __launch_bounds__(Traits::kNThreads) decode_kernel(const FwdPara
         q_copy.load_async(q_smem, q, params.q_row_stride, seqlen_q, params.head_dim);
     }
     const int n_tiles = tiles.n_end - tiles.n_begin;
+    if (paged && n_tiles > 0) {  // the first windows before the first lookups (Q lands with them)
+        copy_window(0);
+        copy_window(1);
+        cp_async_commit();
+        cp_async_wait<0>();
+        __syncthreads();
+    }
 #pragma unroll
     for (int t = 0; t < kStages - 1; ++t) {
         if (t < n_tiles) {
@@ -168,28 +292,30 @@ __global__ void __launch_bounds__(Traits::kNThreads) decode_kernel(const FwdPara
     cp_async_wait<0>();
     __syncthreads();
     float* warp_lse = reinterpret_cast<float*>(smem);                                   // [warp][row]
+    float* row_lse = warp_lse + Traits::kNWarps * kRows;                                // [row], the block's
     float* warp_out = reinterpret_cast<float*>(smem + Traits::kSmemStagesOffset);       // [warp][row][col]
     if (lane % 4 == 0) {
         warp_lse[warp * kRows + lane / 4] = lse[0];
         warp_lse[warp * kRows + lane / 4 + 8] = lse[1];
     }
     __syncthreads();
-    auto block_lse = [&](int row) {
+    if (tid < kRows) {
         float max_lse = -INFINITY;
 #pragma unroll
-        for (int w = 0; w < Traits::kNWarps; ++w) max_lse = fmaxf(max_lse, warp_lse[w * kRows + row]);
+        for (int w = 0; w < Traits::kNWarps; ++w) max_lse = fmaxf(max_lse, warp_lse[w * kRows + tid]);
         float sum = 0.f;
 #pragma unroll
         for (int w = 0; w < Traits::kNWarps; ++w) {
-            const float l = warp_lse[w * kRows + row];
+            const float l = warp_lse[w * kRows + tid];
             sum += l == -INFINITY ? 0.f : expf(l - max_lse);
         }
-        return sum == 0.f ? -INFINITY : max_lse + logf(sum);
-    };
+        row_lse[tid] = sum == 0.f ? -INFINITY : max_lse + logf(sum);
+    }
+    __syncthreads();
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
         const int row = lane / 4 + half * 8;
-        const float weight = lse[half] == -INFINITY ? 0.f : expf(lse[half] - block_lse(row));
+        const float weight = lse[half] == -INFINITY ? 0.f : expf(lse[half] - row_lse[row]);
         float* dst = warp_out + (warp * kRows + row) * kHeadDim + (lane % 4) * 2;
 #pragma unroll
         for (int j = 0; j < Traits::kNTilesO; ++j) {
@@ -200,11 +326,13 @@ __global__ void __launch_bounds__(Traits::kNThreads) decode_kernel(const FwdPara
     __syncthreads();
 
     // Sum the warps' rows and store: out and lse with one split, otherwise the
-    // split's fp32 partial rows for the combine kernel.
+    // split's fp32 partial rows.
     const bool partial = params.num_splits > 1;
-    const int64_t accum_row0 =
-        ((static_cast<int64_t>(split) * params.batch + batch) * params.num_heads + head) * seqlen_q;
+    const int64_t group_row0 = (static_cast<int64_t>(batch) * params.num_heads + head) * seqlen_q;
+    const int64_t split_rows = static_cast<int64_t>(params.batch) * params.num_heads * seqlen_q;
+    const int64_t accum_row0 = split * split_rows + group_row0;
     Element* out = static_cast<Element*>(params.o_ptr) + batch * params.o_batch_stride + head * params.o_head_stride;
+    float* out_lse = params.lse_ptr + batch * params.lse_batch_stride + head * params.lse_head_stride;
     constexpr int kQuads = kHeadDim / 4;  // 4 columns per thread and step
     for (int idx = tid; idx < kRows * kQuads; idx += Traits::kNThreads) {
         const int row = idx / kQuads, col = (idx % kQuads) * 4;
@@ -222,14 +350,27 @@ __global__ void __launch_bounds__(Traits::kNThreads) decode_kernel(const FwdPara
                 make_uint2(pack2<Element>(acc.x, acc.y), pack2<Element>(acc.z, acc.w));
         }
     }
-    if (tid < seqlen_q) {
-        const float row_lse = block_lse(tid);
-        if (partial) {
-            params.lse_accum_ptr[accum_row0 + tid] = row_lse;
-        } else {
-            params.lse_ptr[batch * params.lse_batch_stride + head * params.lse_head_stride + tid] = row_lse;
-        }
+    if (tid < seqlen_q) (partial ? params.lse_accum_ptr[accum_row0 + tid] : out_lse[tid]) = row_lse[tid];
+    if (!partial) return;
+
+    // The last of the group's splits to finish merges them all (the partial
+    // rows of every split are then written and visible): lse = log sum_s
+    // exp(lse_s), out = sum_s exp(lse_s - lse) * out_s; splits that saw no key
+    // (lse_s = -inf) weigh 0, a row no split saw gets out 0 and lse -inf.
+    __threadfence();
+    __syncthreads();
+    int* is_last = reinterpret_cast<int*>(smem);
+    if (tid == 0) {
+        unsigned int* counter = params.split_counters + static_cast<int64_t>(batch) * params.num_heads + head;
+        const bool last = atomicAdd(counter, 1u) == static_cast<unsigned int>(params.num_splits) - 1;
+        if (last) *counter = 0;  // every split has counted: zero again for the next call
+        *is_last = last;
     }
+    __syncthreads();
+    if (!*is_last) return;
+    __threadfence();
+    merge_splits<Traits>(params, group_row0, split_rows, seqlen_q, out, out_lse,
+                         reinterpret_cast<float*>(smem + Traits::kSmemStagesOffset), tid);
 }
 
 }  // namespace flash

@@ -104,6 +104,13 @@ struct FwdParams {
     int num_splits;
     float* __restrict__ o_accum_ptr;
     float* __restrict__ lse_accum_ptr;
+    // The decoding kernel merges the splits itself: the last block of a (batch,
+    // head) to finish (counted in split_counters[batch * num_heads + head],
+    // zero before the call and zero again after it) combines the group's rows.
+    // nullptr: the combine kernel does it (the tiled KV-cache forward).
+    unsigned int* split_counters;
+    // The decoding kernel's block shape (kernel_traits.h: DecodeTraits).
+    bool decode_wide;
 
     // Shared memory a block may opt into on this device; head dims whose fastest
     // tile config needs more run a smaller one.
@@ -188,11 +195,18 @@ cudaError_t run_fwd_kvcache(const FwdParams& params, const CombineParams& combin
 // entries, rotary positions) as the forward kernels do (index_check.cuh).
 cudaError_t run_kvcache_append(const AppendParams& params, cudaStream_t stream);
 
-// The number of splits (split-KV) that fills the GPU for a KV-cache forward
-// whose sequences hold at most max_keys keys, on a device with `sms` SMs (at
-// most kMaxKvSplits).
-int kvcache_num_splits(const FwdParams& params, int max_keys, int sms);
+// How a KV-cache forward runs on the current device, for sequences of at most
+// max_keys keys: the number of splits (split-KV; `requested` > 0 is taken as
+// is, up to kMaxKvSplits; 0 picks one) and the decoding kernel's block shape.
+struct KvcachePlan {
+    int num_splits;
+    bool decode_wide;
+};
+KvcachePlan kvcache_plan(const FwdParams& params, int max_keys, int requested);
 constexpr int kMaxKvSplits = 128;  // the most num_splits takes (larger values are clamped)
+// Up to this many rows per (batch, head) -- with pack_gqa per KV head -- a
+// KV-cache forward runs the decoding kernel (which merges its own splits).
+constexpr int kDecodeRows = 16;
 
 // Runs the backward pass on `stream`. Returns the launch error, if any.
 cudaError_t run_bwd(const BwdParams& params, cudaStream_t stream);

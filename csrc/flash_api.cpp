@@ -13,7 +13,10 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
+#include <mutex>
 #include <string>
+#include <utility>
 
 #include "flash.h"
 
@@ -393,6 +396,26 @@ void check_index_tensor(const std::optional<at::Tensor>& t, const char* name, co
                 " on q's device, got ", t->scalar_type(), " of shape ", str(t->sizes()), " on ", t->device().str());
 }
 
+// Zeroed counters for the decoding kernel's merge of its splits (FwdParams::
+// split_counters): every call leaves them zero again, so one buffer per (device,
+// stream) serves every call on that stream (calls on one stream never overlap;
+// on two streams they may, and never share a buffer). A call being captured
+// into a CUDA graph gets a buffer of its own, zeroed inside the graph: replays
+// of different graphs may overlap.
+at::Tensor split_counters(const at::Tensor& q, int64_t count, cudaStream_t stream) {
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    C10_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+    const at::TensorOptions options = q.options().dtype(at::kInt);
+    if (capture != cudaStreamCaptureStatusNone) return at::zeros({count}, options);
+    static std::mutex mutex;
+    // Never destroyed: the tensors must not be freed after CUDA shuts down at exit.
+    static auto* buffers = new std::map<std::pair<int, cudaStream_t>, at::Tensor>();
+    const std::lock_guard<std::mutex> lock(mutex);
+    at::Tensor& buffer = (*buffers)[{q.get_device(), stream}];
+    if (!buffer.defined() || buffer.numel() < count) buffer = at::zeros({std::max<int64_t>(count, 1024)}, options);
+    return buffer;
+}
+
 // flash_attn_with_kvcache: append k/v (rotary applied) into the cache in place,
 // then attend from q (rotated) to each sequence's cached keys.
 std::tuple<at::Tensor, at::Tensor> mha_fwd_kvcache(
@@ -543,19 +566,22 @@ std::tuple<at::Tensor, at::Tensor> mha_fwd_kvcache(
         params.lse_head_stride = group;
         params.total_q = static_cast<int>(batch * group);
     }
-    if (num_splits <= 0) {
-        int sms = 0;
-        C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, q.get_device()));
-        num_splits = flash::kvcache_num_splits(params, static_cast<int>(cache_capacity), sms);
-    }
-    params.num_splits = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(num_splits, flash::kMaxKvSplits)));
-    at::Tensor o_accum, lse_accum;
+    const flash::KvcachePlan plan =
+        flash::kvcache_plan(params, static_cast<int>(cache_capacity), static_cast<int>(std::min<int64_t>(
+                                                                          std::max<int64_t>(num_splits, 0), flash::kMaxKvSplits)));
+    params.num_splits = plan.num_splits;
+    params.decode_wide = plan.decode_wide;
+    at::Tensor o_accum, lse_accum, counters;
     flash::CombineParams combine{};
     if (params.num_splits > 1) {
         o_accum = at::empty({params.num_splits, batch, num_heads, seqlen_q, head_dim}, q.options().dtype(at::kFloat));
         lse_accum = at::empty({params.num_splits, batch, num_heads, seqlen_q}, q.options().dtype(at::kFloat));
         params.o_accum_ptr = o_accum.data_ptr<float>();
         params.lse_accum_ptr = lse_accum.data_ptr<float>();
+        if (params.seqlen_q <= flash::kDecodeRows) {
+            counters = split_counters(q, static_cast<int64_t>(batch) * params.num_heads, stream);
+            params.split_counters = reinterpret_cast<unsigned int*>(counters.data_ptr<int>());
+        }
         combine = {o_accum.data_ptr<float>(), lse_accum.data_ptr<float>(), out.data_ptr(), lse.data_ptr<float>(),
                    out.stride(0), out.stride(1), out.stride(2), static_cast<int>(batch), static_cast<int>(seqlen_q),
                    static_cast<int>(num_heads), static_cast<int>(head_dim), params.num_splits};

@@ -54,19 +54,21 @@ cudaError_t launch_decode(const FwdParams& params, cudaStream_t stream) {
 }
 
 // The KV-cache forward: the decoding kernel for up to kDecodeRows rows per
-// (batch, head), the tiled forward beyond; then the combine of the splits.
+// (batch, head) (it merges its own splits), the tiled forward and then the
+// combine kernel beyond.
 template <typename Element, int kHeadDim>
 cudaError_t run_fwd_kvcache_(const FwdParams& params, const CombineParams& combine, cudaStream_t stream) {
+    if (params.seqlen_q <= kDecodeRows) {
+        return params.decode_wide ? launch_decode<DecodeTraits<kHeadDim, Element, true>>(params, stream)
+                                  : launch_decode<DecodeTraits<kHeadDim, Element, false>>(params, stream);
+    }
     using Traits = KvcacheTraits<kHeadDim, Element>;
     static_assert(Traits::kSmemBytes <= kSmallSmemPerBlock, "the KV-cache config must fit sm_86/sm_89");
-    cudaError_t err =
-        params.seqlen_q <= kDecodeRows
-            ? launch_decode<DecodeTraits<kHeadDim, Element>>(params, stream)
-            : launch_fwd<Traits, /*Is_local=*/true, /*Has_extras=*/true, /*Is_kvcache=*/true>(params, stream);
+    const cudaError_t err =
+        launch_fwd<Traits, /*Is_local=*/true, /*Has_extras=*/true, /*Is_kvcache=*/true>(params, stream);
     if (err != cudaSuccess || params.num_splits <= 1) return err;
     const int64_t rows = static_cast<int64_t>(combine.batch) * combine.num_heads * combine.seqlen_q;
-    kvcache_combine_kernel<Element><<<static_cast<unsigned>((rows + kCombineWarps - 1) / kCombineWarps),
-                                      kCombineWarps * 32, 0, stream>>>(combine);
+    kvcache_combine_kernel<Element><<<static_cast<unsigned>(rows), kCombineWarps * 32, 0, stream>>>(combine);
     return cudaGetLastError();
 }
 

@@ -4,6 +4,8 @@
 
 #include <cstdint>
 
+#include "flash.h"
+
 namespace flash {
 
 // A [kRows, kCols] tile of 16-bit elements in shared memory. Rows are cut into
@@ -234,41 +236,54 @@ using FwdTraitsFor = FwdKernelTraits<kHeadDim, Config::kBlockM, Config::kBlockN,
 template <int kHeadDim, typename Element>
 using KvcacheTraits = FwdKernelTraits<kHeadDim, 64, 64, 4, Element>;
 
-// Up to this many rows per (batch, head) -- with pack_gqa per KV head -- a
-// KV-cache forward runs the decoding kernel.
-constexpr int kDecodeRows = 16;
 
 // The decoding kernel (decode_kernel.cuh): a block holds up to kRows query
 // rows and walks key tiles of kBlockN keys, 16 per warp, with kStages - 1
-// tiles in flight while it computes on one. Small tiles and deep pipelines:
-// decoding is bound by reading the cache, and many bytes in flight per SM is
-// what reaches the memory's bandwidth. Sized for at most 96 KB of shared memory
-// (within the 99 KB of sm_86/sm_89, so one build serves every GPU; the H100
-// then holds two d128 blocks per SM, 128 KB of loads in flight).
-template <int kHeadDim_, typename Element_>
+// tiles in flight while it computes on one. Decoding is bound by reading the
+// cache; two shapes of block, picked per call (kvcache_plan in kvcache.cu),
+// reach the memory's bandwidth in different regimes:
+//   Wide:  a 108 KB budget (3 stages at d128), at most two blocks per SM: the
+//          most bytes in flight per block, for one block per SM (a few
+//          (batch, KV head) pairs split across the SMs);
+//   Dense: a 76 KB budget (2 stages at d128): three blocks per SM on the H100,
+//          for many (batch, KV head) pairs.
+// Four warps (64-key tiles) up to d128, two (32-key tiles) beyond, where a
+// 64-key stage would not fit twice in the budget. Dense fits the 99 KB of
+// sm_86/sm_89; Wide needs the larger shared memory of sm_80/sm_90.
+template <int kHeadDim_, typename Element_, bool Wide>
 struct DecodeTraits {
     using Element = Element_;
     static constexpr int kHeadDim = kHeadDim_;
     static constexpr int kRows = kDecodeRows;  // one m16 tile
-    static constexpr int kNWarps = 2;
+    static constexpr int kNWarps = kHeadDim <= 128 ? 4 : 2;
     static constexpr int kBlockN = 16 * kNWarps;
     static constexpr int kNThreads = kNWarps * 32;
     static constexpr int kNTilesO = kHeadDim / 8;
     static constexpr int kKSteps = kHeadDim / 16;
     using QTile = SmemTile<kRows, kHeadDim>;
     using KVTile = SmemTile<kBlockN, kHeadDim>;
+    static constexpr int kBudget = (Wide ? 108 : 76) * 1024;
+    // Paged caches: block-table entries staged in shared memory, two windows of
+    // kTableWindow (one read while the next lands, decode_kernel.cuh).
+    static constexpr int kTableWindow = 512;
+    static constexpr int kTableBytes = 2 * kTableWindow * 4;
     static constexpr int kStageBytes = 2 * KVTile::kBytes;  // K then V
-    static constexpr int kFitStages = (96 * 1024 - QTile::kBytes) / kStageBytes;
+    static constexpr int kFitStages = (kBudget - QTile::kBytes - kTableBytes) / kStageBytes;
     static constexpr int kStages = kFitStages < 2 ? 2 : kFitStages > 6 ? 6 : kFitStages;
     static constexpr int kSmemStagesOffset = QTile::kBytes;
-    static constexpr int kSmemBytes = QTile::kBytes + kStages * kStageBytes;
+    static constexpr int kSmemTableOffset = kSmemStagesOffset + kStages * kStageBytes;
+    static constexpr int kSmemBytes = kSmemTableOffset + kTableBytes;
+    static_assert(kTableWindow * 4 % (kNThreads * 4) == 0, "whole table-window copies");
+    // Blocks per SM the registers must allow (Dense at d128: three, so at most
+    // 170 registers a thread).
+    static constexpr int kMinBlocksPerSm = Wide ? 1 : 3;
     // The Q copy uses as many threads as 16 rows keep busy with whole passes.
     static constexpr int kQCopyThreads = kNThreads < kRows * QTile::kBlockChunks ? kNThreads
                                                                                  : kRows * QTile::kBlockChunks;
     static_assert(kNWarps * kRows * kHeadDim * 4 <= kStages * kStageBytes,
                   "the warps' fp32 partial outputs are merged in the stage buffers");
-    static_assert(kNWarps * kRows * 4 <= QTile::kBytes, "the warps' LSEs are merged in the Q tile");
-    static_assert(kSmemBytes <= 96 * 1024, "the decoding kernel must fit sm_86/sm_89");
+    static_assert((kNWarps + 1) * kRows * 4 <= QTile::kBytes, "the warps' LSEs are merged in the Q tile");
+    static_assert(kSmemBytes <= kBudget, "over the shared memory budget");
 };
 
 }  // namespace flash

@@ -127,24 +127,26 @@ __global__ void __launch_bounds__(256) kvcache_append_kernel(const AppendParams 
                 p.rotary_dim);
 }
 
-// Merges the split-KV partial results, one row per warp: lse = log sum_s
-// exp(lse_s), out = sum_s exp(lse_s - lse) * out_s. The lanes read the splits'
-// LSEs side by side (a row's cost is then a few dependent loads, not one per
-// split) and leave the weights in shared memory for the sum over the splits.
-// Splits that saw no key (lse_s = -inf) weigh 0; a row no split saw gets out 0
-// and lse -inf.
+// Merges the split-KV partial results: lse = log sum_s exp(lse_s), out = sum_s
+// exp(lse_s - lse) * out_s. One block per row; its warps take every
+// kCombineWarps-th split (so a thread's loads are independent of one another:
+// the partial rows were just written and sit in L2, and the row costs a few
+// rounds of latency, not one per split), each lane four columns, and the warps'
+// sums meet in shared memory. Every warp finds lse from the splits' LSEs read
+// side by side. Splits that saw no key (lse_s = -inf) weigh 0; a row no split
+// saw gets out 0 and lse -inf.
 constexpr int kCombineWarps = 4;
 
 template <typename Element>
 __global__ void __launch_bounds__(kCombineWarps * 32) kvcache_combine_kernel(const CombineParams p) {
-    __shared__ float weights[kCombineWarps][kMaxKvSplits];
+    __shared__ float4 warp_sums[kCombineWarps - 1][kMaxHeadDim / 4];
     const int64_t rows = static_cast<int64_t>(p.batch) * p.num_heads * p.seqlen_q;
+    const int64_t row = blockIdx.x;  // (b * H + h) * Sq + i
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int64_t row = static_cast<int64_t>(blockIdx.x) * kCombineWarps + warp;  // (b * H + h) * Sq + i
-    if (row >= rows) return;
+
     constexpr int kPerLane = kMaxKvSplits / 32;
-    float lse_s[kPerLane];
     float lse_max = -INFINITY;
+    float lse_s[kPerLane];
 #pragma unroll
     for (int j = 0; j < kPerLane; ++j) {
         const int s = j * 32 + lane;
@@ -158,28 +160,50 @@ __global__ void __launch_bounds__(kCombineWarps * 32) kvcache_combine_kernel(con
     for (int j = 0; j < kPerLane; ++j) sum += lse_s[j] == -INFINITY ? 0.f : expf(lse_s[j] - lse_max);
 #pragma unroll
     for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-    const bool empty = sum == 0.f;
-    const float lse = empty ? -INFINITY : lse_max + logf(sum);
+    const float lse = sum == 0.f ? -INFINITY : lse_max + logf(sum);
+
+    // This warp's splits, weighed, for the lane's columns d, d + 128, ...
+    constexpr int kQuadsPerLane = kMaxHeadDim / 128;
+    float4 acc[kQuadsPerLane];
 #pragma unroll
-    for (int j = 0; j < kPerLane; ++j) {
-        const int s = j * 32 + lane;
-        if (s < p.num_splits) weights[warp][s] = (empty || lse_s[j] == -INFINITY) ? 0.f : expf(lse_s[j] - lse);
+    for (int c = 0; c < kQuadsPerLane; ++c) acc[c] = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 8
+    for (int s = warp; s < p.num_splits; s += kCombineWarps) {
+        const float l = p.lse_accum_ptr[s * rows + row];
+        const float w = l == -INFINITY ? 0.f : expf(l - lse);
+        const float* src = p.o_accum_ptr + (s * rows + row) * p.head_dim;
+#pragma unroll
+        for (int c = 0; c < kQuadsPerLane; ++c) {
+            const int d = (c * 32 + lane) * 4;
+            if (d < p.head_dim) {
+                const float4 o = *reinterpret_cast<const float4*>(src + d);
+                acc[c].x += w * o.x, acc[c].y += w * o.y, acc[c].z += w * o.z, acc[c].w += w * o.w;
+            }
+        }
     }
-    __syncwarp();
+    if (warp > 0) {
+#pragma unroll
+        for (int c = 0; c < kQuadsPerLane; ++c) warp_sums[warp - 1][c * 32 + lane] = acc[c];
+    }
+    __syncthreads();
+    if (warp > 0) return;
     if (lane == 0) p.lse_ptr[row] = lse;
     const int i = static_cast<int>(row % p.seqlen_q);
     const int h = static_cast<int>((row / p.seqlen_q) % p.num_heads);
     const int b = static_cast<int>(row / (static_cast<int64_t>(p.seqlen_q) * p.num_heads));
     Element* out = static_cast<Element*>(p.o_ptr) + b * p.o_batch_stride + i * p.o_row_stride + h * p.o_head_stride;
-    for (int d = lane * 4; d < p.head_dim; d += 32 * 4) {
-        float acc[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll 4
-        for (int s = 0; s < p.num_splits; ++s) {
-            const float w = weights[warp][s];
-            const float4 o = *reinterpret_cast<const float4*>(p.o_accum_ptr + (s * rows + row) * p.head_dim + d);
-            acc[0] += w * o.x, acc[1] += w * o.y, acc[2] += w * o.z, acc[3] += w * o.w;
+#pragma unroll
+    for (int c = 0; c < kQuadsPerLane; ++c) {
+        const int d = (c * 32 + lane) * 4;
+        if (d >= p.head_dim) continue;
+        float4 total = acc[c];
+#pragma unroll
+        for (int w = 0; w < kCombineWarps - 1; ++w) {
+            const float4 part = warp_sums[w][c * 32 + lane];
+            total.x += part.x, total.y += part.y, total.z += part.z, total.w += part.w;
         }
-        *reinterpret_cast<uint2*>(out + d) = make_uint2(pack2<Element>(acc[0], acc[1]), pack2<Element>(acc[2], acc[3]));
+        *reinterpret_cast<uint2*>(out + d) =
+            make_uint2(pack2<Element>(total.x, total.y), pack2<Element>(total.z, total.w));
     }
 }
 

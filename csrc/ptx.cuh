@@ -26,6 +26,13 @@ __device__ __forceinline__ void cp_async_16B(uint32_t dst, const void* src, bool
                  "r"(src_bytes));
 }
 
+// cp.async.ca.shared.global of 4 bytes (no alignment beyond 4): zero-filled
+// when `valid` is false.
+__device__ __forceinline__ void cp_async_4B(uint32_t dst, const void* src, bool valid) {
+    const int src_bytes = valid ? 4 : 0;
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+}
+
 // cp.async.commit_group: close the group of copies issued so far.
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 

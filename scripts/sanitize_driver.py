@@ -110,7 +110,7 @@ def inputs(dtype, head_dim, seqlens, heads, layout, batch):
     return q, k, v
 
 
-# KV-cache calls (flash_attn_with_kvcache: the check, append, forward and combine kernels):
+# KV-cache calls (flash_attn_with_kvcache: the append, decoding and tiled forward, combine kernels):
 # (head_dim, page size or None, seqlen_q, seqlen_new, num_splits, rotary, causal). Caches of 203
 # rows, ragged lengths, GQA 4/2.
 # (head_dim, page size or None, seqlen_q, seqlen_new, num_splits, rotary, causal,
@@ -149,7 +149,15 @@ def kvcache_calls(dtype) -> int:
                                 rotary_sin=angles.sin() if rotary else None, cache_seqlens=seqlens,
                                 cache_leftpad=seqlens // 3 if leftpad else None, block_table=table, causal=causal,
                                 num_splits=splits)
-    return len(KVCACHE_CASES)
+    # One-row pages over 2600 rows, one split: the decoding kernel copies the block table into shared
+    # memory 512 entries at a time, so this walks five windows (the copies past the first two included).
+    table = torch.randperm(batch * 2600, device="cuda").to(torch.int32).reshape(batch, 2600)
+    k_cache = torch.randn(batch * 2600, 1, heads_k, 128, device="cuda", dtype=dtype)
+    seqlens = torch.tensor([2600, 1100], device="cuda", dtype=torch.int32)
+    flash_attn_with_kvcache(torch.randn(batch, 1, heads, 128, device="cuda", dtype=dtype), k_cache,
+                            torch.randn_like(k_cache), cache_seqlens=seqlens, cache_leftpad=seqlens // 5,
+                            block_table=table, num_splits=1)
+    return len(KVCACHE_CASES) + 1
 
 
 def main() -> None:

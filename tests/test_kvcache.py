@@ -7,7 +7,10 @@ twice PyTorch's own error in the input dtype, plus eps); the cache after the app
 reference's exactly.
 """
 
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -180,6 +183,18 @@ def test_gpu_long_paged_cache_decoding():
     check(case)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("page", [1, 5, 16])
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_gpu_block_table_windows(page, num_splits):
+    """The decoding kernel copies a split's block-table entries into shared memory 512 at a time (two
+    windows, the next copied while the current is read): splits of up to ~12000 entries walk many
+    windows, from first entries that are not window-aligned (leftpad, ragged lengths)."""
+    seed = case_seed("kv windows", page, num_splits)
+    case = make_case("cuda", torch.bfloat16, 2, 1, 1, 16, 4, 64, page, seed, capacity=12000, leftpad=True)
+    check(case, num_splits=num_splits)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_splits_agree(device):
     dtype = DTYPES[device][-1]
@@ -189,6 +204,71 @@ def test_splits_agree(device):
         trial = {**case, "k_cache": case["k_cache"].clone(), "v_cache": case["v_cache"].clone()}
         outs.append(check(trial, num_splits=splits))
     assert all((o.float() - outs[0].float()).abs().max() <= 2 * torch.finfo(dtype).eps for o in outs)
+
+
+@pytest.mark.gpu
+def test_gpu_split_merge_in_graphs_and_on_two_streams():
+    """The decoding kernel merges its splits itself, counting finished splits in buffers that every
+    call leaves zero: one per stream, a fresh one inside each CUDA graph. Repeated eager calls, two
+    captured graphs replayed in turn, and calls on two streams at once all give the eager result bit
+    for bit (the merge sums the splits in a fixed order)."""
+    case = make_case("cuda", torch.bfloat16, 1, 1, 0, 32, 8, 128, None, case_seed("merge"), capacity=20000)
+    case2 = make_case("cuda", torch.bfloat16, 2, 1, 0, 16, 4, 128, 16, case_seed("merge 2"), capacity=9000)
+    call = lambda c: flash_attn_with_kvcache(**c, return_softmax_lse=True)  # noqa: E731
+    expected, expected2 = check(case), check(case2)
+    for _ in range(3):
+        assert torch.equal(call(case)[0], expected) and torch.equal(call(case2)[0], expected2)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            call(case), call(case2)
+    torch.cuda.current_stream().wait_stream(side)
+    graphs, outs = [], []
+    for c in (case, case2):
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            outs.append(call(c)[0])
+        graphs.append(graph)
+    for _ in range(3):
+        for graph in graphs:
+            graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(outs[0], expected) and torch.equal(outs[1], expected2)
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    for s in streams:
+        s.wait_stream(torch.cuda.current_stream())
+    results = [[], []]
+    for _ in range(20):
+        for s, c, r in zip(streams, (case, case2), results):
+            with torch.cuda.stream(s):
+                r.append(call(c)[0])
+    torch.cuda.synchronize()
+    assert all(torch.equal(o, expected) for o in results[0]) and all(torch.equal(o, expected2) for o in results[1])
+
+
+_DENSE_DECODE_CHECK = """
+import torch
+from helpers import case_seed
+from test_kvcache import check, make_case
+for page in (None, 256):
+    for splits in (1, 0, 5):
+        case = make_case("cuda", torch.bfloat16, 2, 1, 1, 32, 8, 128, page, case_seed("dense", page, splits),
+                         capacity=3000)
+        check(case, num_splits=splits)
+print("dense decode ok")
+"""
+
+
+@pytest.mark.gpu
+def test_gpu_decoding_within_99kb_of_shared_memory():
+    """The decoding kernel's Wide blocks (104 KB) do not fit sm_86/sm_89 (99 KB a block); there every
+    decode runs Dense blocks. FLASHATTN_MAX_SMEM_PER_BLOCK makes the H100 take that path for the
+    contiguous and 256-row-page caches, whose decode it would otherwise run Wide."""
+    env = {**os.environ, "FLASHATTN_MAX_SMEM_PER_BLOCK": str(99 * 1024)}
+    result = subprocess.run([sys.executable, "-c", _DENSE_DECODE_CHECK], cwd=os.path.dirname(__file__), env=env,
+                            capture_output=True, text=True)
+    assert result.returncode == 0 and "dense decode ok" in result.stdout, result.stderr[-3000:]
 
 
 @pytest.mark.parametrize("device", DEVICES)
