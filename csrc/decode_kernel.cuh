@@ -25,94 +25,58 @@
 
 namespace flash {
 
-// The merge of a group's splits (decode_kernel's last block): kThreadsPerRow
-// threads per row find its LSE (reading the splits' LSEs side by side) and
-// leave the splits' weights in shared memory; then each thread sums the
-// splits' fp32 rows for a few (row, 4 columns) pairs, many loads in flight at
-// once. Partial rows are read through L2 (written by other SMs).
+// The merge of a group's splits (decode_kernel's last block): each thread
+// takes a (row, 4 columns) pair and reads every split's LSE for the row and its
+// fp32 partial columns, kBatch splits at a time, all loads of a batch in flight
+// at once (the merge is latency-bound: one round trip to L2 per batch), with a
+// running maximum: out = sum_s exp(lse_s - m) out_s / sum_s exp(lse_s - m),
+// lse = m + log(sum). Splits that saw no key (lse_s = -inf) weigh 0; a row no
+// split saw gets out 0 and lse -inf. Partial rows are read through L2 (written
+// by other SMs).
 template <typename Traits, typename Element>
 __device__ __forceinline__ void merge_splits(const FwdParams& params, int64_t group_row0, int64_t split_rows,
-                                             int seqlen_q, Element* out, float* out_lse, float* weights, int tid) {
-    constexpr int kRows = Traits::kRows;
-    constexpr int kThreadsPerRow = Traits::kNThreads / kRows;
-    static_assert(kMaxKvSplits * kRows * 4 <= Traits::kStages * Traits::kStageBytes, "the weights fit the stages");
-    const int num_splits = params.num_splits;
-    {
-        const int row = tid / kThreadsPerRow, lane = tid % kThreadsPerRow;
-        float max_lse = -INFINITY, sum = 0.f;
-        for (int s = lane; s < num_splits; s += kThreadsPerRow) {
-            const float l = row < seqlen_q ? __ldcg(params.lse_accum_ptr + s * split_rows + group_row0 + row) : -INFINITY;
-            weights[s * kRows + row] = l;
-            if (l == -INFINITY) continue;
-            if (l > max_lse) {
-                sum = sum * expf(max_lse - l) + 1.f;  // exp(-inf) = 0 on the first
-                max_lse = l;
-            } else {
-                sum += expf(l - max_lse);
-            }
-        }
-#pragma unroll
-        for (int offset = kThreadsPerRow / 2; offset > 0; offset /= 2) {
-            const float other_max = __shfl_xor_sync(0xffffffffu, max_lse, offset);
-            const float other_sum = __shfl_xor_sync(0xffffffffu, sum, offset);
-            const float m = fmaxf(max_lse, other_max);
-            sum = (sum == 0.f ? 0.f : sum * expf(max_lse - m)) + (other_sum == 0.f ? 0.f : other_sum * expf(other_max - m));
-            max_lse = m;
-        }
-        const float lse = sum == 0.f ? -INFINITY : max_lse + logf(sum);
-        for (int s = lane; s < num_splits; s += kThreadsPerRow) {
-            const float l = weights[s * kRows + row];
-            weights[s * kRows + row] = lse == -INFINITY || l == -INFINITY ? 0.f : expf(l - lse);
-        }
-        if (lane == 0 && row < seqlen_q) out_lse[row] = lse;
-    }
-    __syncthreads();
-    // (row, 4 columns) pairs one at a time, each summing the splits kBatch at a
-    // time: that many loads in flight per thread (the merge is latency-bound).
+                                             int seqlen_q, Element* out, float* out_lse, int tid) {
     constexpr int kQuads = Traits::kHeadDim / 4;
-    constexpr int kPairs = (kRows * kQuads + Traits::kNThreads - 1) / Traits::kNThreads;
-    constexpr int kChunk = 1;
-    constexpr int kBatch = Traits::kHeadDim <= 128 ? 8 : 4;  // registers: d256 is at the limit
-    for (int p0 = 0; p0 < kPairs; p0 += kChunk) {
-        float4 acc[kChunk];
-        int row[kChunk], col[kChunk];
-        bool valid[kChunk];
-#pragma unroll
-        for (int p = 0; p < kChunk; ++p) {
-            const int idx = tid + (p0 + p) * Traits::kNThreads;
-            row[p] = idx / kQuads, col[p] = (idx % kQuads) * 4;
-            valid[p] = idx < kRows * kQuads && row[p] < seqlen_q && col[p] < params.head_dim;
-            acc[p] = make_float4(0.f, 0.f, 0.f, 0.f);
-        }
-        if (!valid[0]) break;  // pairs run row by row: the rest lie past seqlen_q too
+    constexpr int kBatch = Traits::kHeadDim <= 128 ? 16 : Traits::kHeadDim <= 192 ? 4 : 2;  // registers
+    const int num_splits = params.num_splits;
+    for (int idx = tid; idx < Traits::kRows * kQuads; idx += Traits::kNThreads) {
+        const int row = idx / kQuads, col = (idx % kQuads) * 4;
+        if (row >= seqlen_q) break;  // rows ascend with idx
+        const bool has_col = col < params.head_dim;
+        float max_lse = -INFINITY, sum = 0.f;
+        float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
         for (int s0 = 0; s0 < num_splits; s0 += kBatch) {
-            float4 o[kChunk][kBatch];
+            float l[kBatch];
+            float4 o[kBatch];
 #pragma unroll
-            for (int p = 0; p < kChunk; ++p) {
-#pragma unroll
-                for (int j = 0; j < kBatch; ++j) {
-                    const int64_t at = ((s0 + j) * split_rows + group_row0 + row[p]) * params.head_dim + col[p];
-                    o[p][j] = valid[p] && s0 + j < num_splits
-                                  ? __ldcg(reinterpret_cast<const float4*>(params.o_accum_ptr + at))
-                                  : make_float4(0.f, 0.f, 0.f, 0.f);
-                }
+            for (int j = 0; j < kBatch; ++j) {
+                const int64_t at = (s0 + j) * split_rows + group_row0 + row;
+                const bool valid = s0 + j < num_splits;
+                l[j] = valid ? __ldcg(params.lse_accum_ptr + at) : -INFINITY;
+                o[j] = valid && has_col ? __ldcg(reinterpret_cast<const float4*>(params.o_accum_ptr + at * params.head_dim + col))
+                                        : make_float4(0.f, 0.f, 0.f, 0.f);
             }
+            float new_max = max_lse;
 #pragma unroll
-            for (int p = 0; p < kChunk; ++p) {
+            for (int j = 0; j < kBatch; ++j) new_max = fmaxf(new_max, l[j]);
+            if (new_max == -INFINITY) continue;  // no key seen yet: sum and acc stay 0
+            const float rescale = max_lse == -INFINITY ? 0.f : expf(max_lse - new_max);
+            sum *= rescale;
+            acc.x *= rescale, acc.y *= rescale, acc.z *= rescale, acc.w *= rescale;
 #pragma unroll
-                for (int j = 0; j < kBatch; ++j) {
-                    const float w = s0 + j < num_splits ? weights[(s0 + j) * kRows + row[p]] : 0.f;
-                    acc[p].x += w * o[p][j].x, acc[p].y += w * o[p][j].y;
-                    acc[p].z += w * o[p][j].z, acc[p].w += w * o[p][j].w;
-                }
+            for (int j = 0; j < kBatch; ++j) {
+                const float w = l[j] == -INFINITY ? 0.f : expf(l[j] - new_max);
+                sum += w;
+                acc.x += w * o[j].x, acc.y += w * o[j].y, acc.z += w * o[j].z, acc.w += w * o[j].w;
             }
+            max_lse = new_max;
         }
-#pragma unroll
-        for (int p = 0; p < kChunk; ++p) {
-            if (!valid[p]) continue;
-            *reinterpret_cast<uint2*>(out + row[p] * params.o_row_stride + col[p]) =
-                make_uint2(pack2<Element>(acc[p].x, acc[p].y), pack2<Element>(acc[p].z, acc[p].w));
+        const float inv = sum == 0.f ? 0.f : 1.f / sum;
+        if (has_col) {
+            *reinterpret_cast<uint2*>(out + row * params.o_row_stride + col) =
+                make_uint2(pack2<Element>(acc.x * inv, acc.y * inv), pack2<Element>(acc.z * inv, acc.w * inv));
         }
+        if (col == 0) out_lse[row] = sum == 0.f ? -INFINITY : max_lse + logf(sum);
     }
 }
 
@@ -138,14 +102,20 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) de
     const int batch = blockIdx.z;
     const int head_k = head / params.heads_per_kv_head;
 
+    // Q first: its copy needs no index, so it is in flight while cache_seqlens is read.
+    const Element* q =
+        static_cast<const Element*>(params.q_ptr) + batch * params.q_batch_stride + head * params.q_head_stride;
+    if (tid < Traits::kQCopyThreads) {
+        const TileCopy<QTile, Traits::kQCopyThreads> q_copy(tid);
+        q_copy.load_async(q_smem, q, params.q_row_stride, params.seqlen_q, params.head_dim);
+    }
+
     Sequence seq = sequence_of<true>(params, batch);
     const Window window = kvcache_window(params, seq);
     const int seqlen_q = seq.seqlen_q, seqlen_k = seq.seqlen_k;
     const KeyTileRange tiles =
         split_key_tiles(key_tile_range<kRows, kBlockN>(0, seqlen_q, window), split, params.num_splits);
 
-    const Element* q =
-        static_cast<const Element*>(params.q_ptr) + batch * params.q_batch_stride + head * params.q_head_stride;
     const bool paged = params.block_table != nullptr;
     const Element* k = static_cast<const Element*>(params.k_ptr) + head_k * params.k_head_stride +
                        (paged ? 0 : seq.kv_batch * params.k_batch_stride + seq.k_start * params.k_row_stride);
@@ -227,12 +197,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) de
         }
     };
 
-    // Prologue: Q with the first tile, then tiles up to kStages - 1 in flight
-    // (a commit group per tile, empty past the last, so the wait counts hold).
-    if (tid < Traits::kQCopyThreads) {
-        const TileCopy<QTile, Traits::kQCopyThreads> q_copy(tid);
-        q_copy.load_async(q_smem, q, params.q_row_stride, seqlen_q, params.head_dim);
-    }
+    // Prologue: the first tiles up to kStages - 1 in flight (a commit group per
+    // tile, empty past the last, so the wait counts hold); Q, already issued,
+    // lands with the first.
     const int n_tiles = tiles.n_end - tiles.n_begin;
     if (paged && n_tiles > 0) {  // the first windows before the first lookups (Q lands with them)
         copy_window(0);
@@ -357,20 +324,19 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) de
     // rows of every split are then written and visible): lse = log sum_s
     // exp(lse_s), out = sum_s exp(lse_s - lse) * out_s; splits that saw no key
     // (lse_s = -inf) weigh 0, a row no split saw gets out 0 and lse -inf.
-    __threadfence();
+    // The barrier, then one thread's acquire-release add, publishes the block's
+    // partial rows and, in the last block, makes every other block's visible.
     __syncthreads();
     int* is_last = reinterpret_cast<int*>(smem);
     if (tid == 0) {
         unsigned int* counter = params.split_counters + static_cast<int64_t>(batch) * params.num_heads + head;
-        const bool last = atomicAdd(counter, 1u) == static_cast<unsigned int>(params.num_splits) - 1;
+        const bool last = atomic_add_acq_rel(counter, 1u) == static_cast<unsigned int>(params.num_splits) - 1;
         if (last) *counter = 0;  // every split has counted: zero again for the next call
         *is_last = last;
     }
     __syncthreads();
     if (!*is_last) return;
-    __threadfence();
-    merge_splits<Traits>(params, group_row0, split_rows, seqlen_q, out, out_lse,
-                         reinterpret_cast<float*>(smem + Traits::kSmemStagesOffset), tid);
+    merge_splits<Traits>(params, group_row0, split_rows, seqlen_q, out, out_lse, tid);
 }
 
 }  // namespace flash

@@ -33,6 +33,16 @@ __device__ __forceinline__ void cp_async_4B(uint32_t dst, const void* src, bool 
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
 }
 
+// atom.add.acq_rel.gpu on a global counter: the writes this thread made (and,
+// after a barrier, its block's) are visible to any thread that later acquires
+// the counter, and the writes released by earlier adders are visible here (and,
+// after a barrier, to the block). One round trip instead of a fence and an add.
+__device__ __forceinline__ unsigned int atomic_add_acq_rel(unsigned int* counter, unsigned int value) {
+    unsigned int old;
+    asm volatile("atom.add.acq_rel.gpu.u32 %0, [%1], %2;\n" : "=r"(old) : "l"(counter), "r"(value) : "memory");
+    return old;
+}
+
 // cp.async.commit_group: close the group of copies issued so far.
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 
