@@ -37,7 +37,10 @@ template <typename Traits, typename Element>
 __device__ __forceinline__ void merge_splits(const FwdParams& params, int64_t group_row0, int64_t split_rows,
                                              int seqlen_q, Element* out, float* out_lse, int tid) {
     constexpr int kQuads = Traits::kHeadDim / 4;
-    constexpr int kBatch = Traits::kHeadDim <= 128 ? 16 : Traits::kHeadDim <= 192 ? 4 : 2;  // registers
+    // Splits per round, as registers allow: 16 up to d128, except at d32, where a
+    // thread's one (row, columns) pair lets ptxas unroll the whole merge and 16
+    // splits' loads no longer fit without spilling.
+    constexpr int kBatch = Traits::kHeadDim <= 32 ? 8 : Traits::kHeadDim <= 128 ? 16 : Traits::kHeadDim <= 192 ? 4 : 2;
     const int num_splits = params.num_splits;
     for (int idx = tid; idx < Traits::kRows * kQuads; idx += Traits::kNThreads) {
         const int row = idx / kQuads, col = (idx % kQuads) * 4;
