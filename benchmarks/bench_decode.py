@@ -43,6 +43,18 @@ def rows_plan(quick):
                     yield heads_k, batch, seqlen, layout
 
 
+def paged_copy(k, v, page, order):
+    """k, v (B, S, Hk, D) copied into pages of `page` tokens: page j of the pool holds the keys of
+    table entry order^-1(j), i.e. sequence b's i-th page is pool page order[b * S / page + i]."""
+    batch, seqlen, heads_k, dim = k.shape
+    pages = seqlen // page
+    k_cache = torch.empty(batch * pages, page, heads_k, dim, device=k.device, dtype=k.dtype)
+    v_cache = torch.empty_like(k_cache)
+    k_cache[order] = k.reshape(batch * pages, page, heads_k, dim)
+    v_cache[order] = v.reshape(batch * pages, page, heads_k, dim)
+    return k_cache, v_cache, order.reshape(batch, pages).to(torch.int32)
+
+
 def measure(timer, heads_k, batch, seqlen, layout):
     from flashattn import flash_attn_with_kvcache
 
@@ -60,13 +72,8 @@ def measure(timer, heads_k, batch, seqlen, layout):
         k_cache, v_cache, table = k, v, None
     else:
         page = int(layout.removeprefix("paged"))
-        pages = seqlen // page
-        order = torch.randperm(batch * pages, generator=gen, device="cuda")
-        table = order.reshape(batch, pages).to(torch.int32)
-        k_cache = torch.empty(batch * pages, page, heads_k, HEAD_DIM, device="cuda", dtype=DTYPE)
-        v_cache = torch.empty_like(k_cache)
-        k_cache[order] = k.reshape(batch * pages, page, heads_k, HEAD_DIM)
-        v_cache[order] = v.reshape(batch * pages, page, heads_k, HEAD_DIM)
+        order = torch.randperm(batch * (seqlen // page), generator=gen, device="cuda")
+        k_cache, v_cache, table = paged_copy(k, v, page, order)
 
     def ours():
         return flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, block_table=table)

@@ -1,0 +1,102 @@
+"""What the order of a paged cache's pages costs: decoding (bf16, D = 128, H = 32, Sq = 1) over the
+same keys laid out five ways, timed as bench_decode.py times (do_bench, L2 flushed before each call):
+
+  contiguous    the (B, S, Hk, D) cache
+  ident16       16-token pages, block table 0, 1, 2, ... (the contiguous cache's addresses)
+  local16       16-token pages shuffled within groups of 2 MiB of the pool
+  shuffled16    16-token pages shuffled across the pool (bench_decode.py's paged16)
+  shuffled256   256-token pages shuffled across the pool (bench_decode.py's paged256)
+
+and SDPA on the contiguous cache. The kernel does the same work in all five (the paged ones look
+their pages up in the same way), so what separates ident16 from shuffled16 is how the memory serves
+scattered 16-token pages, not the kernel.
+
+    python benchmarks/decode_layouts.py [--out DIR]
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.bench_attention import RESULTS_ROOT, cuda_timers, gpu_header  # noqa: E402
+from benchmarks.bench_decode import DTYPE, HEAD_DIM, HEADS, TOLERANCE, paged_copy  # noqa: E402
+
+SHAPES = ((8, 1, 65536), (8, 8, 65536), (8, 8, 262144), (32, 8, 65536))  # (Hk, B, S)
+LAYOUTS = ("contiguous", "ident16", "local16", "shuffled16", "shuffled256")
+
+
+def page_order(layout, pages, page_bytes, gen):
+    """The pool page of each table entry (flattened over the batch)."""
+    if layout.startswith("ident"):
+        return torch.arange(pages, device="cuda")
+    if layout.startswith("shuffled"):
+        return torch.randperm(pages, generator=gen, device="cuda")
+    group = max(1, 2**21 // page_bytes)  # local: a permutation within each 2 MiB of the pool
+    return torch.argsort(torch.arange(pages, device="cuda") // group
+                         + torch.rand(pages, generator=gen, device="cuda", dtype=torch.float64))
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("decode_layouts.py: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    from flashattn import flash_attn_with_kvcache
+
+    timers, timing = cuda_timers({"fwd": (25, 100)})
+    timer = timers["fwd"]
+    lines = ["# Decoding time by page layout (flash_attn_with_kvcache, us)", ""]
+    lines += [f"- {key}: {value}" for key, value in gpu_header(timing).items()]
+    lines += ["", "| Hk | B | S | SDPA (contiguous) | " + " | ".join(LAYOUTS) + " |",
+              "|---|---|---|---|" + "---|" * len(LAYOUTS)]
+    failed = False
+    for heads_k, batch, seqlen in SHAPES:
+        gen = torch.Generator(device="cuda").manual_seed(seqlen + batch + heads_k)
+        k = torch.randn(batch, seqlen, heads_k, HEAD_DIM, generator=gen, device="cuda", dtype=DTYPE)
+        v = torch.randn_like(k)
+        q = torch.randn(batch, 1, HEADS, HEAD_DIM, generator=gen, device="cuda", dtype=DTYPE)
+        seqlens = torch.full((batch,), seqlen, device="cuda", dtype=torch.int32)
+        qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        ref = F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True).transpose(1, 2)
+        cells = [f"{timer(lambda: F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True)) * 1e3:.1f}"]
+        for layout in LAYOUTS:
+            if layout == "contiguous":
+                k_cache, v_cache, table = k, v, None
+            else:
+                page = int(layout.removeprefix("ident").removeprefix("local").removeprefix("shuffled"))
+                pages = batch * seqlen // page
+                order = page_order(layout, pages, page * heads_k * HEAD_DIM * k.element_size(), gen)
+                k_cache, v_cache, table = paged_copy(k, v, page, order)
+
+            def ours():
+                return flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, block_table=table)
+
+            diff = (ours().float() - ref.float()).abs().max().item()
+            if not diff <= TOLERANCE:
+                cells.append(f"MISMATCH ({diff:.3g})")
+                failed = True
+            else:
+                cells.append(f"{timer(ours) * 1e3:.1f}")
+            del k_cache, v_cache
+        lines.append(f"| {heads_k} | {batch} | {seqlen} | " + " | ".join(cells) + " |")
+        print(lines[-1], flush=True)
+        del k, v, ref
+        torch.cuda.empty_cache()
+    text = "\n".join(lines) + "\n"
+    out = args.out or RESULTS_ROOT / "decode"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "decode_layouts.md").write_text(text)
+    print(text)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
