@@ -229,13 +229,11 @@ struct BwdKernelTraits {
 template <int kHeadDim, typename Element, typename Config = FwdConfig<kHeadDim>>
 using FwdTraitsFor = FwdKernelTraits<kHeadDim, Config::kBlockM, Config::kBlockN, Config::kNWarps, Element>;
 
-
 // The KV-cache forward for more than kDecodeRows rows per block (chunked
 // prefill, a GQA group of more than 16 heads): 64-row tiles, every option
 // switched at run time (one kernel per dtype and head dim).
 template <int kHeadDim, typename Element>
 using KvcacheTraits = FwdKernelTraits<kHeadDim, 64, 64, 4, Element>;
-
 
 // The decoding kernel (decode_kernel.cuh): a block holds up to kRows query
 // rows and walks key tiles of kBlockN keys, 16 per warp, with kStages - 1
@@ -274,6 +272,9 @@ struct DecodeTraits {
     static constexpr int kSmemTableOffset = kSmemStagesOffset + kStages * kStageBytes;
     static constexpr int kSmemBytes = kSmemTableOffset + kTableBytes;
     static_assert(kTableWindow * 4 % (kNThreads * 4) == 0, "whole table-window copies");
+    // A window (>= kTableWindow rows: pages hold at least one) spans the tiles in
+    // flight, so the next window has landed before the lookups enter it.
+    static_assert(kTableWindow / kBlockN >= kStages, "a table window must span the pipeline");
     // Blocks per SM the registers must allow (Dense at d128: three, so at most
     // 170 registers a thread).
     static constexpr int kMinBlocksPerSm = Wide ? 1 : 3;
