@@ -44,8 +44,8 @@ def rows_plan(quick):
 
 
 def paged_copy(k, v, page, order):
-    """k, v (B, S, Hk, D) copied into pages of `page` tokens: page j of the pool holds the keys of
-    table entry order^-1(j), i.e. sequence b's i-th page is pool page order[b * S / page + i]."""
+    """k, v (B, S, Hk, D) copied into a pool of `page`-token pages: sequence b's i-th page goes to
+    pool page order[b * S / page + i]. Returns the two pools and the block table."""
     batch, seqlen, heads_k, dim = k.shape
     pages = seqlen // page
     k_cache = torch.empty(batch * pages, page, heads_k, dim, device=k.device, dtype=k.dtype)
