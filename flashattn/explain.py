@@ -19,7 +19,7 @@ TILE = 4  # keys per tile
 
 MEMORY_SEQLEN = 128 * 1024
 MEMORY_HEAD_DIM = 128
-# The forward kernel's tile of scores at head dim 128 (csrc/kernel_traits.h):
+# The forward kernel's tile of scores at head dim 128 (csrc/sm80/kernel_traits.h):
 # 128 query rows x 64 keys, in registers.
 KERNEL_BLOCK_M = 128
 KERNEL_BLOCK_N = 64

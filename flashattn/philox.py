@@ -1,4 +1,4 @@
-"""Dropout's keep mask: Philox4x32-10 in vectorised PyTorch, bit for bit what csrc/philox.cuh draws.
+"""Dropout's keep mask: Philox4x32-10 in vectorised PyTorch, bit for bit what csrc/common/philox.cuh draws.
 
 Philox4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3",
 SC'11) maps a 128-bit counter and a 64-bit key to four 32-bit words. It is

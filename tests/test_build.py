@@ -15,7 +15,7 @@ def test_instantiations_match_generator():
 
 def test_headdim_switch_matches_generator():
     """Every head dim the dispatch switch can pick has a generated instantiation."""
-    switch = (ROOT / "csrc" / "static_switch.h").read_text()
+    switch = (ROOT / "csrc" / "common" / "static_switch.h").read_text()
     sys.path.insert(0, str(ROOT / "csrc"))
     try:
         import generate_instantiations as gen

@@ -1,7 +1,7 @@
 """Dropout's random numbers: flashattn.philox against Random123's known answers and a scalar
 restatement of the contract, its block structure, its statistics, and the CUDA kernels' draws.
 
-The contract (shared with csrc/philox.cuh): seed and offset from rng_state as uint64; key
+The contract (shared with csrc/common/philox.cuh): seed and offset from rng_state as uint64; key
 (low32(seed), high32(seed)); counter (j >> 1, i >> 1, b * H + h, low32(offset)); the value of
 (i, j) is the low 16 bits of word (i & 1) * 2 + (j & 1); kept iff value >= floor(p * 65536).
 """

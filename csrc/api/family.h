@@ -1,0 +1,86 @@
+// Which kernel family serves a device: chosen once per call, from the device's
+// compute capability, before any params are filled. A family is a table of
+// entry points; the binding calls nothing else of it.
+//
+// Families: sm80 (mma.sync; every GPU from sm_80 on). FLASHATTN_FAMILY=sm80
+// forces a family on a GPU that has a newer one (A/B runs and tests); unset or
+// "auto", each device gets the newest family built for it.
+#pragma once
+
+#include <c10/cuda/CUDAException.h>
+#include <c10/util/Exception.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "common/flash.h"
+#include "sm80/sm80.h"
+
+namespace flashattn_api {
+
+struct Family {
+    const char* name;
+    int min_major;  // the oldest compute capability (major) it runs on
+    cudaError_t (*run_fwd)(const flash::FwdParams&, cudaStream_t);
+    cudaError_t (*run_bwd)(const flash::BwdParams&, cudaStream_t);
+    flash::KvcacheWorkspace (*plan_kvcache)(flash::FwdParams&, int64_t);
+    cudaError_t (*run_kvcache_append)(const flash::AppendParams&, cudaStream_t);
+    cudaError_t (*run_fwd_kvcache)(const flash::FwdParams&, cudaStream_t);
+    int (*kernel_head_dim)(int);
+};
+
+inline constexpr Family kSm80{"sm80",
+                              8,
+                              &flash::sm80::run_fwd,
+                              &flash::sm80::run_bwd,
+                              &flash::sm80::plan_kvcache,
+                              &flash::sm80::run_kvcache_append,
+                              &flash::sm80::run_fwd_kvcache,
+                              &flash::sm80::kernel_head_dim};
+
+// Newest first: a device gets the first family it can run.
+inline constexpr const Family* kFamilies[] = {&kSm80};
+
+// The family a call on `device` runs, and the shared memory a block may opt
+// into there. Refuses GPUs older than sm_80. FLASHATTN_MAX_SMEM_PER_BLOCK
+// (bytes) lowers the shared-memory limit, so the tests can run the configs
+// that GPUs with less shared memory (sm_86, sm_89) use.
+struct DeviceKernels {
+    const Family* family;
+    int max_smem_per_block;
+};
+
+inline DeviceKernels device_kernels(int device) {
+    int major = 0, minor = 0, smem = 0;
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+    TORCH_CHECK(major >= 8, "flashattn: needs a GPU of compute capability 8.0 (Ampere) or newer; cuda:",
+                std::to_string(device), " is ", std::to_string(major), ".", std::to_string(minor));
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    static const int smem_cap = [] {
+        const char* env = std::getenv("FLASHATTN_MAX_SMEM_PER_BLOCK");
+        return env ? std::atoi(env) : INT_MAX;
+    }();
+    static const char* forced = [] {
+        const char* env = std::getenv("FLASHATTN_FAMILY");
+        return env == nullptr || std::strcmp(env, "") == 0 || std::strcmp(env, "auto") == 0 ? nullptr : env;
+    }();
+    for (const Family* family : kFamilies) {
+        if (forced != nullptr ? std::strcmp(forced, family->name) != 0 : major < family->min_major) continue;
+        TORCH_CHECK(major >= family->min_major, "flashattn: FLASHATTN_FAMILY=", forced, " needs compute capability ",
+                    std::to_string(family->min_major), ".0 or newer; cuda:", std::to_string(device), " is ",
+                    std::to_string(major), ".", std::to_string(minor));
+        return {family, std::min(smem, smem_cap)};
+    }
+    std::string names;
+    for (const Family* family : kFamilies) names += std::string(names.empty() ? "" : ", ") + family->name;
+    TORCH_CHECK_VALUE(false, "flashattn: FLASHATTN_FAMILY=", forced, " names no kernel family of this build; accepted: "
+                      "auto, ", names);
+    return {};  // unreachable
+}
+
+}  // namespace flashattn_api

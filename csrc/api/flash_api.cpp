@@ -1,0 +1,445 @@
+// The only torch-aware C++ in flashattn (with its two headers: checks.h, the
+// input checks, and family.h, which kernel family serves a device): allocates
+// outputs and scratch, fills the params struct, calls the family's entry point
+// on the current stream, and registers the operators. It knows nothing of how
+// attention is computed.
+#include <Python.h>
+
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <string>
+#include <utility>
+
+#include "api/checks.h"
+#include "api/family.h"
+#include "common/flash.h"
+
+namespace {
+
+using namespace flashattn_api;
+
+// t itself when its first row is 16-byte aligned, else an aligned copy (the
+// kernels read 16-byte chunks). Under torch.compile flash_attn_func cannot see
+// addresses, only strides, so the start is checked here.
+at::Tensor aligned(const at::Tensor& t) {
+    return start_aligned(t) ? t : t.clone(at::MemoryFormat::Contiguous);
+}
+
+// Fills the params both passes share. out and lse are written by the forward
+// and read by the backward.
+void set_params(flash::FwdParams& params, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                const at::Tensor& out, const at::Tensor& lse, const Layout& layout, int64_t batch,
+                const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_k,
+                int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale, bool causal, int64_t window_left,
+                int64_t window_right, double softcap, const std::optional<at::Tensor>& alibi_slopes,
+                double dropout_p, const std::optional<at::Tensor>& rng_state, int max_smem_per_block) {
+    params.q_ptr = q.data_ptr();
+    params.k_ptr = k.data_ptr();
+    params.v_ptr = v.data_ptr();
+    params.o_ptr = out.data_ptr();
+    params.lse_ptr = lse.data_ptr<float>();
+    params.q_batch_stride = layout.batch_stride(q), params.q_row_stride = q.stride(-3),
+    params.q_head_stride = q.stride(-2);
+    params.k_batch_stride = layout.batch_stride(k), params.k_row_stride = k.stride(-3),
+    params.k_head_stride = k.stride(-2);
+    params.v_batch_stride = layout.batch_stride(v), params.v_row_stride = v.stride(-3),
+    params.v_head_stride = v.stride(-2);
+    params.o_batch_stride = layout.batch_stride(out), params.o_row_stride = out.stride(-3),
+    params.o_head_stride = out.stride(-2);
+    params.batch = static_cast<int>(batch);
+    params.seqlen_q = static_cast<int>(layout.varlen ? max_seqlen_q : q.size(1));
+    params.seqlen_k = static_cast<int>(layout.varlen ? max_seqlen_k : k.size(1));
+    params.num_heads = static_cast<int>(q.size(-2));
+    params.num_heads_k = static_cast<int>(k.size(-2));
+    params.head_dim = static_cast<int>(q.size(-1));
+    params.heads_per_kv_head = params.num_heads / params.num_heads_k;
+
+    params.cu_seqlens_q = layout.varlen ? cu_seqlens_q->data_ptr<int>() : nullptr;
+    params.cu_seqlens_k = layout.varlen ? cu_seqlens_k->data_ptr<int>() : nullptr;
+    params.total_q = static_cast<int>(layout.rows(q) * (layout.varlen ? 1 : batch));
+    // lse: [B, H, Sq] padded, [H, total_q] packed.
+    params.lse_batch_stride = layout.varlen ? 0 : lse.stride(0);
+    params.lse_head_stride = lse.stride(-2);
+
+    params.window_left = static_cast<int>(window_left);
+    params.window_right = causal ? 0 : static_cast<int>(window_right);
+    params.is_local = params.window_left >= 0 || params.window_right >= 0;
+
+    constexpr double kLog2e = 1.4426950408889634;  // exp(x) = exp2(x * log2(e))
+    params.softmax_scale = static_cast<float>(softmax_scale);
+    params.softcap = static_cast<float>(softcap);
+    params.softcap_inner_scale = softcap > 0 ? static_cast<float>(softmax_scale / softcap) : 0.f;
+    const double unit_scale = softcap > 0 ? softcap : softmax_scale;  // the kernels' score unit, in natural log
+    params.softmax_scale_log2 = static_cast<float>(unit_scale * kLog2e);
+    params.alibi_slopes_ptr = alibi_slopes.has_value() ? alibi_slopes->data_ptr<float>() : nullptr;
+    params.alibi_batch_stride = alibi_slopes.has_value() && alibi_slopes->dim() == 2 ? alibi_slopes->stride(0) : 0;
+    params.alibi_scale = static_cast<float>(1.0 / unit_scale);
+    // An element is dropped iff its 16-bit draw is below floor(p * 2^16).
+    params.dropout_threshold = static_cast<uint32_t>(std::floor(dropout_p * 65536.0));
+    params.dropout_rescale = static_cast<float>(1.0 / (1.0 - dropout_p));
+    params.rng_state = dropout_p > 0 ? rng_state->data_ptr<int64_t>() : nullptr;
+    params.has_extras = softcap > 0 || alibi_slopes.has_value() || dropout_p > 0;
+
+    params.dtype = q.scalar_type() == at::kBFloat16 ? flash::DType::kBFloat16 : flash::DType::kFloat16;
+    params.max_smem_per_block = max_smem_per_block;
+}
+
+void check_launch(cudaError_t err, const char* pass, const at::Tensor& q, const flash::FwdParams& params,
+                  const Family& family) {
+    TORCH_CHECK(err == cudaSuccess, "flashattn: ", pass, " kernel (", family.name, ", head_dim ",
+                str(family.kernel_head_dim(params.head_dim)), ", ", q.scalar_type(),
+                params.is_local ? ", local" : "", params.has_extras ? ", extras" : "",
+                ") failed to launch: ", cudaGetErrorString(err), " (the device allows ",
+                str(params.max_smem_per_block), " bytes of shared memory per block)");
+}
+
+// `deterministic` is in the schema for the backward, which autograd runs with
+// the forward's arguments; the forward is deterministic either way.
+std::tuple<at::Tensor, at::Tensor> mha_fwd(const at::Tensor& q,  // [B, Sq, H, D] or [total_q, H, D]
+                                           const at::Tensor& k,  // [B, Sk, Hk, D] or [total_k, Hk, D]
+                                           const at::Tensor& v,  // like k
+                                           double softmax_scale, bool causal, bool /*deterministic*/,
+                                           int64_t window_left, int64_t window_right, double softcap,
+                                           const std::optional<at::Tensor>& alibi_slopes, double dropout_p,
+                                           const std::optional<at::Tensor>& rng_state,
+                                           const std::optional<at::Tensor>& cu_seqlens_q,
+                                           const std::optional<at::Tensor>& cu_seqlens_k, int64_t max_seqlen_q,
+                                           int64_t max_seqlen_k) {
+    const Layout layout = check_varlen(q, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k);
+    check_qkv(q, k, v, softmax_scale, layout);
+    const DeviceKernels kernels = device_kernels(q.get_device());
+    const int64_t batch = layout.varlen ? cu_seqlens_q->size(0) - 1 : q.size(0);
+    check_options(q, batch, window_left, window_right, softcap, alibi_slopes, dropout_p, rng_state);
+    const c10::cuda::CUDAGuard device_guard(q.device());
+    const int64_t rows = layout.rows(q), num_heads = q.size(-2);
+    at::Tensor out = at::empty(q.sizes(), q.options());
+    at::Tensor lse = layout.varlen ? at::empty({num_heads, rows}, q.options().dtype(at::kFloat))
+                                   : at::empty({batch, num_heads, rows}, q.options().dtype(at::kFloat));
+    if (batch == 0 || rows == 0 || num_heads == 0) return {out, lse};
+
+    const at::Tensor q_in = aligned(q), k_in = aligned(k), v_in = aligned(v);
+    flash::FwdParams params{};
+    set_params(params, q_in, k_in, v_in, out, lse, layout, batch, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+               max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, dropout_p,
+               rng_state, kernels.max_smem_per_block);
+    check_launch(kernels.family->run_fwd(params, c10::cuda::getCurrentCUDAStream().stream()), "forward", q, params,
+                 *kernels.family);
+    return {out, lse};
+}
+
+// The gradients of the forward above. deterministic=true: bitwise reproducible
+// (no atomics); false: dQ is summed with fp32 atomics where that is faster.
+// dout may have any strides: it is whatever the consumer of out produced (the
+// gradient of out.sum() is a broadcast of stride 0, a slice of a larger
+// gradient starts anywhere), and it is copied when the kernels cannot read it
+// in place.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> mha_bwd(
+    const at::Tensor& dout,  // like q
+    const at::Tensor& q,     // [B, Sq, H, D] or [total_q, H, D]
+    const at::Tensor& k,     // [B, Sk, Hk, D] or [total_k, Hk, D]
+    const at::Tensor& v,     // like k
+    const at::Tensor& out,   // like q
+    const at::Tensor& lse,   // [B, H, Sq] or [H, total_q], fp32
+    double softmax_scale, bool causal, bool deterministic, int64_t window_left, int64_t window_right,
+    double softcap, const std::optional<at::Tensor>& alibi_slopes, double dropout_p,
+    const std::optional<at::Tensor>& rng_state, const std::optional<at::Tensor>& cu_seqlens_q,
+    const std::optional<at::Tensor>& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k) {
+    const Layout layout = check_varlen(q, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k);
+    check_qkv(q, k, v, softmax_scale, layout);
+    const DeviceKernels kernels = device_kernels(q.get_device());
+    const int64_t batch = layout.varlen ? cu_seqlens_q->size(0) - 1 : q.size(0);
+    check_options(q, batch, window_left, window_right, softcap, alibi_slopes, dropout_p, rng_state);
+    check_tensor(dout, "dout", q, layout);
+    check_input(out, "out", q, layout);
+    TORCH_CHECK(dout.sizes() == q.sizes() && out.sizes() == q.sizes(), "flashattn: dout ", str(dout.sizes()),
+                " and out ", str(out.sizes()), " must have the shape of q ", str(q.sizes()));
+    const int64_t rows = layout.rows(q), num_heads = q.size(-2);
+    const bool lse_ok = lse.is_cuda() && lse.device() == q.device() && lse.scalar_type() == at::kFloat &&
+                        lse.is_contiguous() &&
+                        (layout.varlen ? lse.dim() == 2 && lse.size(0) == num_heads && lse.size(1) == rows
+                                       : lse.dim() == 3 && lse.size(0) == batch && lse.size(1) == num_heads &&
+                                             lse.size(2) == rows);
+    const std::string lse_shape = layout.varlen ? "(" + str(num_heads) + ", " + str(rows) + ")"
+                                                : "(" + str(batch) + ", " + str(num_heads) + ", " + str(rows) + ")";
+    TORCH_CHECK(lse_ok, "flashattn: softmax_lse must be the forward's contiguous float32 tensor of shape ", lse_shape,
+                " on q's device, got ", str(lse.sizes()), " ", lse.scalar_type(), " on ", lse.device().str());
+    const c10::cuda::CUDAGuard device_guard(q.device());
+    at::Tensor dq = at::empty(q.sizes(), q.options());
+    at::Tensor dk = at::empty(k.sizes(), k.options());
+    at::Tensor dv = at::empty(v.sizes(), v.options());
+    if (layout.rows(k) == 0 || batch == 0 || num_heads == 0) {  // no key: every gradient is 0
+        return {dq.zero_(), dk.zero_(), dv.zero_()};
+    }
+    if (rows == 0) return {dq, dk.zero_(), dv.zero_()};
+    // A key no query sees gets no block's attention in a variable-length batch
+    // whose sequences leave rows unassigned; zeroing first covers them.
+    if (layout.varlen) {
+        dk.zero_();
+        dv.zero_();
+    }
+    at::Tensor dsum = at::empty(lse.sizes(), lse.options());
+    at::Tensor dq_accum;
+    if (!deterministic) dq_accum = at::zeros(q.sizes(), q.options().dtype(at::kFloat));
+
+    const bool dout_readable = dout.stride(-1) == 1 && strides_aligned(dout) && start_aligned(dout);
+    const at::Tensor dout_rows = dout_readable ? dout : dout.clone(at::MemoryFormat::Contiguous);
+
+    const at::Tensor q_in = aligned(q), k_in = aligned(k), v_in = aligned(v), out_in = aligned(out);
+    flash::BwdParams params{};
+    set_params(params, q_in, k_in, v_in, out_in, lse, layout, batch, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+               max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, dropout_p,
+               rng_state, kernels.max_smem_per_block);
+    params.do_ptr = dout_rows.data_ptr();
+    params.dq_ptr = dq.data_ptr();
+    params.dk_ptr = dk.data_ptr();
+    params.dv_ptr = dv.data_ptr();
+    params.dsum_ptr = dsum.data_ptr<float>();
+    params.dq_accum_ptr = deterministic ? nullptr : dq_accum.data_ptr<float>();
+    params.dq_accum_batch_stride = deterministic || layout.varlen ? 0 : dq_accum.stride(0);
+    params.deterministic = deterministic;
+    params.do_batch_stride = layout.batch_stride(dout_rows), params.do_row_stride = dout_rows.stride(-3),
+    params.do_head_stride = dout_rows.stride(-2);
+    params.dq_batch_stride = layout.batch_stride(dq), params.dq_row_stride = dq.stride(-3),
+    params.dq_head_stride = dq.stride(-2);
+    params.dk_batch_stride = layout.batch_stride(dk), params.dk_row_stride = dk.stride(-3),
+    params.dk_head_stride = dk.stride(-2);
+    params.dv_batch_stride = layout.batch_stride(dv), params.dv_row_stride = dv.stride(-3),
+    params.dv_head_stride = dv.stride(-2);
+    check_launch(kernels.family->run_bwd(params, c10::cuda::getCurrentCUDAStream().stream()), "backward", q, params,
+                 *kernels.family);
+    return {dq, dk, dv};
+}
+
+// `count` int32 counters that are zero on entry and that the kernels leave
+// zero again (flash::KvcacheWorkspace): one buffer per (device, stream) serves
+// every call on that stream (calls on one stream never overlap; on two streams
+// they may, and never share a buffer). A call being captured into a CUDA graph
+// gets a buffer of its own, zeroed inside the graph: replays of different
+// graphs may overlap.
+at::Tensor zeroed_counters(const at::Tensor& q, int64_t count, cudaStream_t stream) {
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    C10_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+    const at::TensorOptions options = q.options().dtype(at::kInt);
+    if (capture != cudaStreamCaptureStatusNone) return at::zeros({count}, options);
+    static std::mutex mutex;
+    // Never destroyed: the tensors must not be freed after CUDA shuts down at exit.
+    static auto* buffers = new std::map<std::pair<int, cudaStream_t>, at::Tensor>();
+    const std::lock_guard<std::mutex> lock(mutex);
+    at::Tensor& buffer = (*buffers)[{q.get_device(), stream}];
+    if (!buffer.defined() || buffer.numel() < count) buffer = at::zeros({std::max<int64_t>(count, 1024)}, options);
+    return buffer;
+}
+
+// flash_attn_with_kvcache: append k/v (rotary applied) into the cache in place,
+// then attend from q (rotated) to each sequence's cached keys.
+std::tuple<at::Tensor, at::Tensor> mha_fwd_kvcache(
+    const at::Tensor& q,        // [B, Sq, H, D]
+    const at::Tensor& k_cache,  // [B_cache, S_cache, Hk, D] or [num_blocks, page_size, Hk, D]
+    const at::Tensor& v_cache,  // like k_cache
+    const std::optional<at::Tensor>& k_new, const std::optional<at::Tensor>& v_new,  // [B, Snew, Hk, D]
+    const std::optional<at::Tensor>& rotary_cos, const std::optional<at::Tensor>& rotary_sin,
+    const at::Tensor& cache_seqlens, const std::optional<at::Tensor>& cache_batch_idx,
+    const std::optional<at::Tensor>& cache_leftpad, const std::optional<at::Tensor>& block_table,
+    double softmax_scale, bool causal, int64_t window_left, int64_t window_right, double softcap,
+    bool rotary_interleaved, const std::optional<at::Tensor>& alibi_slopes, int64_t num_splits) {
+    const Layout layout{false};
+    check_input(q, "q", q, layout);
+    check_input(k_cache, "k_cache", q, layout);
+    check_input(v_cache, "v_cache", q, layout);
+    TORCH_CHECK(start_aligned(k_cache) && start_aligned(v_cache),
+                "flashattn: k_cache and v_cache must start at 16-byte aligned addresses (they are written in place)");
+    TORCH_CHECK(k_cache.sizes() == v_cache.sizes(), "flashattn: k_cache ", str(k_cache.sizes()), " and v_cache ",
+                str(v_cache.sizes()), " must have the same shape");
+    const int64_t batch = q.size(0), seqlen_q = q.size(1), num_heads = q.size(2), head_dim = q.size(3);
+    const int64_t num_heads_k = k_cache.size(2);
+    TORCH_CHECK(k_cache.size(3) == head_dim, "flashattn: head_dim of q (", str(head_dim), ") and k_cache (",
+                str(k_cache.size(3)), ") must match");
+    TORCH_CHECK(head_dim <= flash::kMaxHeadDim && head_dim % kAlignElems == 0, "flashattn: head_dim ",
+                str(head_dim), " is not supported by the KV-cache kernels: a multiple of 8 up to 256");
+    TORCH_CHECK(num_heads_k > 0 && num_heads % num_heads_k == 0, "flashattn: the number of query heads (",
+                str(num_heads), ") must be a multiple of the number of key/value heads in k_cache (",
+                str(num_heads_k), ")");
+    TORCH_CHECK(std::isfinite(softmax_scale) && softmax_scale > 0, "flashattn: softmax_scale must be a ",
+                "positive finite number (got ", str_real(softmax_scale), ")");
+    check_index_tensor(cache_seqlens, "cache_seqlens", q, batch, false);
+    check_index_tensor(cache_batch_idx, "cache_batch_idx", q, batch, false);
+    check_index_tensor(cache_leftpad, "cache_leftpad", q, batch, false);
+    check_index_tensor(block_table, "block_table", q, batch, true);
+    const bool paged = block_table.has_value();
+    TORCH_CHECK(!(paged && cache_batch_idx.has_value()),
+                "flashattn: cache_batch_idx cannot be combined with block_table (a paged cache)");
+    const int64_t page_size = paged ? k_cache.size(1) : 0;
+    if (!paged) {
+        TORCH_CHECK(cache_batch_idx.has_value() || k_cache.size(0) >= batch, "flashattn: k_cache holds ",
+                    str(k_cache.size(0)), " sequences but q has a batch of ", str(batch));
+    }
+    const int64_t cache_capacity = paged ? block_table->size(1) * page_size : k_cache.size(1);
+    TORCH_CHECK(k_new.has_value() == v_new.has_value(), "flashattn: k and v must be given together");
+    int64_t seqlen_knew = 0;
+    if (k_new.has_value()) {
+        check_input(*k_new, "k", q, layout);
+        check_input(*v_new, "v", q, layout);
+        TORCH_CHECK(k_new->size(0) == batch && k_new->size(2) == num_heads_k && k_new->size(3) == head_dim &&
+                        v_new->sizes() == k_new->sizes(),
+                    "flashattn: k ", str(k_new->sizes()), " and v ", str(v_new->sizes()), " must have shape (",
+                    str(batch), ", seqlen_new, ", str(num_heads_k), ", ", str(head_dim), ")");
+        seqlen_knew = k_new->size(1);
+    }
+    TORCH_CHECK(rotary_cos.has_value() == rotary_sin.has_value(), "flashattn: rotary_cos and rotary_sin must be "
+                "given together");
+    at::Tensor cos, sin;
+    int64_t rotary_dim = 0;
+    if (rotary_cos.has_value()) {
+        TORCH_CHECK(rotary_cos->device() == q.device() && rotary_sin->device() == q.device() &&
+                        rotary_cos->dim() == 2 && rotary_cos->sizes() == rotary_sin->sizes(),
+                    "flashattn: rotary_cos and rotary_sin must be 2-D (seqlen_ro, rotary_dim / 2) tensors of "
+                    "one shape on q's device, got ", str(rotary_cos->sizes()), " and ", str(rotary_sin->sizes()));
+        rotary_dim = 2 * rotary_cos->size(1);
+        TORCH_CHECK(rotary_dim <= head_dim, "flashattn: rotary_dim (2 * rotary_cos.size(1) = ", str(rotary_dim),
+                    ") must be at most head_dim (", str(head_dim), ")");
+        cos = rotary_cos->to(at::kFloat).contiguous();
+        sin = rotary_sin->to(at::kFloat).contiguous();
+    }
+    check_options(q, batch, window_left, window_right, softcap, alibi_slopes, 0.0, std::nullopt);
+    const DeviceKernels kernels = device_kernels(q.get_device());
+    const c10::cuda::CUDAGuard device_guard(q.device());
+    const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
+
+    // The index check, the append, and q rotated (where it rotates) into q_attn.
+    at::Tensor q_attn = rotary_dim > 0 ? at::empty(q.sizes(), q.options()) : aligned(q);
+    {
+        flash::AppendParams ap{};
+        if (seqlen_knew > 0) {
+            ap.k_new_ptr = k_new->data_ptr(), ap.v_new_ptr = v_new->data_ptr();
+            ap.knew_batch_stride = k_new->stride(0), ap.knew_row_stride = k_new->stride(1),
+            ap.knew_head_stride = k_new->stride(2);
+            ap.vnew_batch_stride = v_new->stride(0), ap.vnew_row_stride = v_new->stride(1),
+            ap.vnew_head_stride = v_new->stride(2);
+        }
+        ap.k_cache_ptr = k_cache.data_ptr(), ap.v_cache_ptr = v_cache.data_ptr();
+        ap.kc_batch_stride = k_cache.stride(0), ap.kc_row_stride = k_cache.stride(1),
+        ap.kc_head_stride = k_cache.stride(2);
+        ap.vc_batch_stride = v_cache.stride(0), ap.vc_row_stride = v_cache.stride(1),
+        ap.vc_head_stride = v_cache.stride(2);
+        ap.q_ptr = q.data_ptr();
+        ap.q_rot_ptr = rotary_dim > 0 ? q_attn.data_ptr() : nullptr;
+        ap.q_batch_stride = q.stride(0), ap.q_row_stride = q.stride(1), ap.q_head_stride = q.stride(2);
+        ap.cache_seqlens = cache_seqlens.data_ptr<int>();
+        ap.leftpad_k = cache_leftpad.has_value() ? cache_leftpad->data_ptr<int>() : nullptr;
+        ap.kv_batch_idx = cache_batch_idx.has_value() ? cache_batch_idx->data_ptr<int>() : nullptr;
+        ap.block_table = paged ? block_table->data_ptr<int>() : nullptr;
+        ap.block_table_batch_stride = paged ? block_table->stride(0) : 0;
+        ap.page_size = static_cast<int>(page_size);
+        ap.capacity = static_cast<int>(cache_capacity), ap.num_cache_rows = static_cast<int>(k_cache.size(0));
+        ap.rotary_cos = rotary_dim > 0 ? cos.data_ptr<float>() : nullptr;
+        ap.rotary_sin = rotary_dim > 0 ? sin.data_ptr<float>() : nullptr;
+        ap.rotary_rows = rotary_dim > 0 ? static_cast<int>(cos.size(0)) : 0;
+        ap.rotary_dim = static_cast<int>(rotary_dim);
+        ap.rotary_interleaved = rotary_interleaved;
+        ap.q_positions_per_row = causal || window_left >= 0 || window_right >= 0;
+        ap.batch = static_cast<int>(batch), ap.seqlen_q = static_cast<int>(seqlen_q);
+        ap.seqlen_knew = static_cast<int>(seqlen_knew);
+        ap.num_heads = static_cast<int>(num_heads), ap.num_heads_k = static_cast<int>(num_heads_k);
+        ap.head_dim = static_cast<int>(head_dim);
+        ap.dtype = q.scalar_type() == at::kBFloat16 ? flash::DType::kBFloat16 : flash::DType::kFloat16;
+        if (seqlen_knew > 0 || rotary_dim > 0) {
+            const cudaError_t err = kernels.family->run_kvcache_append(ap, stream);
+            TORCH_CHECK(err == cudaSuccess, "flashattn: the KV-cache append kernel failed to launch: ",
+                        cudaGetErrorString(err));
+        }
+    }
+
+    at::Tensor out = at::empty(q.sizes(), q.options());
+    at::Tensor lse = at::empty({batch, num_heads, seqlen_q}, q.options().dtype(at::kFloat));
+    if (batch == 0 || seqlen_q == 0) return {out, lse};
+
+    flash::FwdParams params{};
+    set_params(params, q_attn, k_cache, v_cache, out, lse, layout, batch, std::nullopt, std::nullopt, 0, 0,
+               softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, 0.0, std::nullopt,
+               kernels.max_smem_per_block);
+    params.seqlen_k = static_cast<int>(cache_capacity);
+    params.cache_seqlens = cache_seqlens.data_ptr<int>();
+    params.leftpad_k = cache_leftpad.has_value() ? cache_leftpad->data_ptr<int>() : nullptr;
+    params.kv_batch_idx = cache_batch_idx.has_value() ? cache_batch_idx->data_ptr<int>() : nullptr;
+    params.seqlen_knew = static_cast<int>(seqlen_knew);
+    params.block_table = paged ? block_table->data_ptr<int>() : nullptr;
+    params.block_table_batch_stride = paged ? block_table->stride(0) : 0;
+    params.page_size = static_cast<int>(page_size);
+    params.kv_capacity = static_cast<int>(cache_capacity);
+    params.kv_cache_batch = static_cast<int>(k_cache.size(0));
+    const flash::KvcacheWorkspace workspace = kernels.family->plan_kvcache(params, num_splits);
+    at::Tensor o_accum, lse_accum, counters;
+    if (workspace.accum_floats > 0) {
+        o_accum = at::empty({workspace.accum_floats}, q.options().dtype(at::kFloat));
+        lse_accum = at::empty({workspace.lse_floats}, q.options().dtype(at::kFloat));
+        params.o_accum_ptr = o_accum.data_ptr<float>();
+        params.lse_accum_ptr = lse_accum.data_ptr<float>();
+    }
+    if (workspace.counters > 0) {
+        counters = zeroed_counters(q, workspace.counters, stream);
+        params.split_counters = reinterpret_cast<unsigned int*>(counters.data_ptr<int>());
+    }
+    check_launch(kernels.family->run_fwd_kvcache(params, stream), "KV-cache forward", q, params, *kernels.family);
+    return {out, lse};
+}
+
+}  // namespace
+
+// The schema is mirrored in flashattn/ops.py (used when the extension is not
+// built); tests/test_ops.py checks that the two agree.
+TORCH_LIBRARY(flashattn, m) {
+    m.def(
+        "fwd(Tensor q, Tensor k, Tensor v, float softmax_scale, bool causal, bool deterministic=False, "
+        "int window_left=-1, int window_right=-1, float softcap=0.0, Tensor? alibi_slopes=None, "
+        "float dropout_p=0.0, Tensor? rng_state=None, Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, "
+        "int max_seqlen_q=0, int max_seqlen_k=0) -> (Tensor out, Tensor softmax_lse)");
+    m.def(
+        "bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, float softmax_scale, "
+        "bool causal, bool deterministic, int window_left=-1, int window_right=-1, float softcap=0.0, "
+        "Tensor? alibi_slopes=None, float dropout_p=0.0, Tensor? rng_state=None, Tensor? cu_seqlens_q=None, "
+        "Tensor? cu_seqlens_k=None, int max_seqlen_q=0, int max_seqlen_k=0) -> (Tensor dq, Tensor dk, Tensor dv)");
+    m.def(
+        "fwd_kvcache(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor? k, Tensor? v, Tensor? rotary_cos, "
+        "Tensor? rotary_sin, Tensor cache_seqlens, Tensor? cache_batch_idx, Tensor? cache_leftpad, "
+        "Tensor? block_table, float softmax_scale, bool causal, int window_left, int window_right, float softcap, "
+        "bool rotary_interleaved, Tensor? alibi_slopes, int num_splits) -> (Tensor out, Tensor softmax_lse)");
+}
+
+TORCH_LIBRARY_IMPL(flashattn, CUDA, m) {
+    m.impl("fwd", &mha_fwd);
+    m.impl("bwd", &mha_bwd);
+    m.impl("fwd_kvcache", &mha_fwd_kvcache);
+}
+
+// flashattn._C.kernel_family(device_index) -> str: the family that serves
+// calls on that CUDA device (api/family.h), for tests and benchmark labels.
+PyObject* kernel_family(PyObject* /*module*/, PyObject* arg) {
+    const long device = PyLong_AsLong(arg);
+    if (device == -1 && PyErr_Occurred()) return nullptr;
+    try {
+        return PyUnicode_FromString(flashattn_api::device_kernels(static_cast<int>(device)).family->name);
+    } catch (const c10::Error& e) {
+        PyErr_SetString(PyExc_RuntimeError, e.what_without_backtrace());
+        return nullptr;
+    }
+}
+
+// `import flashattn._C` loads this library, which registers the operators
+// above; the module itself holds kernel_family.
+PyMODINIT_FUNC PyInit__C(void) {
+    static PyMethodDef methods[] = {
+        {"kernel_family", kernel_family, METH_O, "The kernel family that serves a CUDA device (its index)."},
+        {nullptr, nullptr, 0, nullptr}};
+    static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, methods};
+    return PyModule_Create(&module);
+}

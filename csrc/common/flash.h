@@ -1,0 +1,196 @@
+// Parameter structs shared by the binding and every kernel family. Plain C++:
+// no torch, no device code.
+#pragma once
+
+#include <cstdint>
+#include <cuda_runtime_api.h>
+
+namespace flash {
+
+enum class DType : int { kFloat16 = 0, kBFloat16 = 1 };
+
+// Forward attention over q [B, Sq, H, D], k/v [B, Sk, Hk, D] (any strides, last
+// dim contiguous, rows 16-byte aligned), writing out [B, Sq, H, D] and the
+// natural-log log-sum-exp lse [B, H, Sq] (contiguous fp32). Variable-length
+// batches pack the sequences instead: q [total_q, H, D], k/v [total_k, Hk, D],
+// out [total_q, H, D], lse [H, total_q], sequence b at rows [cu_seqlens[b],
+// cu_seqlens[b + 1]); every rule below then holds per sequence.
+struct FwdParams {
+    const void* __restrict__ q_ptr;
+    const void* __restrict__ k_ptr;
+    const void* __restrict__ v_ptr;
+    void* __restrict__ o_ptr;
+    float* __restrict__ lse_ptr;
+
+    // Strides in elements.
+    int64_t q_batch_stride, q_row_stride, q_head_stride;
+    int64_t k_batch_stride, k_row_stride, k_head_stride;
+    int64_t v_batch_stride, v_row_stride, v_head_stride;
+    int64_t o_batch_stride, o_row_stride, o_head_stride;
+
+    int batch;
+    int seqlen_q, seqlen_k;
+    int num_heads, num_heads_k;
+    int head_dim;           // actual head dim: a multiple of 8, <= the kernel's kHeadDim
+    int heads_per_kv_head;  // num_heads / num_heads_k (GQA group size)
+
+    // Variable-length batches: cu_seqlens_q/k [B + 1] (int32, device), or nullptr
+    // for the padded layout. With them, the *_batch_stride are 0, seqlen_q/k are
+    // the longest sequences (the grid is sized from them) and total_q is the
+    // number of q rows.
+    const int* __restrict__ cu_seqlens_q;
+    const int* __restrict__ cu_seqlens_k;
+    int total_q;
+    // lse (and the backward's D) of row i of head h of sequence b:
+    // lse_ptr[b * lse_batch_stride + h * lse_head_stride + row_start + i].
+    int64_t lse_batch_stride, lse_head_stride;
+
+    // Visibility: query i sees key j iff i + Sk - Sq - window_left <= j <=
+    // i + Sk - Sq + window_right; -1 leaves that side unbounded. Causal is
+    // window_right = 0. is_local: some side is bounded (the kernels that mask by
+    // the diagonal run).
+    int window_left, window_right;
+    bool is_local;
+
+    // Scores. The kernels work in a "score unit" s with p = exp2(s * softmax_scale_log2 - offset):
+    // without softcap s = q.k and softmax_scale_log2 = softmax_scale * log2(e); with
+    // softcap > 0, s = tanh(q.k * softcap_inner_scale) (softcap_inner_scale =
+    // softmax_scale / softcap) and softmax_scale_log2 = softcap * log2(e). ALiBi adds
+    // -slope * alibi_scale * |i + Sk - Sq - j| in that unit (alibi_scale = 1 / the
+    // unit's natural scale).
+    float softmax_scale;       // applied to q.k; must be > 0
+    float softmax_scale_log2;
+    float softcap;             // 0: no capping
+    float softcap_inner_scale;
+    const float* __restrict__ alibi_slopes_ptr;  // [B or 1, H] fp32, or nullptr
+    int64_t alibi_batch_stride;                  // 0 for slopes of shape (H,)
+    float alibi_scale;
+
+    // Dropout on the probabilities: an element is kept iff the 16-bit value its
+    // Philox draw gives (csrc/philox.cuh) is >= dropout_threshold; the output
+    // is rescaled by dropout_rescale = 1 / (1 - dropout_p). rng_state [2] (int64,
+    // device): the Philox seed and offset. dropout_threshold = 0: no dropout.
+    uint32_t dropout_threshold;
+    float dropout_rescale;
+    const int64_t* __restrict__ rng_state;
+
+    // softcap, ALiBi or dropout is on: selects the kernels that implement them.
+    bool has_extras;
+
+    // KV cache (flash_attn_with_kvcache, the Is_kvcache kernels): batch b's keys are
+    // rows [k_start, cache_seqlens[b] + seqlen_knew) of k/v's batch kv_batch_idx[b]
+    // (b if nullptr), k_start = leftpad_k[b] (0 if nullptr), seqlen_k counted from
+    // k_start. With block_table the cache is paged: key row r of batch b lies in
+    // page block_table[b * block_table_batch_stride + r / page_size] at row
+    // r % page_size, and k/v_batch_stride step from page to page.
+    const int* __restrict__ cache_seqlens;
+    const int* __restrict__ leftpad_k;
+    const int* __restrict__ kv_batch_idx;
+    int seqlen_knew;
+    const int* __restrict__ block_table;
+    int64_t block_table_batch_stride;
+    int page_size;
+    // The ranges the kernels check those indices against where they read them
+    // (index_check.cuh): the rows one sequence's cache holds (S_cache, or the
+    // block table's pages x page_size) and k_cache.size(0) (sequences or pages).
+    int kv_capacity;
+    int kv_cache_batch;
+    // The rest of the KV-cache fields are the family's plan (its plan_kvcache
+    // sets them from the fields above; the binding only allocates the
+    // KvcacheWorkspace the plan asks for and fills in its pointers).
+    // pack_gqa -- decoding (Sq == 1) with GQA: a block's rows are the
+    // heads_per_kv_head query heads of one KV head (seqlen_q = that group,
+    // num_heads = num_heads_k, strides to match), so each KV tile is read once
+    // for all.
+    bool pack_gqa;
+    // Split-KV: num_splits > 1 cuts each row's key tiles into num_splits ranges,
+    // one block each, which write their partial out and lse (fp32, [splits, B, H,
+    // Sq, head_dim] and [splits, B, H, Sq]) to be merged by their LSE.
+    int num_splits;
+    float* __restrict__ o_accum_ptr;
+    float* __restrict__ lse_accum_ptr;
+    // Merge counters of the decoding kernel, one per (batch, head): the last
+    // split of a group to finish merges the group's rows. Zero before the call
+    // and zero again after it; nullptr where a separate merge kernel runs.
+    unsigned int* split_counters;
+    // The decoding kernel's block shape (sm80: kernel_traits.h, DecodeTraits).
+    bool decode_wide;
+
+    // Shared memory a block may opt into on this device; head dims whose fastest
+    // tile config needs more run a smaller one.
+    int max_smem_per_block;
+
+    DType dtype;
+};
+
+// Backward over the same tensors as the forward (the FwdParams part: q, k, v,
+// out, lse, read only), plus dout [B, Sq, H, D] and the gradients dq [B, Sq, H, D],
+// dk and dv [B, Sk, Hk, D]; dk/dv of a KV head sum its query heads' shares.
+struct BwdParams : FwdParams {
+    const void* __restrict__ do_ptr;
+    void* __restrict__ dq_ptr;
+    void* __restrict__ dk_ptr;
+    void* __restrict__ dv_ptr;
+    float* __restrict__ dsum_ptr;      // scratch in lse's layout: D = rowsum(dout * out), fp32
+    float* __restrict__ dq_accum_ptr;  // [B, Sq, H, D] ([total_q, H, D]) fp32 scratch, zeroed (not deterministic only)
+    int64_t dq_accum_batch_stride;     // Sq * H * D, 0 for variable-length batches
+
+    int64_t do_batch_stride, do_row_stride, do_head_stride;
+    int64_t dq_batch_stride, dq_row_stride, dq_head_stride;
+    int64_t dk_batch_stride, dk_row_stride, dk_head_stride;
+    int64_t dv_batch_stride, dv_row_stride, dv_head_stride;
+
+    // false: dQ is added up across key tiles with fp32 atomics inside the dK/dV
+    // pass (fewer FLOPs, order-dependent rounding); true: a separate dQ pass
+    // owns each dQ row (bitwise reproducible, recomputes S and dP).
+    bool deterministic;
+};
+
+// Writes the new keys and values of flash_attn_with_kvcache into the cache
+// (rotary applied to the keys when rotary_dim > 0) and the rotated queries into
+// q_rot. Layouts as FwdParams' KV cache; the new rows of batch b go to cache
+// rows cache_seqlens[b] + j, at rotary position cache_seqlens[b] + j - leftpad.
+struct AppendParams {
+    const void* __restrict__ k_new_ptr;  // [B, Snew, Hk, D]
+    const void* __restrict__ v_new_ptr;
+    int64_t knew_batch_stride, knew_row_stride, knew_head_stride;
+    int64_t vnew_batch_stride, vnew_row_stride, vnew_head_stride;
+    void* __restrict__ k_cache_ptr;  // [B_cache, S_cache, Hk, D] or pages [num_blocks, page_size, Hk, D]
+    void* __restrict__ v_cache_ptr;
+    int64_t kc_batch_stride, kc_row_stride, kc_head_stride;
+    int64_t vc_batch_stride, vc_row_stride, vc_head_stride;
+    const void* __restrict__ q_ptr;  // [B, Sq, H, D]
+    void* __restrict__ q_rot_ptr;    // [B, Sq, H, D] contiguous, or nullptr: q needs no rotation
+    int64_t q_batch_stride, q_row_stride, q_head_stride;
+    const int* __restrict__ cache_seqlens;
+    const int* __restrict__ leftpad_k;
+    const int* __restrict__ kv_batch_idx;
+    const int* __restrict__ block_table;
+    int64_t block_table_batch_stride;
+    int page_size;
+    int capacity, num_cache_rows;  // as FwdParams' kv_capacity and kv_cache_batch
+    const float* __restrict__ rotary_cos;  // [rotary_rows, rotary_dim / 2] fp32, or nullptr
+    const float* __restrict__ rotary_sin;
+    int rotary_rows;
+    int rotary_dim;
+    bool rotary_interleaved;  // rotate pairs (2i, 2i + 1); else (i, i + rotary_dim / 2)
+    bool q_positions_per_row;  // causal/local: query i at position cache_seqlens + i; else all at cache_seqlens
+    int batch, seqlen_q, seqlen_knew, num_heads, num_heads_k, head_dim;
+    DType dtype;
+};
+
+// Head dims the kernels serve: q/k/v head dims up to this (the families pad
+// smaller ones up to a compiled head dim).
+constexpr int kMaxHeadDim = 256;
+
+// The KV-cache forward's scratch, sized by a family's plan_kvcache and
+// allocated by the binding: fp32 partial results of the splits (o_accum_ptr,
+// lse_accum_ptr) and the decoding merge's counters (split_counters), which
+// must be zero on entry and which every call leaves zero again.
+struct KvcacheWorkspace {
+    int64_t accum_floats;  // o_accum_ptr's length, 0: none
+    int64_t lse_floats;    // lse_accum_ptr's length
+    int64_t counters;      // split_counters' length, 0: none
+};
+
+}  // namespace flash

@@ -1,0 +1,133 @@
+// Online softmax over the rows an mma fragment holds.
+//
+// Fragment layout (mma.m16n8k16 accumulators): for m16 tile `mt`, a thread holds
+// rows g = lane/4 and g + 8, two adjacent columns per n8 tile: acc[mt][j][0..1]
+// belong to row g, acc[mt][j][2..3] to row g + 8. The four threads of a quad
+// (lanes 4g .. 4g+3) share a row, so row reductions are two xor-shuffles.
+#pragma once
+
+#include <cmath>
+
+#include "common/ptx.cuh"
+
+namespace flash {
+
+constexpr float kLn2 = 0.6931471805599453f;  // lse in natural log = lse in base 2 * ln(2)
+
+template <int kMTiles>
+struct OnlineSoftmax {
+    static constexpr int kRows = 2 * kMTiles;
+    float row_max[kRows];     // running max of the raw scores; -inf until the row sees a key
+    float row_offset[kRows];  // row_max * scale_log2 as rounded once: the exponent every p was taken against
+    float row_sum[kRows];     // this thread's share of sum(exp); quad-reduced once, in finalize
+
+    __device__ __forceinline__ OnlineSoftmax() {
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) {
+            row_max[r] = -INFINITY;
+            row_offset[r] = 0.f;
+            row_sum[r] = 0.f;
+        }
+    }
+
+    // Folds one tile of scores into the running state: updates the row max,
+    // rescales the output accumulator and the running sum by exp(m_old - m_new),
+    // and overwrites the scores with p = exp(score * scale - m_new * scale).
+    // Works in base 2 with scale_log2 = softmax_scale * log2(e), so each p is one
+    // FFMA and one ex2.
+    template <int kNTilesS, int kNTilesO>
+    __device__ __forceinline__ void update(float (&s)[kMTiles][kNTilesS][4],
+                                           float (&o)[kMTiles][kNTilesO][4], float scale_log2) {
+        float offset[kRows];      // m_new * scale_log2, the exponent subtracted from every score
+        float correction[kRows];  // exp(m_old - m_new): 1 exactly when the max did not move
+        bool max_moved = false;
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+                const int r = mt * 2 + half;
+                float m_new = row_max[r];
+#pragma unroll
+                for (int j = 0; j < kNTilesS; ++j) {
+                    m_new = fmaxf(m_new, fmaxf(s[mt][j][2 * half], s[mt][j][2 * half + 1]));
+                }
+                m_new = fmaxf(m_new, __shfl_xor_sync(0xffffffffu, m_new, 1));
+                m_new = fmaxf(m_new, __shfl_xor_sync(0xffffffffu, m_new, 2));
+                // A row that has seen only masked keys keeps max = -inf; subtracting 0
+                // instead keeps exp2(-inf - offset) = 0 rather than exp2(-inf + inf) = NaN.
+                offset[r] = (m_new == -INFINITY) ? 0.f : m_new * scale_log2;
+                // The difference of the two stored offsets, not row_max * scale_log2 -
+                // offset: the compiler contracts that into an FMA whose result is the
+                // product's rounding error, not 0, when the max did not move, and a
+                // factor 2^err != 1 on every key tile adds up over a long row (1e-3 in
+                // the LSE at 256k keys). A row that saw no key yet has nothing to scale.
+                correction[r] = (row_max[r] == -INFINITY) ? 0.f : exp2_approx(row_offset[r] - offset[r]);
+                max_moved |= m_new != row_max[r];
+                row_max[r] = m_new;
+                row_offset[r] = offset[r];
+                row_sum[r] *= correction[r];
+            }
+        }
+        // Late in the key loop most tiles leave every row max of the warp where it
+        // was; then every correction is exactly 1 and the kNTilesO * 4 multiplies
+        // per row pair are skipped (a warp-uniform branch, so no divergence).
+        if (__any_sync(0xffffffffu, max_moved)) {
+#pragma unroll
+            for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+                for (int j = 0; j < kNTilesO; ++j) {
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) o[mt][j][e] *= correction[mt * 2 + e / 2];
+                }
+            }
+        }
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+                const int r = mt * 2 + half;
+                float sum = 0.f;
+#pragma unroll
+                for (int j = 0; j < kNTilesS; ++j) {
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        const float p = exp2_approx(fmaf(s[mt][j][2 * half + e], scale_log2, -offset[r]));
+                        s[mt][j][2 * half + e] = p;
+                        sum += p;
+                    }
+                }
+                row_sum[r] += sum;
+            }
+        }
+    }
+
+    // Normalises the output by the row sums and returns each row's natural-log
+    // log-sum-exp of the scaled scores in lse[]. A row that saw no key gets
+    // output 0 and lse = -inf (the log of an empty sum); a NaN score makes the
+    // sum, hence the row's output and lse, NaN (the max ignores NaN: fmaxf).
+    template <int kNTilesO>
+    __device__ __forceinline__ void finalize(float (&o)[kMTiles][kNTilesO][4], float (&lse)[kRows]) {
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+                const int r = mt * 2 + half;
+                float sum = row_sum[r];
+                sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+                sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+                const bool empty = sum == 0.f;
+                const float inv_sum = empty ? 0.f : 1.f / sum;
+                // Every p was exp2(score * scale_log2 - row_offset): the LSE in base 2 is
+                // row_offset + log2(sum), with no rounding of row_max * scale_log2 between.
+                lse[r] = empty ? -INFINITY : (row_offset[r] + log2_approx(sum)) * kLn2;
+#pragma unroll
+                for (int j = 0; j < kNTilesO; ++j) {
+                    o[mt][j][2 * half] *= inv_sum;
+                    o[mt][j][2 * half + 1] *= inv_sum;
+                }
+            }
+        }
+    }
+};
+
+}  // namespace flash

@@ -1,0 +1,536 @@
+// The backward kernels. Nothing of size [Sq, Sk] is stored: each recomputes
+// the probabilities of one tile from Q, K and the forward's log-sum-exp,
+// P = exp(S * scale - lse), and folds the tile into its gradients:
+//   dV = P^T dO,  dP = dO V^T,  dS = P * (dP - D),  dK = scale * dS^T Q,  dQ = scale * dS K,
+// with D = rowsum(dO * O) from the preprocess kernel. The dK/dV kernel owns a
+// tile of keys and walks the query tiles. dQ either comes out of that same
+// walk, each block adding its share with fp32 atomics into a zeroed buffer
+// (five GEMMs per tile, like FlashAttention-2; the order of the additions,
+// hence the rounding, varies run to run), or, for deterministic=True, from a
+// dQ kernel that owns a tile of queries and walks the key tiles (recomputing
+// S and dP: seven GEMMs, bitwise reproducible).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#include "common/flash.h"
+#include "sm80/gemm.cuh"
+#include "sm80/kernel_traits.h"
+#include "common/extras.cuh"
+#include "common/mask.cuh"
+#include "common/ptx.cuh"
+#include "sm80/ptx.cuh"
+#include "sm80/tile_copy.cuh"
+
+namespace flash::sm80 {
+
+constexpr float kLog2e = 1.4426950408889634f;
+
+// The forward's natural-log lse of a query row, in base 2 for exp2. A row that
+// saw no key (lse = -inf) or lies past the sequence (passed as -inf) gets +inf,
+// so that every p of the row is exp2(s - inf) = 0 rather than exp2(-inf + inf)
+// = NaN.
+__device__ __forceinline__ float lse_to_log2(float lse) { return lse == -INFINITY ? INFINITY : lse * kLog2e; }
+
+__device__ __forceinline__ float lse_log2_of_row(const float* lse_row, int row, int seqlen_q) {
+    return lse_to_log2(row < seqlen_q ? lse_row[row] : -INFINITY);
+}
+
+// D[b, h, i] = sum_d dO[b, i, h, d] * O[b, i, h, d] in fp32: one warp per row.
+// A variable-length batch runs as one sequence of total_q rows, which writes
+// D in lse's [H, total_q] layout.
+template <typename Element>
+__global__ void __launch_bounds__(128) bwd_dot_do_o_kernel(const BwdParams params) {
+    const int64_t row = static_cast<int64_t>(blockIdx.x) * 4 + threadIdx.x / 32;  // (b * H + h) * Sq + i
+    const int lane = threadIdx.x % 32;
+    const int64_t rows = static_cast<int64_t>(params.batch) * params.num_heads * params.seqlen_q;
+    if (row >= rows) return;
+    const int i = static_cast<int>(row % params.seqlen_q);
+    const int64_t bh = row / params.seqlen_q;
+    const int h = static_cast<int>(bh % params.num_heads);
+    const int b = static_cast<int>(bh / params.num_heads);
+    const Element* dout = static_cast<const Element*>(params.do_ptr) + b * params.do_batch_stride +
+                          i * params.do_row_stride + h * params.do_head_stride;
+    const Element* out = static_cast<const Element*>(params.o_ptr) + b * params.o_batch_stride +
+                         i * params.o_row_stride + h * params.o_head_stride;
+    float sum = 0.f;
+    for (int col = lane * 8; col < params.head_dim; col += 32 * 8) {  // 16-byte chunks
+        const uint4 d4 = *reinterpret_cast<const uint4*>(dout + col);
+        const uint4 o4 = *reinterpret_cast<const uint4*>(out + col);
+        const uint32_t d_words[4] = {d4.x, d4.y, d4.z, d4.w};
+        const uint32_t o_words[4] = {o4.x, o4.y, o4.z, o4.w};
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+            const float2 d2 = unpack2<Element>(d_words[w]);
+            const float2 o2 = unpack2<Element>(o_words[w]);
+            sum += d2.x * o2.x + d2.y * o2.y;
+        }
+    }
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+    if (lane == 0) params.dsum_ptr[row] = sum;
+}
+
+// p = exp2(s * scale_log2 - lse_log2) in place on a transposed score fragment
+// (columns are queries), lse_log2_smem starting at the warp's first query.
+template <int kMTiles, int kNTiles>
+__device__ __forceinline__ void probs_from_scores_by_column(float (&s)[kMTiles][kNTiles][4],
+                                                            const float* lse_log2_smem, float scale_log2, int lane) {
+#pragma unroll
+    for (int j = 0; j < kNTiles; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const float lse_log2 = lse_log2_smem[j * 8 + (lane % 4) * 2 + e % 2];
+#pragma unroll
+            for (int mt = 0; mt < kMTiles; ++mt) {
+                s[mt][j][e] = exp2_approx(fmaf(s[mt][j][e], scale_log2, -lse_log2));
+            }
+        }
+    }
+}
+
+// Adds this step's dQ share, dS [queries, keys] K [keys, D], to the fp32 dQ
+// buffer, from the dS^T tile in shared memory: units of kDqRows queries x
+// kDqCols columns, dealt round-robin to the warps.
+template <typename Traits>
+__device__ __forceinline__ void add_dq_share(float* dq_accum, int64_t dq_row_stride, int m0, int seqlen_q,
+                                             int head_dim, uint32_t ds_smem, uint32_t k_smem, int warp, int lane) {
+    using Element = typename Traits::Element;
+    constexpr int kMTiles = Traits::kDqRows / 16;
+    constexpr int kNTiles = Traits::kDqCols / 8;
+    // Run-time unit indices keep one copy of the GEMM in the step's code.
+#pragma unroll 1
+    for (int unit = warp; unit < Traits::kDqUnits; unit += Traits::kNWarps) {
+        const int q0 = (unit % Traits::kDqRowUnits) * Traits::kDqRows;
+        const int col0 = (unit / Traits::kDqRowUnits) * Traits::kDqCols;
+        if (col0 >= head_dim) continue;  // the compiled head dim's padding columns: no dQ there
+        float acc[kMTiles][kNTiles][4];
+        clear(acc);
+        gemm_smem_kn<Element, true, kMTiles, kNTiles, Traits::kKStepsOwn, typename Traits::ScoreTile,
+                     typename Traits::OwnTile>(acc, ds_smem, q0, k_smem, col0 / 8, opaque(lane));
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+                const int row = m0 + q0 + mt * 16 + half * 8 + lane / 4;
+                if (row >= seqlen_q) continue;
+                float* dst = dq_accum + row * dq_row_stride + col0 + (lane % 4) * 2;
+#pragma unroll
+                for (int j = 0; j < kNTiles; ++j) {
+                    if (col0 + j * 8 >= head_dim) break;  // head_dim is a multiple of 8
+#if __CUDA_ARCH__ >= 900
+                    atomicAdd(reinterpret_cast<float2*>(dst + j * 8),
+                              make_float2(acc[mt][j][2 * half], acc[mt][j][2 * half + 1]));
+#else
+                    atomicAdd(dst + j * 8, acc[mt][j][2 * half]);
+                    atomicAdd(dst + j * 8 + 1, acc[mt][j][2 * half + 1]);
+#endif
+                }
+            }
+        }
+    }
+}
+
+// dK and dV for one tile of kOwnRows keys of one KV head: walks the query tiles
+// of every query head that shares the KV head, so the group sum of GQA happens
+// in registers. Has_dK / Has_dV select the gradients of this pass (both at
+// head dims up to 128; one each past that, to fit the registers); Has_dQ adds
+// each step's dQ share to the fp32 buffer (with dK, which computes dS). Warp
+// layouts: BwdKernelTraits.
+template <typename Traits, bool Is_local, bool Has_extras, bool Has_dK, bool Has_dV, bool Has_dQ>
+__global__ void __launch_bounds__(Traits::kNThreads) bwd_dk_dv_kernel(const BwdParams params) {
+    using Element = typename Traits::Element;
+    using OwnTile = typename Traits::OwnTile;
+    using StreamTile = typename Traits::StreamTile;
+    using ScoreTile = typename Traits::ScoreTile;
+    constexpr int kOwnRows = Traits::kOwnRows;
+    constexpr int kStreamRows = Traits::kStreamRows;
+    constexpr int kNThreads = Traits::kNThreads;
+    constexpr int kNTilesS = Traits::kNTilesS;
+    constexpr int kNTilesDkv = Traits::kNTilesDkv;
+
+    extern __shared__ __align__(128) char smem[];
+    char* k_smem_ptr = smem + Traits::kSmemOwnOffset0;
+    char* v_smem_ptr = smem + Traits::kSmemOwnOffset1;
+    char* p_smem_ptr = smem + Traits::kSmemPOffset;    // P^T [keys, queries] of the step
+    char* ds_smem_ptr = smem + Traits::kSmemDsOffset;  // dS^T [keys, queries] of the step
+    const uint32_t k_smem = smem_addr(k_smem_ptr);
+    const uint32_t v_smem = smem_addr(v_smem_ptr);
+    const uint32_t q_smem0 = smem_addr(smem + Traits::kSmemStreamOffset0);  // stage s: + s * kSmemStageBytes
+    const uint32_t do_smem0 = smem_addr(smem + Traits::kSmemStreamOffset1);
+    float* lse_log2_smem = reinterpret_cast<float*>(smem + Traits::kSmemRowStatsOffset);  // [kStreamRows]
+    float* dsum_smem = lse_log2_smem + kStreamRows;                                        // [kStreamRows]
+    static_assert(!Has_dQ || Has_dK, "dQ needs dS, which the dK pass computes");
+
+    const int tid = threadIdx.x;
+    const int lane = tid % 32;
+    const int warp = tid / 32;
+    // The warp's 32 keys, its queries of S^T, and its columns of dK and dV.
+    const int key_row0 = (warp / Traits::kQueryWarps) * 32;
+    const int query_col0 = (warp % Traits::kQueryWarps) * Traits::kWarpQueries;
+    const int d_chunk0 = (warp % Traits::kQueryWarps) * kNTilesDkv;
+    const int n0 = blockIdx.x * kOwnRows;
+    const int head_k = blockIdx.y;
+    const int batch = blockIdx.z;
+    const Sequence seq = sequence_of<false>(params, batch);
+    const int seqlen_q = seq.seqlen_q;
+    const int seqlen_k = seq.seqlen_k;
+    if (n0 >= seqlen_k) return;  // a shorter sequence of a variable-length batch
+    const Window window = window_of(params, seqlen_q, seqlen_k);
+    const bool has_dropout = Has_extras && params.rng_state != nullptr;
+
+    const TileCopy<OwnTile, kNThreads> own_copy(tid);
+    const TileCopy<StreamTile, kNThreads> stream_copy(tid);
+    const Element* k = static_cast<const Element*>(params.k_ptr) + batch * params.k_batch_stride +
+                       head_k * params.k_head_stride + (seq.k_start + n0) * params.k_row_stride;
+    const Element* v = static_cast<const Element*>(params.v_ptr) + batch * params.v_batch_stride +
+                       head_k * params.v_head_stride + (seq.k_start + n0) * params.v_row_stride;
+    own_copy.load_async(k_smem, k, params.k_row_stride, seqlen_k - n0, params.head_dim);
+    own_copy.load_async(v_smem, v, params.v_row_stride, seqlen_k - n0, params.head_dim);
+    cp_async_commit();
+
+    float dk[2][kNTilesDkv][4];
+    float dv[2][kNTilesDkv][4];
+    clear(dk);
+    clear(dv);
+
+    // The query tiles that see a key of this tile.
+    const QueryTileRange query_tiles = query_tile_range<kStreamRows, kOwnRows>(n0, seqlen_q, window);
+    const int m_begin = query_tiles.m_begin;
+
+    // The steps: every (query head of the group, query tile) pair, flattened so
+    // that the next step's tiles can be loaded while this one computes.
+    const int m_tiles = query_tiles.m_end - m_begin;
+    const int steps = params.heads_per_kv_head * m_tiles;
+    auto head_of = [&](int t) { return head_k * params.heads_per_kv_head + t / m_tiles; };
+    auto m0_of = [&](int t) { return (m_begin + t % m_tiles) * kStreamRows; };
+    // Starts step t's Q and dO copies into `stage` and its rows' lse and D loads
+    // into registers (read when the step begins).
+    float step_lse = -INFINITY, step_dsum = 0.f;
+    auto load_step = [&](int t, int stage) {
+        const int head = head_of(t);
+        const int m0 = m0_of(t);
+        const Element* q = static_cast<const Element*>(params.q_ptr) + batch * params.q_batch_stride +
+                           head * params.q_head_stride + (seq.q_start + m0) * params.q_row_stride;
+        const Element* dout = static_cast<const Element*>(params.do_ptr) + batch * params.do_batch_stride +
+                              head * params.do_head_stride + (seq.q_start + m0) * params.do_row_stride;
+        stream_copy.load_async(q_smem0 + stage * Traits::kSmemStageBytes, q, params.q_row_stride, seqlen_q - m0,
+                               params.head_dim);
+        stream_copy.load_async(do_smem0 + stage * Traits::kSmemStageBytes, dout, params.do_row_stride,
+                               seqlen_q - m0, params.head_dim);
+        if (tid < kStreamRows) {
+            const int64_t row = batch * params.lse_batch_stride + head * params.lse_head_stride + seq.q_start + m0 + tid;
+            const bool valid = m0 + tid < seqlen_q;
+            step_lse = valid ? params.lse_ptr[row] : -INFINITY;
+            step_dsum = valid ? params.dsum_ptr[row] : 0.f;
+        }
+    };
+
+    // dQ buffer [B, Sq, H, D] ([total_q, H, D]; fp32, contiguous) of the current query head.
+    float* dq_accum_head = nullptr;
+    const int64_t dq_accum_row_stride = static_cast<int64_t>(params.num_heads) * params.head_dim;
+
+    // One step on the tiles in shared memory: q_smem, do_smem, the rows' lse and D.
+    auto compute = [&](uint32_t q_smem, uint32_t do_smem, int head, int m0, auto is_masked) {
+        constexpr bool Is_masked = decltype(is_masked)::value;
+        // S^T = K Q^T for the warp's keys and queries, then P^T.
+        float p[2][kNTilesS][4];
+        clear(p);
+        gemm_smem_smem<Element, 2, kNTilesS, Traits::kKStepsD, OwnTile, StreamTile>(p, k_smem, key_row0, q_smem,
+                                                                                     query_col0, opaque(lane));
+        [[maybe_unused]] float dtanh[Has_extras ? 2 : 1][kNTilesS][4];  // softcap's chain factor
+        uint64_t keep_bits = ~uint64_t{0};
+        if constexpr (Has_extras) {
+            apply_score_extras<true>(p, ScoreExtras(params, batch, head, window.diagonal), n0 + key_row0,
+                                     m0 + query_col0, lane, dtanh);
+            if (has_dropout) {
+                const DropoutRng rng(params.rng_state, batch, params.num_heads, head, params.dropout_threshold);
+                keep_bits = dropout_keep_bits<true, 2, kNTilesS>(rng, n0 + key_row0, m0 + query_col0, lane);
+            }
+        }
+        if constexpr (Is_masked) apply_mask_transposed<Is_local>(p, n0 + key_row0, m0 + query_col0, window, lane);
+        probs_from_scores_by_column(p, lse_log2_smem + query_col0, params.softmax_scale_log2, lane);
+        if constexpr (Has_dV) {  // P^T of the kept elements; dV takes 1 / (1 - p) once, at the end
+            if (has_dropout) {
+                float p_kept[2][kNTilesS][4];
+#pragma unroll
+                for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+                    for (int j = 0; j < kNTilesS; ++j)
+#pragma unroll
+                        for (int e = 0; e < 4; ++e)
+                            p_kept[mt][j][e] = kept(keep_bits, mt, j, e, kNTilesS) ? p[mt][j][e] : 0.f;
+                store_fragment<Element, ScoreTile>(p_kept, p_smem_ptr, key_row0, query_col0 / 8, lane);
+            } else {
+                store_fragment<Element, ScoreTile>(p, p_smem_ptr, key_row0, query_col0 / 8, lane);
+            }
+        }
+        if constexpr (Has_dK) {
+            // dP^T = V dO^T, then dS^T = P^T * (dP^T - D) (dP^T of a dropped
+            // element is 0, of a kept one scaled by 1 / (1 - p)), times softcap's
+            // 1 - tanh^2.
+            float ds[2][kNTilesS][4];
+            clear(ds);
+            gemm_smem_smem<Element, 2, kNTilesS, Traits::kKStepsD, OwnTile, StreamTile>(
+                ds, v_smem, key_row0, do_smem, query_col0, opaque(lane));
+#pragma unroll
+            for (int j = 0; j < kNTilesS; ++j) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const float dsum = dsum_smem[query_col0 + j * 8 + (lane % 4) * 2 + e % 2];
+#pragma unroll
+                    for (int mt = 0; mt < 2; ++mt) {
+                        float dp = ds[mt][j][e];
+                        if (has_dropout) dp = kept(keep_bits, mt, j, e, kNTilesS) ? dp * params.dropout_rescale : 0.f;
+                        ds[mt][j][e] = p[mt][j][e] * (dp - dsum);
+                        if constexpr (Has_extras) {
+                            if (params.softcap > 0.f) ds[mt][j][e] *= dtanh[mt][j][e];
+                        }
+                    }
+                }
+            }
+            store_fragment<Element, ScoreTile>(ds, ds_smem_ptr, key_row0, query_col0 / 8, lane);
+        }
+        __syncthreads();  // the whole P^T and dS^T tiles, every warp's part, are in place
+
+        if constexpr (Has_dV) {  // dV += P^T dO
+            gemm_smem_kn<Element, false, 2, kNTilesDkv, Traits::kKStepsStream, ScoreTile, StreamTile>(
+                dv, smem_addr(p_smem_ptr), key_row0, do_smem, d_chunk0, opaque(lane));
+        }
+        if constexpr (Has_dK) {  // dK += dS^T Q (scaled once, at the end)
+            gemm_smem_kn<Element, false, 2, kNTilesDkv, Traits::kKStepsStream, ScoreTile, StreamTile>(
+                dk, smem_addr(ds_smem_ptr), key_row0, q_smem, d_chunk0, opaque(lane));
+        }
+        if constexpr (Has_dQ) {
+            add_dq_share<Traits>(dq_accum_head, dq_accum_row_stride, m0, seqlen_q, params.head_dim,
+                                 smem_addr(ds_smem_ptr), k_smem, warp, lane);
+        }
+    };
+
+    if constexpr (Traits::kStages == 2) {
+        if (steps > 0) load_step(0, 0);
+        cp_async_commit();
+    }
+    for (int t = 0; t < steps; ++t) {
+        const int stage = Traits::kStages == 2 ? t % 2 : 0;
+        if constexpr (Traits::kStages == 1) {
+            __syncthreads();  // every warp is done with step t - 1's Q and dO
+            load_step(t, 0);
+            cp_async_commit();
+        }
+        cp_async_wait<0>();  // this step's Q and dO (and K, V) have landed
+        // Every warp is past step t - 1's P^T/dS^T barrier, so done with its lse and D.
+        if (tid < kStreamRows) {
+            lse_log2_smem[tid] = lse_to_log2(step_lse);
+            dsum_smem[tid] = step_dsum;
+        }
+        __syncthreads();  // the step's tiles and rows are visible; step t - 1 is done everywhere
+        if constexpr (Traits::kStages == 2) {
+            if (t + 1 < steps) load_step(t + 1, stage ^ 1);  // into the stage step t - 1 read
+            cp_async_commit();
+        }
+
+        const int m0 = m0_of(t);
+        const int head = head_of(t);
+        if constexpr (Has_dQ) {
+            dq_accum_head = params.dq_accum_ptr + batch * params.dq_accum_batch_stride +
+                            (static_cast<int64_t>(seq.q_start) * params.num_heads + head) * params.head_dim;
+        }
+        const uint32_t q_smem = q_smem0 + stage * Traits::kSmemStageBytes;
+        const uint32_t do_smem = do_smem0 + stage * Traits::kSmemStageBytes;
+        // Masked only where some query of the tile misses some key: the causal
+        // diagonal, window edges, the sequence's last key tile.
+        if (tile_is_full<kStreamRows, kOwnRows>(m0, n0, seqlen_q, window)) {
+            compute(q_smem, do_smem, head, m0, std::false_type{});
+        } else {
+            compute(q_smem, do_smem, head, m0, std::true_type{});
+        }
+    }
+
+    // Epilogue: stage through the K and V tiles (no longer read) and store.
+    cp_async_wait<0>();  // with no query tile the K/V copies may still be in flight
+    __syncthreads();
+    if constexpr (Has_dK) {
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+            for (int j = 0; j < kNTilesDkv; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) dk[mt][j][e] *= params.softmax_scale;
+        store_fragment<Element, OwnTile>(dk, k_smem_ptr, key_row0, d_chunk0, lane);
+    }
+    if constexpr (Has_dV) {
+        if (has_dropout) scale(dv, params.dropout_rescale);
+        store_fragment<Element, OwnTile>(dv, v_smem_ptr, key_row0, d_chunk0, lane);
+    }
+    __syncthreads();
+    if constexpr (Has_dK) {
+        Element* dk_out = static_cast<Element*>(params.dk_ptr) + batch * params.dk_batch_stride +
+                          head_k * params.dk_head_stride + (seq.k_start + n0) * params.dk_row_stride;
+        own_copy.store(k_smem_ptr, dk_out, params.dk_row_stride, seqlen_k - n0, params.head_dim);
+    }
+    if constexpr (Has_dV) {
+        Element* dv_out = static_cast<Element*>(params.dv_ptr) + batch * params.dv_batch_stride +
+                          head_k * params.dv_head_stride + (seq.k_start + n0) * params.dv_row_stride;
+        own_copy.store(v_smem_ptr, dv_out, params.dv_row_stride, seqlen_k - n0, params.head_dim);
+    }
+}
+
+// dQ for one tile of kOwnRows queries of one head: walks the key tiles the
+// tile sees, as the forward does.
+template <typename Traits, bool Is_local, bool Has_extras>
+__global__ void __launch_bounds__(Traits::kNThreads) bwd_dq_kernel(const BwdParams params) {
+    static_assert(Traits::kOwnRows == 16 * Traits::kNWarps, "each warp owns 16 query rows");
+    using Element = typename Traits::Element;
+    using OwnTile = typename Traits::OwnTile;
+    using StreamTile = typename Traits::StreamTile;
+    constexpr int kOwnRows = Traits::kOwnRows;
+    constexpr int kStreamRows = Traits::kStreamRows;
+    constexpr int kNThreads = Traits::kNThreads;
+
+    extern __shared__ __align__(128) char smem[];
+    char* q_smem_ptr = smem + Traits::kSmemOwnOffset0;
+    const uint32_t q_smem = smem_addr(q_smem_ptr);
+    const uint32_t do_smem = smem_addr(smem + Traits::kSmemOwnOffset1);
+    const uint32_t k_smem = smem_addr(smem + Traits::kSmemStreamOffset0);
+    const uint32_t v_smem = smem_addr(smem + Traits::kSmemStreamOffset1);
+
+    const int tid = threadIdx.x;
+    const int lane = tid % 32;
+    const int warp_row0 = (tid / 32) * 16;
+    const int m0 = blockIdx.x * kOwnRows;
+    const int head = blockIdx.y;
+    const int batch = blockIdx.z;
+    const int head_k = head / params.heads_per_kv_head;
+    const Sequence seq = sequence_of<false>(params, batch);
+    const int seqlen_q = seq.seqlen_q;
+    const int seqlen_k = seq.seqlen_k;
+    if (m0 >= seqlen_q) return;  // a shorter sequence of a variable-length batch
+    const Window window = window_of(params, seqlen_q, seqlen_k);
+    const ScoreExtras extras(params, batch, head, window.diagonal);
+    const bool has_dropout = Has_extras && params.rng_state != nullptr;
+    const DropoutRng rng = has_dropout ? DropoutRng(params.rng_state, batch, params.num_heads, head,
+                                                    params.dropout_threshold)
+                                       : DropoutRng{};
+
+    const TileCopy<OwnTile, kNThreads> own_copy(tid);
+    const TileCopy<StreamTile, kNThreads> stream_copy(tid);
+    const Element* q = static_cast<const Element*>(params.q_ptr) + batch * params.q_batch_stride +
+                       head * params.q_head_stride + (seq.q_start + m0) * params.q_row_stride;
+    const Element* dout = static_cast<const Element*>(params.do_ptr) + batch * params.do_batch_stride +
+                          head * params.do_head_stride + (seq.q_start + m0) * params.do_row_stride;
+    const Element* k = static_cast<const Element*>(params.k_ptr) + batch * params.k_batch_stride +
+                       head_k * params.k_head_stride + seq.k_start * params.k_row_stride;
+    const Element* v = static_cast<const Element*>(params.v_ptr) + batch * params.v_batch_stride +
+                       head_k * params.v_head_stride + seq.k_start * params.v_row_stride;
+    own_copy.load_async(q_smem, q, params.q_row_stride, seqlen_q - m0, params.head_dim);
+    own_copy.load_async(do_smem, dout, params.do_row_stride, seqlen_q - m0, params.head_dim);
+    cp_async_commit();
+
+    // This thread's two rows (g and g + 8 of the warp's 16).
+    const int64_t row_stats = batch * params.lse_batch_stride + head * params.lse_head_stride + seq.q_start;
+    float lse_log2[2], dsum[2];
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        const int row = m0 + warp_row0 + half * 8 + lane / 4;
+        lse_log2[half] = lse_log2_of_row(params.lse_ptr + row_stats, row, seqlen_q);
+        dsum[half] = row < seqlen_q ? params.dsum_ptr[row_stats + row] : 0.f;
+    }
+
+    const KeyTileRange key_tiles = key_tile_range<kOwnRows, kStreamRows>(m0, seqlen_q, window);
+
+    float dq[1][Traits::kNTilesD][4];
+    clear(dq);
+    auto step = [&](int n_block, auto is_masked) {
+        constexpr bool Is_masked = decltype(is_masked)::value;
+        const int n0 = n_block * kStreamRows;
+        __syncthreads();  // every warp is done with the previous K, V
+        stream_copy.load_async(k_smem, k + n0 * params.k_row_stride, params.k_row_stride, seqlen_k - n0,
+                               params.head_dim);
+        stream_copy.load_async(v_smem, v + n0 * params.v_row_stride, params.v_row_stride, seqlen_k - n0,
+                               params.head_dim);
+        cp_async_commit();
+        cp_async_wait<0>();
+        __syncthreads();
+
+        float p[1][Traits::kNTilesStream][4];  // S = Q K^T, then P
+        clear(p);
+        gemm_smem_smem<Element, 1, Traits::kNTilesStream, Traits::kKStepsD, OwnTile, StreamTile>(
+            p, q_smem, warp_row0, k_smem, 0, lane);
+        [[maybe_unused]] float dtanh[1][Has_extras ? Traits::kNTilesStream : 1][4];  // softcap's chain factor
+        uint64_t keep_bits = ~uint64_t{0};
+        if constexpr (Has_extras) {
+            apply_score_extras<false>(p, extras, m0 + warp_row0, n0, lane, dtanh);
+            if (has_dropout) {
+                keep_bits = dropout_keep_bits<false, 1, Traits::kNTilesStream>(rng, m0 + warp_row0, n0, lane);
+            }
+        }
+        if constexpr (Is_masked) apply_mask<Is_local>(p, m0 + warp_row0, n0, window, lane);
+        float ds[1][Traits::kNTilesStream][4];  // dP = dO V^T, then dS
+        clear(ds);
+        gemm_smem_smem<Element, 1, Traits::kNTilesStream, Traits::kKStepsD, OwnTile, StreamTile>(
+            ds, do_smem, warp_row0, v_smem, 0, lane);
+#pragma unroll
+        for (int j = 0; j < Traits::kNTilesStream; ++j) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const float prob =
+                    exp2_approx(fmaf(p[0][j][e], params.softmax_scale_log2, -lse_log2[e / 2]));
+                float dp = ds[0][j][e];
+                if (has_dropout) dp = kept(keep_bits, 0, j, e, Traits::kNTilesStream) ? dp * params.dropout_rescale : 0.f;
+                ds[0][j][e] = prob * (dp - dsum[e / 2]);
+                if constexpr (Has_extras) {
+                    if (params.softcap > 0.f) ds[0][j][e] *= dtanh[0][j][e];
+                }
+            }
+        }
+        // dQ += dS K (scaled once, at the end)
+        gemm_regs_smem<Element, 1, Traits::kNTilesD, Traits::kKStepsStream, StreamTile>(dq, ds, k_smem, lane);
+    };
+    int n_block = key_tiles.n_end - 1;
+    for (; n_block >= key_tiles.full_end; --n_block) step(n_block, std::true_type{});
+    for (; n_block >= key_tiles.full_begin; --n_block) step(n_block, std::false_type{});
+    for (; n_block >= key_tiles.n_begin; --n_block) step(n_block, std::true_type{});
+
+    cp_async_wait<0>();
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < Traits::kNTilesD; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dq[0][j][e] *= params.softmax_scale;
+    store_fragment<Element, OwnTile>(dq, q_smem_ptr, warp_row0, 0, lane);
+    __syncthreads();
+    Element* dq_out = static_cast<Element*>(params.dq_ptr) + batch * params.dq_batch_stride +
+                      head * params.dq_head_stride + (seq.q_start + m0) * params.dq_row_stride;
+    own_copy.store(q_smem_ptr, dq_out, params.dq_row_stride, seqlen_q - m0, params.head_dim);
+}
+
+// dQ = softmax_scale * dq_accum, rounded to the input dtype and written in
+// dQ's layout: one thread per 8 consecutive head-dim elements. A
+// variable-length batch runs as one sequence of total_q rows.
+template <typename Element>
+__global__ void __launch_bounds__(256) bwd_convert_dq_kernel(const BwdParams params) {
+    const int chunks_per_row = params.head_dim / 8;
+    const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    const int64_t total = static_cast<int64_t>(params.batch) * params.seqlen_q * params.num_heads * chunks_per_row;
+    if (idx >= total) return;
+    const int col = static_cast<int>(idx % chunks_per_row) * 8;
+    int64_t rest = idx / chunks_per_row;  // (b * Sq + i) * H + h
+    const float* src = params.dq_accum_ptr + rest * params.head_dim + col;
+    const int h = static_cast<int>(rest % params.num_heads);
+    rest /= params.num_heads;
+    const int i = static_cast<int>(rest % params.seqlen_q);
+    const int b = static_cast<int>(rest / params.seqlen_q);
+    uint32_t words[4];
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+        words[w] = pack2<Element>(src[2 * w] * params.softmax_scale, src[2 * w + 1] * params.softmax_scale);
+    }
+    Element* dst = static_cast<Element*>(params.dq_ptr) + b * params.dq_batch_stride + i * params.dq_row_stride +
+                   h * params.dq_head_stride + col;
+    *reinterpret_cast<uint4*>(dst) = make_uint4(words[0], words[1], words[2], words[3]);
+}
+
+}  // namespace flash::sm80

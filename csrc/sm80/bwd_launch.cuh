@@ -1,0 +1,97 @@
+// Launches the backward kernels for one (dtype, head dim, local, extras) instantiation.
+#pragma once
+
+#include "sm80/bwd_kernel.cuh"
+#include "common/flash.h"
+#include "sm80/kernel_traits.h"
+
+namespace flash::sm80 {
+
+template <typename Kernel>
+cudaError_t launch_with_smem(Kernel kernel, dim3 grid, int threads, int smem_bytes, const BwdParams& params,
+                             cudaStream_t stream) {
+    if (smem_bytes > params.max_smem_per_block) return cudaErrorInvalidConfiguration;
+    // Dynamic shared memory above 48 KB must be opted into per kernel.
+    if (smem_bytes > 48 * 1024) {
+        cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
+        if (err != cudaSuccess) return err;
+    }
+    kernel<<<grid, threads, smem_bytes, stream>>>(params);
+    return cudaGetLastError();
+}
+
+// The dK/dV kernel(s) of one tile config: one pass, or one per gradient where
+// dK and dV together do not fit the registers (Traits::kSplitDkDv); Has_dQ adds
+// dQ's shares to the fp32 buffer in the pass that computes dS.
+template <typename Traits, bool Is_local, bool Has_extras, bool Has_dQ>
+cudaError_t launch_dk_dv(const BwdParams& params, cudaStream_t stream) {
+    constexpr int kSmem = Traits::kSmemBytesDkDv;
+    const dim3 grid((params.seqlen_k + Traits::kOwnRows - 1) / Traits::kOwnRows, params.num_heads_k, params.batch);
+    // Template flags: <Is_local, Has_extras, Has_dK, Has_dV, Has_dQ>.
+    if constexpr (Traits::kSplitDkDv) {
+        cudaError_t err = launch_with_smem(&bwd_dk_dv_kernel<Traits, Is_local, Has_extras, false, true, false>, grid,
+                                           Traits::kNThreads, kSmem, params, stream);
+        if (err != cudaSuccess) return err;
+        return launch_with_smem(&bwd_dk_dv_kernel<Traits, Is_local, Has_extras, true, false, Has_dQ>, grid,
+                                Traits::kNThreads, kSmem, params, stream);
+    } else {
+        return launch_with_smem(&bwd_dk_dv_kernel<Traits, Is_local, Has_extras, true, true, Has_dQ>, grid,
+                                Traits::kNThreads, kSmem, params, stream);
+    }
+}
+
+// A variable-length batch as the row-wise kernels (preprocess, dQ conversion)
+// see it: one sequence of total_q rows, in the layouts' flat row order.
+inline BwdParams flat_rows(const BwdParams& params) {
+    BwdParams flat = params;
+    if (params.cu_seqlens_q != nullptr) {
+        flat.batch = 1;
+        flat.seqlen_q = params.total_q;
+    }
+    return flat;
+}
+
+// The dK/dV and dQ kernels of one tile config, after the preprocess.
+template <typename Traits, bool Is_local, bool Has_extras>
+cudaError_t launch_bwd(const BwdParams& params, cudaStream_t stream) {
+    if (params.deterministic) {
+        cudaError_t err = launch_dk_dv<Traits, Is_local, Has_extras, /*Has_dQ=*/false>(params, stream);
+        if (err != cudaSuccess) return err;
+        const dim3 grid_q((params.seqlen_q + Traits::kOwnRows - 1) / Traits::kOwnRows, params.num_heads,
+                          params.batch);
+        using DqTraits = BwdKernelTraits<Traits::kHeadDim, typename Traits::Element,
+                                         BwdDqConfig<typename Traits::Config>>;
+        return launch_with_smem(&bwd_dq_kernel<DqTraits, Is_local, Has_extras>, grid_q, DqTraits::kNThreads,
+                                DqTraits::kSmemBytesDq, params, stream);
+    }
+    // dq_accum arrives zeroed; the dK pass adds every block's dQ share to it.
+    cudaError_t err = launch_dk_dv<Traits, Is_local, Has_extras, /*Has_dQ=*/true>(params, stream);
+    if (err != cudaSuccess) return err;
+    const BwdParams flat = flat_rows(params);
+    const int64_t chunks = static_cast<int64_t>(flat.batch) * flat.seqlen_q * flat.num_heads * (flat.head_dim / 8);
+    bwd_convert_dq_kernel<typename Traits::Element>
+        <<<static_cast<unsigned>((chunks + 255) / 256), 256, 0, stream>>>(flat);
+    return cudaGetLastError();
+}
+
+template <typename Element, int kHeadDim, bool Is_local, bool Has_extras>
+cudaError_t run_bwd_(const BwdParams& params, cudaStream_t stream) {
+    const BwdParams flat = flat_rows(params);
+    const int64_t rows = static_cast<int64_t>(flat.batch) * flat.num_heads * flat.seqlen_q;
+    bwd_dot_do_o_kernel<Element><<<static_cast<unsigned>((rows + 3) / 4), 128, 0, stream>>>(flat);
+    cudaError_t err = cudaGetLastError();
+    if (err != cudaSuccess) return err;
+
+    using Fast = BwdKernelTraits<kHeadDim, Element>;
+    if constexpr (Fast::kSmemBytes <= kSmallSmemPerBlock) {
+        return launch_bwd<Fast, Is_local, Has_extras>(params, stream);
+    } else {
+        using Small = BwdKernelTraits<kHeadDim, Element, BwdSmallSmemConfig<kHeadDim>>;
+        static_assert(Small::kSmemBytes <= kSmallSmemPerBlock, "the small-smem config must fit sm_86/sm_89");
+        return params.max_smem_per_block >= Fast::kSmemBytes
+                   ? launch_bwd<Fast, Is_local, Has_extras>(params, stream)
+                   : launch_bwd<Small, Is_local, Has_extras>(params, stream);
+    }
+}
+
+}  // namespace flash::sm80

@@ -1,0 +1,42 @@
+// Launches the sm80 forward kernel for one (dtype, head dim, local, extras)
+// instantiation (instantiations/sm80_fwd_*.cu).
+#pragma once
+
+#include "common/flash.h"
+#include "sm80/fwd_kernel.cuh"
+#include "sm80/kernel_traits.h"
+
+namespace flash::sm80 {
+
+template <typename Traits, bool Is_local, bool Has_extras, bool Is_kvcache = false>
+cudaError_t launch_fwd(const FwdParams& params, cudaStream_t stream) {
+    auto kernel = &fwd_kernel<Traits, Is_local, Has_extras, Is_kvcache>;
+    constexpr int kSmem = Traits::kSmemBytes;
+    if (kSmem > params.max_smem_per_block) return cudaErrorInvalidConfiguration;
+    // Dynamic shared memory above 48 KB must be opted into per kernel.
+    if (kSmem > 48 * 1024) {
+        cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+        if (err != cudaSuccess) return err;
+    }
+    const int splits = Is_kvcache ? params.num_splits : 1;
+    const dim3 grid((params.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM * splits, params.num_heads,
+                    params.batch);
+    kernel<<<grid, Traits::kNThreads, kSmem, stream>>>(params);
+    return cudaGetLastError();
+}
+
+template <typename Element, int kHeadDim, bool Is_local, bool Has_extras>
+cudaError_t run_fwd_(const FwdParams& params, cudaStream_t stream) {
+    using Fast = FwdTraitsFor<kHeadDim, Element>;
+    using Small = FwdTraitsFor<kHeadDim, Element, FwdSmallSmemConfig<kHeadDim>>;
+    static_assert(Small::kSmemBytes <= kSmallSmemPerBlock, "the small-smem config must fit sm_86/sm_89");
+    if constexpr (Fast::kSmemBytes <= kSmallSmemPerBlock) {
+        return launch_fwd<Fast, Is_local, Has_extras>(params, stream);
+    } else {
+        return params.max_smem_per_block >= Fast::kSmemBytes
+                   ? launch_fwd<Fast, Is_local, Has_extras>(params, stream)
+                   : launch_fwd<Small, Is_local, Has_extras>(params, stream);
+    }
+}
+
+}  // namespace flash::sm80

@@ -1,0 +1,29 @@
+// The sm80 family's entry points: the Ampere-class kernels (mma.sync, ldmatrix,
+// cp.async), which run on every GPU from sm_80 on. The binding calls these
+// through its family table (api/family.h); each returns the launch error, if
+// any, and launches on `stream`.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "common/flash.h"
+
+namespace flash::sm80 {
+
+cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream);
+cudaError_t run_bwd(const BwdParams& params, cudaStream_t stream);
+
+// The KV cache (sm80/kvcache/). plan_kvcache completes the plan fields of
+// `params` (pack_gqa, num_splits, decode_wide) for a call that asks for
+// `requested_splits` splits (0: the family picks; more than kMaxKvSplits are
+// clamped) and returns the scratch the forward needs. run_kvcache_append
+// writes the new keys and values (rotary applied) and the rotated queries;
+// run_fwd_kvcache attends over the cache and merges any splits.
+KvcacheWorkspace plan_kvcache(FwdParams& params, int64_t requested_splits);
+cudaError_t run_kvcache_append(const AppendParams& params, cudaStream_t stream);
+cudaError_t run_fwd_kvcache(const FwdParams& params, cudaStream_t stream);
+
+// The compiled head dim that serves `head_dim` (for error messages).
+int kernel_head_dim(int head_dim);
+
+}  // namespace flash::sm80
