@@ -133,6 +133,234 @@ __device__ __forceinline__ void add_dq_share(float* dq_accum, int64_t dq_row_str
     }
 }
 
+// The dK/dV kernel's shared memory (BwdKernelTraits): the block's K and V tiles
+// (read by every step, then reused to stage dK and dV on the way out),
+// kStages stages of Q and dO, the step's query rows' lse and D, and the step's
+// P^T and dS^T tiles, which the dV, dK and dQ GEMMs read back.
+template <typename Traits>
+struct DkDvSmem {
+    // Generic pointers for the fragment stores and the final copy out; shared-
+    // space addresses for cp.async and ldmatrix.
+    char* k_smem_ptr;
+    char* v_smem_ptr;
+    char* p_smem_ptr;   // P^T [keys, queries] of the step
+    char* ds_smem_ptr;  // dS^T [keys, queries] of the step
+    uint32_t k_smem;
+    uint32_t v_smem;
+    uint32_t q_smem0;  // stage s: + s * kSmemStageBytes
+    uint32_t do_smem0;
+    float* lse_log2_smem;  // [kStreamRows]
+    float* dsum_smem;      // [kStreamRows]
+
+    __device__ __forceinline__ explicit DkDvSmem(char* smem)
+        : k_smem_ptr(smem + Traits::kSmemOwnOffset0),
+          v_smem_ptr(smem + Traits::kSmemOwnOffset1),
+          p_smem_ptr(smem + Traits::kSmemPOffset),
+          ds_smem_ptr(smem + Traits::kSmemDsOffset),
+          k_smem(smem_addr(k_smem_ptr)),
+          v_smem(smem_addr(v_smem_ptr)),
+          q_smem0(smem_addr(smem + Traits::kSmemStreamOffset0)),
+          do_smem0(smem_addr(smem + Traits::kSmemStreamOffset1)),
+          lse_log2_smem(reinterpret_cast<float*>(smem + Traits::kSmemRowStatsOffset)),
+          dsum_smem(lse_log2_smem + Traits::kStreamRows) {}
+
+    __device__ __forceinline__ uint32_t q_stage(int stage) const { return q_smem0 + stage * Traits::kSmemStageBytes; }
+    __device__ __forceinline__ uint32_t do_stage(int stage) const { return do_smem0 + stage * Traits::kSmemStageBytes; }
+};
+
+// This thread's place in the dK/dV kernel's warp grid (BwdKernelTraits): its
+// warp's keys (rows of S^T, dK and dV), queries (columns of S^T) and head-dim
+// chunks (n8 tiles of dK and dV).
+template <typename Traits>
+struct DkDvWarp {
+    static constexpr int kWarpKeys = 32;  // two m16 tiles, so each operand read serves both
+    static constexpr int kKeyMTiles = kWarpKeys / 16;
+
+    int lane, warp;
+    int key_row0;    // of the K tile
+    int query_col0;  // of the streamed Q tile
+    int d_chunk0;
+
+    __device__ __forceinline__ explicit DkDvWarp(int tid)
+        : lane(tid % 32),
+          warp(tid / 32),
+          key_row0((warp / Traits::kQueryWarps) * kWarpKeys),
+          query_col0((warp % Traits::kQueryWarps) * Traits::kWarpQueries),
+          d_chunk0((warp % Traits::kQueryWarps) * Traits::kNTilesDkv) {}
+};
+
+// Starts the copies of the block's K and V tiles (keys n0 .. n0 + kOwnRows of
+// KV head head_k): they stay in shared memory for the whole walk.
+template <typename Traits>
+__device__ __forceinline__ void load_key_value_tiles_async(
+    const BwdParams& params, const TileCopy<typename Traits::OwnTile, Traits::kNThreads>& own_copy,
+    const DkDvSmem<Traits>& tiles, int batch, int head_k, const Sequence& seq, int n0) {
+    using Element = typename Traits::Element;
+    const Element* k = static_cast<const Element*>(params.k_ptr) + batch * params.k_batch_stride +
+                       head_k * params.k_head_stride + (seq.k_start + n0) * params.k_row_stride;
+    const Element* v = static_cast<const Element*>(params.v_ptr) + batch * params.v_batch_stride +
+                       head_k * params.v_head_stride + (seq.k_start + n0) * params.v_row_stride;
+    own_copy.load_async(tiles.k_smem, k, params.k_row_stride, seq.seqlen_k - n0, params.head_dim);
+    own_copy.load_async(tiles.v_smem, v, params.v_row_stride, seq.seqlen_k - n0, params.head_dim);
+}
+
+// Starts a step's Q and dO copies (queries m0 .. m0 + kStreamRows of query head
+// `head`) into `stage`, and loads its rows' lse and D into registers, one row
+// per thread: they go to shared memory only when the step begins, since the
+// step before may still be reading its own.
+template <typename Traits>
+__device__ __forceinline__ void load_query_tiles_async(
+    const BwdParams& params, const TileCopy<typename Traits::StreamTile, Traits::kNThreads>& stream_copy,
+    const DkDvSmem<Traits>& tiles, int stage, int batch, int head, const Sequence& seq, int m0, int tid,
+    float& step_lse, float& step_dsum) {
+    using Element = typename Traits::Element;
+    const Element* q = static_cast<const Element*>(params.q_ptr) + batch * params.q_batch_stride +
+                       head * params.q_head_stride + (seq.q_start + m0) * params.q_row_stride;
+    const Element* dout = static_cast<const Element*>(params.do_ptr) + batch * params.do_batch_stride +
+                          head * params.do_head_stride + (seq.q_start + m0) * params.do_row_stride;
+    stream_copy.load_async(tiles.q_stage(stage), q, params.q_row_stride, seq.seqlen_q - m0, params.head_dim);
+    stream_copy.load_async(tiles.do_stage(stage), dout, params.do_row_stride, seq.seqlen_q - m0, params.head_dim);
+    if (tid < Traits::kStreamRows) {
+        const int64_t row = batch * params.lse_batch_stride + head * params.lse_head_stride + seq.q_start + m0 + tid;
+        const bool valid = m0 + tid < seq.seqlen_q;
+        step_lse = valid ? params.lse_ptr[row] : -INFINITY;
+        step_dsum = valid ? params.dsum_ptr[row] : 0.f;
+    }
+}
+
+// The step's P^T for the warp's keys and queries: S^T = K Q^T, softcap and
+// ALiBi (dtanh gets softcap's chain factor), dropout's keep bits, the mask
+// where the tile needs one, then p = exp2(s * scale_log2 - lse_log2).
+template <typename Traits, bool Is_local, bool Has_extras, bool Is_masked>
+__device__ __forceinline__ void probs_transposed(
+    float (&p)[DkDvWarp<Traits>::kKeyMTiles][Traits::kNTilesS][4],
+    float (&dtanh)[Has_extras ? DkDvWarp<Traits>::kKeyMTiles : 1][Traits::kNTilesS][4], uint64_t& keep_bits,
+    const BwdParams& params, const DkDvSmem<Traits>& tiles, const DkDvWarp<Traits>& warp_tile, uint32_t q_smem,
+    int batch, int head, const Window& window, int n0, int m0, bool has_dropout) {
+    using Element = typename Traits::Element;
+    constexpr int kKeyMTiles = DkDvWarp<Traits>::kKeyMTiles;
+    constexpr int kNTilesS = Traits::kNTilesS;
+    const int key_row0 = warp_tile.key_row0;
+    const int query_col0 = warp_tile.query_col0;
+    const int lane = warp_tile.lane;
+    clear(p);
+    gemm_smem_smem<Element, kKeyMTiles, kNTilesS, Traits::kKStepsD, typename Traits::OwnTile,
+                   typename Traits::StreamTile>(p, tiles.k_smem, key_row0, q_smem, query_col0, opaque(lane));
+    if constexpr (Has_extras) {
+        apply_score_extras<true>(p, ScoreExtras(params, batch, head, window.diagonal), n0 + key_row0,
+                                 m0 + query_col0, lane, dtanh);
+        if (has_dropout) {
+            const DropoutRng rng(params.rng_state, batch, params.num_heads, head, params.dropout_threshold);
+            keep_bits = dropout_keep_bits<true, kKeyMTiles, kNTilesS>(rng, n0 + key_row0, m0 + query_col0, lane);
+        }
+    }
+    if constexpr (Is_masked) apply_mask_transposed<Is_local>(p, n0 + key_row0, m0 + query_col0, window, lane);
+    probs_from_scores_by_column(p, tiles.lse_log2_smem + query_col0, params.softmax_scale_log2, lane);
+}
+
+// The warp's part of the step's P^T tile, for dV += P^T dO: only the kept
+// elements under dropout (dV takes 1 / (1 - p) once, at the end).
+template <typename Traits>
+__device__ __forceinline__ void store_probs_transposed(
+    const float (&p)[DkDvWarp<Traits>::kKeyMTiles][Traits::kNTilesS][4], uint64_t keep_bits, bool has_dropout,
+    const DkDvSmem<Traits>& tiles, const DkDvWarp<Traits>& warp_tile) {
+    using Element = typename Traits::Element;
+    using ScoreTile = typename Traits::ScoreTile;
+    constexpr int kKeyMTiles = DkDvWarp<Traits>::kKeyMTiles;
+    constexpr int kNTilesS = Traits::kNTilesS;
+    const int key_row0 = warp_tile.key_row0;
+    const int query_col0 = warp_tile.query_col0;
+    const int lane = warp_tile.lane;
+    if (has_dropout) {
+        float p_kept[kKeyMTiles][kNTilesS][4];
+#pragma unroll
+        for (int mt = 0; mt < kKeyMTiles; ++mt)
+#pragma unroll
+            for (int j = 0; j < kNTilesS; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) p_kept[mt][j][e] = kept(keep_bits, mt, j, e, kNTilesS) ? p[mt][j][e] : 0.f;
+        store_fragment<Element, ScoreTile>(p_kept, tiles.p_smem_ptr, key_row0, query_col0 / 8, lane);
+    } else {
+        store_fragment<Element, ScoreTile>(p, tiles.p_smem_ptr, key_row0, query_col0 / 8, lane);
+    }
+}
+
+// The warp's part of the step's dS^T tile, for dK += dS^T Q and dQ += dS K:
+// dP^T = V dO^T, then dS^T = P^T * (dP^T - D) (dP^T of a dropped element is 0,
+// of a kept one scaled by 1 / (1 - p)), times softcap's 1 - tanh^2.
+template <typename Traits, bool Has_extras>
+__device__ __forceinline__ void store_ds_transposed(
+    const float (&p)[DkDvWarp<Traits>::kKeyMTiles][Traits::kNTilesS][4],
+    const float (&dtanh)[Has_extras ? DkDvWarp<Traits>::kKeyMTiles : 1][Traits::kNTilesS][4], uint64_t keep_bits,
+    bool has_dropout, const BwdParams& params, const DkDvSmem<Traits>& tiles, const DkDvWarp<Traits>& warp_tile,
+    uint32_t do_smem) {
+    using Element = typename Traits::Element;
+    constexpr int kKeyMTiles = DkDvWarp<Traits>::kKeyMTiles;
+    constexpr int kNTilesS = Traits::kNTilesS;
+    const int key_row0 = warp_tile.key_row0;
+    const int query_col0 = warp_tile.query_col0;
+    const int lane = warp_tile.lane;
+    float ds[kKeyMTiles][kNTilesS][4];
+    clear(ds);
+    gemm_smem_smem<Element, kKeyMTiles, kNTilesS, Traits::kKStepsD, typename Traits::OwnTile,
+                   typename Traits::StreamTile>(ds, tiles.v_smem, key_row0, do_smem, query_col0, opaque(lane));
+#pragma unroll
+    for (int j = 0; j < kNTilesS; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const float dsum = tiles.dsum_smem[query_col0 + j * 8 + (lane % 4) * 2 + e % 2];
+#pragma unroll
+            for (int mt = 0; mt < kKeyMTiles; ++mt) {
+                float dp = ds[mt][j][e];
+                if (has_dropout) dp = kept(keep_bits, mt, j, e, kNTilesS) ? dp * params.dropout_rescale : 0.f;
+                ds[mt][j][e] = p[mt][j][e] * (dp - dsum);
+                if constexpr (Has_extras) {
+                    if (params.softcap > 0.f) ds[mt][j][e] *= dtanh[mt][j][e];
+                }
+            }
+        }
+    }
+    store_fragment<Element, typename Traits::ScoreTile>(ds, tiles.ds_smem_ptr, key_row0, query_col0 / 8, lane);
+}
+
+// Epilogue: dK takes the softmax scale and dV dropout's 1 / (1 - p), both left
+// out of every step; they are staged through the K and V tiles (no longer
+// read) and stored with 16-byte writes.
+template <typename Traits, bool Has_dK, bool Has_dV>
+__device__ __forceinline__ void store_dk_dv(float (&dk)[DkDvWarp<Traits>::kKeyMTiles][Traits::kNTilesDkv][4],
+                                            float (&dv)[DkDvWarp<Traits>::kKeyMTiles][Traits::kNTilesDkv][4],
+                                            const BwdParams& params,
+                                            const TileCopy<typename Traits::OwnTile, Traits::kNThreads>& own_copy,
+                                            const DkDvSmem<Traits>& tiles, const DkDvWarp<Traits>& warp_tile, int batch,
+                                            int head_k, const Sequence& seq, int n0, bool has_dropout) {
+    using Element = typename Traits::Element;
+    using OwnTile = typename Traits::OwnTile;
+    const int key_row0 = warp_tile.key_row0;
+    const int d_chunk0 = warp_tile.d_chunk0;
+    const int lane = warp_tile.lane;
+    cp_async_wait<0>();  // with no query tile the K/V copies may still be in flight
+    __syncthreads();     // and every warp is done reading K and V
+    if constexpr (Has_dK) {
+        scale(dk, params.softmax_scale);
+        store_fragment<Element, OwnTile>(dk, tiles.k_smem_ptr, key_row0, d_chunk0, lane);
+    }
+    if constexpr (Has_dV) {
+        if (has_dropout) scale(dv, params.dropout_rescale);
+        store_fragment<Element, OwnTile>(dv, tiles.v_smem_ptr, key_row0, d_chunk0, lane);
+    }
+    __syncthreads();  // every warp's rows are staged
+    if constexpr (Has_dK) {
+        Element* dk_out = static_cast<Element*>(params.dk_ptr) + batch * params.dk_batch_stride +
+                          head_k * params.dk_head_stride + (seq.k_start + n0) * params.dk_row_stride;
+        own_copy.store(tiles.k_smem_ptr, dk_out, params.dk_row_stride, seq.seqlen_k - n0, params.head_dim);
+    }
+    if constexpr (Has_dV) {
+        Element* dv_out = static_cast<Element*>(params.dv_ptr) + batch * params.dv_batch_stride +
+                          head_k * params.dv_head_stride + (seq.k_start + n0) * params.dv_row_stride;
+        own_copy.store(tiles.v_smem_ptr, dv_out, params.dv_row_stride, seq.seqlen_k - n0, params.head_dim);
+    }
+}
+
 // dK and dV for one tile of kOwnRows keys of one KV head: walks the query tiles
 // of every query head that shares the KV head, so the group sum of GQA happens
 // in registers. Has_dK / Has_dV select the gradients of this pass (both at
@@ -141,8 +369,8 @@ __device__ __forceinline__ void add_dq_share(float* dq_accum, int64_t dq_row_str
 // layouts: BwdKernelTraits.
 template <typename Traits, bool Is_local, bool Has_extras, bool Has_dK, bool Has_dV, bool Has_dQ>
 __global__ void __launch_bounds__(Traits::kNThreads) bwd_dk_dv_kernel(const BwdParams params) {
+    static_assert(!Has_dQ || Has_dK, "dQ needs dS, which the dK pass computes");
     using Element = typename Traits::Element;
-    using OwnTile = typename Traits::OwnTile;
     using StreamTile = typename Traits::StreamTile;
     using ScoreTile = typename Traits::ScoreTile;
     constexpr int kOwnRows = Traits::kOwnRows;
@@ -150,27 +378,12 @@ __global__ void __launch_bounds__(Traits::kNThreads) bwd_dk_dv_kernel(const BwdP
     constexpr int kNThreads = Traits::kNThreads;
     constexpr int kNTilesS = Traits::kNTilesS;
     constexpr int kNTilesDkv = Traits::kNTilesDkv;
+    constexpr int kKeyMTiles = DkDvWarp<Traits>::kKeyMTiles;
 
     extern __shared__ __align__(128) char smem[];
-    char* k_smem_ptr = smem + Traits::kSmemOwnOffset0;
-    char* v_smem_ptr = smem + Traits::kSmemOwnOffset1;
-    char* p_smem_ptr = smem + Traits::kSmemPOffset;    // P^T [keys, queries] of the step
-    char* ds_smem_ptr = smem + Traits::kSmemDsOffset;  // dS^T [keys, queries] of the step
-    const uint32_t k_smem = smem_addr(k_smem_ptr);
-    const uint32_t v_smem = smem_addr(v_smem_ptr);
-    const uint32_t q_smem0 = smem_addr(smem + Traits::kSmemStreamOffset0);  // stage s: + s * kSmemStageBytes
-    const uint32_t do_smem0 = smem_addr(smem + Traits::kSmemStreamOffset1);
-    float* lse_log2_smem = reinterpret_cast<float*>(smem + Traits::kSmemRowStatsOffset);  // [kStreamRows]
-    float* dsum_smem = lse_log2_smem + kStreamRows;                                        // [kStreamRows]
-    static_assert(!Has_dQ || Has_dK, "dQ needs dS, which the dK pass computes");
-
+    const DkDvSmem<Traits> tiles(smem);
     const int tid = threadIdx.x;
-    const int lane = tid % 32;
-    const int warp = tid / 32;
-    // The warp's 32 keys, its queries of S^T, and its columns of dK and dV.
-    const int key_row0 = (warp / Traits::kQueryWarps) * 32;
-    const int query_col0 = (warp % Traits::kQueryWarps) * Traits::kWarpQueries;
-    const int d_chunk0 = (warp % Traits::kQueryWarps) * kNTilesDkv;
+    const DkDvWarp<Traits> warp_tile(tid);
     const int n0 = blockIdx.x * kOwnRows;
     const int head_k = blockIdx.y;
     const int batch = blockIdx.z;
@@ -181,18 +394,13 @@ __global__ void __launch_bounds__(Traits::kNThreads) bwd_dk_dv_kernel(const BwdP
     const Window window = window_of(params, seqlen_q, seqlen_k);
     const bool has_dropout = Has_extras && params.rng_state != nullptr;
 
-    const TileCopy<OwnTile, kNThreads> own_copy(tid);
+    const TileCopy<typename Traits::OwnTile, kNThreads> own_copy(tid);
     const TileCopy<StreamTile, kNThreads> stream_copy(tid);
-    const Element* k = static_cast<const Element*>(params.k_ptr) + batch * params.k_batch_stride +
-                       head_k * params.k_head_stride + (seq.k_start + n0) * params.k_row_stride;
-    const Element* v = static_cast<const Element*>(params.v_ptr) + batch * params.v_batch_stride +
-                       head_k * params.v_head_stride + (seq.k_start + n0) * params.v_row_stride;
-    own_copy.load_async(k_smem, k, params.k_row_stride, seqlen_k - n0, params.head_dim);
-    own_copy.load_async(v_smem, v, params.v_row_stride, seqlen_k - n0, params.head_dim);
+    load_key_value_tiles_async<Traits>(params, own_copy, tiles, batch, head_k, seq, n0);
     cp_async_commit();
 
-    float dk[2][kNTilesDkv][4];
-    float dv[2][kNTilesDkv][4];
+    float dk[kKeyMTiles][kNTilesDkv][4];
+    float dv[kKeyMTiles][kNTilesDkv][4];
     clear(dk);
     clear(dv);
 
@@ -206,26 +414,10 @@ __global__ void __launch_bounds__(Traits::kNThreads) bwd_dk_dv_kernel(const BwdP
     const int steps = params.heads_per_kv_head * m_tiles;
     auto head_of = [&](int t) { return head_k * params.heads_per_kv_head + t / m_tiles; };
     auto m0_of = [&](int t) { return (m_begin + t % m_tiles) * kStreamRows; };
-    // Starts step t's Q and dO copies into `stage` and its rows' lse and D loads
-    // into registers (read when the step begins).
-    float step_lse = -INFINITY, step_dsum = 0.f;
+    float step_lse = -INFINITY, step_dsum = 0.f;  // the loading step's row, this thread's
     auto load_step = [&](int t, int stage) {
-        const int head = head_of(t);
-        const int m0 = m0_of(t);
-        const Element* q = static_cast<const Element*>(params.q_ptr) + batch * params.q_batch_stride +
-                           head * params.q_head_stride + (seq.q_start + m0) * params.q_row_stride;
-        const Element* dout = static_cast<const Element*>(params.do_ptr) + batch * params.do_batch_stride +
-                              head * params.do_head_stride + (seq.q_start + m0) * params.do_row_stride;
-        stream_copy.load_async(q_smem0 + stage * Traits::kSmemStageBytes, q, params.q_row_stride, seqlen_q - m0,
-                               params.head_dim);
-        stream_copy.load_async(do_smem0 + stage * Traits::kSmemStageBytes, dout, params.do_row_stride,
-                               seqlen_q - m0, params.head_dim);
-        if (tid < kStreamRows) {
-            const int64_t row = batch * params.lse_batch_stride + head * params.lse_head_stride + seq.q_start + m0 + tid;
-            const bool valid = m0 + tid < seqlen_q;
-            step_lse = valid ? params.lse_ptr[row] : -INFINITY;
-            step_dsum = valid ? params.dsum_ptr[row] : 0.f;
-        }
+        load_query_tiles_async<Traits>(params, stream_copy, tiles, stage, batch, head_of(t), seq, m0_of(t), tid,
+                                       step_lse, step_dsum);
     };
 
     // dQ buffer [B, Sq, H, D] ([total_q, H, D]; fp32, contiguous) of the current query head.
@@ -234,78 +426,31 @@ __global__ void __launch_bounds__(Traits::kNThreads) bwd_dk_dv_kernel(const BwdP
 
     // One step on the tiles in shared memory: q_smem, do_smem, the rows' lse and D.
     auto compute = [&](uint32_t q_smem, uint32_t do_smem, int head, int m0, auto is_masked) {
-        constexpr bool Is_masked = decltype(is_masked)::value;
-        // S^T = K Q^T for the warp's keys and queries, then P^T.
-        float p[2][kNTilesS][4];
-        clear(p);
-        gemm_smem_smem<Element, 2, kNTilesS, Traits::kKStepsD, OwnTile, StreamTile>(p, k_smem, key_row0, q_smem,
-                                                                                     query_col0, opaque(lane));
-        [[maybe_unused]] float dtanh[Has_extras ? 2 : 1][kNTilesS][4];  // softcap's chain factor
+        float p[kKeyMTiles][kNTilesS][4];  // S^T, then P^T
+        [[maybe_unused]] float dtanh[Has_extras ? kKeyMTiles : 1][kNTilesS][4];  // softcap's chain factor
         uint64_t keep_bits = ~uint64_t{0};
-        if constexpr (Has_extras) {
-            apply_score_extras<true>(p, ScoreExtras(params, batch, head, window.diagonal), n0 + key_row0,
-                                     m0 + query_col0, lane, dtanh);
-            if (has_dropout) {
-                const DropoutRng rng(params.rng_state, batch, params.num_heads, head, params.dropout_threshold);
-                keep_bits = dropout_keep_bits<true, 2, kNTilesS>(rng, n0 + key_row0, m0 + query_col0, lane);
-            }
-        }
-        if constexpr (Is_masked) apply_mask_transposed<Is_local>(p, n0 + key_row0, m0 + query_col0, window, lane);
-        probs_from_scores_by_column(p, lse_log2_smem + query_col0, params.softmax_scale_log2, lane);
-        if constexpr (Has_dV) {  // P^T of the kept elements; dV takes 1 / (1 - p) once, at the end
-            if (has_dropout) {
-                float p_kept[2][kNTilesS][4];
-#pragma unroll
-                for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-                    for (int j = 0; j < kNTilesS; ++j)
-#pragma unroll
-                        for (int e = 0; e < 4; ++e)
-                            p_kept[mt][j][e] = kept(keep_bits, mt, j, e, kNTilesS) ? p[mt][j][e] : 0.f;
-                store_fragment<Element, ScoreTile>(p_kept, p_smem_ptr, key_row0, query_col0 / 8, lane);
-            } else {
-                store_fragment<Element, ScoreTile>(p, p_smem_ptr, key_row0, query_col0 / 8, lane);
-            }
-        }
+        probs_transposed<Traits, Is_local, Has_extras, decltype(is_masked)::value>(
+            p, dtanh, keep_bits, params, tiles, warp_tile, q_smem, batch, head, window, n0, m0, has_dropout);
+        if constexpr (Has_dV) store_probs_transposed<Traits>(p, keep_bits, has_dropout, tiles, warp_tile);
         if constexpr (Has_dK) {
-            // dP^T = V dO^T, then dS^T = P^T * (dP^T - D) (dP^T of a dropped
-            // element is 0, of a kept one scaled by 1 / (1 - p)), times softcap's
-            // 1 - tanh^2.
-            float ds[2][kNTilesS][4];
-            clear(ds);
-            gemm_smem_smem<Element, 2, kNTilesS, Traits::kKStepsD, OwnTile, StreamTile>(
-                ds, v_smem, key_row0, do_smem, query_col0, opaque(lane));
-#pragma unroll
-            for (int j = 0; j < kNTilesS; ++j) {
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const float dsum = dsum_smem[query_col0 + j * 8 + (lane % 4) * 2 + e % 2];
-#pragma unroll
-                    for (int mt = 0; mt < 2; ++mt) {
-                        float dp = ds[mt][j][e];
-                        if (has_dropout) dp = kept(keep_bits, mt, j, e, kNTilesS) ? dp * params.dropout_rescale : 0.f;
-                        ds[mt][j][e] = p[mt][j][e] * (dp - dsum);
-                        if constexpr (Has_extras) {
-                            if (params.softcap > 0.f) ds[mt][j][e] *= dtanh[mt][j][e];
-                        }
-                    }
-                }
-            }
-            store_fragment<Element, ScoreTile>(ds, ds_smem_ptr, key_row0, query_col0 / 8, lane);
+            store_ds_transposed<Traits, Has_extras>(p, dtanh, keep_bits, has_dropout, params, tiles, warp_tile,
+                                                    do_smem);
         }
         __syncthreads();  // the whole P^T and dS^T tiles, every warp's part, are in place
 
         if constexpr (Has_dV) {  // dV += P^T dO
-            gemm_smem_kn<Element, false, 2, kNTilesDkv, Traits::kKStepsStream, ScoreTile, StreamTile>(
-                dv, smem_addr(p_smem_ptr), key_row0, do_smem, d_chunk0, opaque(lane));
+            gemm_smem_kn<Element, false, kKeyMTiles, kNTilesDkv, Traits::kKStepsStream, ScoreTile, StreamTile>(
+                dv, smem_addr(tiles.p_smem_ptr), warp_tile.key_row0, do_smem, warp_tile.d_chunk0,
+                opaque(warp_tile.lane));
         }
         if constexpr (Has_dK) {  // dK += dS^T Q (scaled once, at the end)
-            gemm_smem_kn<Element, false, 2, kNTilesDkv, Traits::kKStepsStream, ScoreTile, StreamTile>(
-                dk, smem_addr(ds_smem_ptr), key_row0, q_smem, d_chunk0, opaque(lane));
+            gemm_smem_kn<Element, false, kKeyMTiles, kNTilesDkv, Traits::kKStepsStream, ScoreTile, StreamTile>(
+                dk, smem_addr(tiles.ds_smem_ptr), warp_tile.key_row0, q_smem, warp_tile.d_chunk0,
+                opaque(warp_tile.lane));
         }
         if constexpr (Has_dQ) {
             add_dq_share<Traits>(dq_accum_head, dq_accum_row_stride, m0, seqlen_q, params.head_dim,
-                                 smem_addr(ds_smem_ptr), k_smem, warp, lane);
+                                 smem_addr(tiles.ds_smem_ptr), tiles.k_smem, warp_tile.warp, warp_tile.lane);
         }
     };
 
@@ -323,8 +468,8 @@ __global__ void __launch_bounds__(Traits::kNThreads) bwd_dk_dv_kernel(const BwdP
         cp_async_wait<0>();  // this step's Q and dO (and K, V) have landed
         // Every warp is past step t - 1's P^T/dS^T barrier, so done with its lse and D.
         if (tid < kStreamRows) {
-            lse_log2_smem[tid] = lse_to_log2(step_lse);
-            dsum_smem[tid] = step_dsum;
+            tiles.lse_log2_smem[tid] = lse_to_log2(step_lse);
+            tiles.dsum_smem[tid] = step_dsum;
         }
         __syncthreads();  // the step's tiles and rows are visible; step t - 1 is done everywhere
         if constexpr (Traits::kStages == 2) {
@@ -338,8 +483,8 @@ __global__ void __launch_bounds__(Traits::kNThreads) bwd_dk_dv_kernel(const BwdP
             dq_accum_head = params.dq_accum_ptr + batch * params.dq_accum_batch_stride +
                             (static_cast<int64_t>(seq.q_start) * params.num_heads + head) * params.head_dim;
         }
-        const uint32_t q_smem = q_smem0 + stage * Traits::kSmemStageBytes;
-        const uint32_t do_smem = do_smem0 + stage * Traits::kSmemStageBytes;
+        const uint32_t q_smem = tiles.q_stage(stage);
+        const uint32_t do_smem = tiles.do_stage(stage);
         // Masked only where some query of the tile misses some key: the causal
         // diagonal, window edges, the sequence's last key tile.
         if (tile_is_full<kStreamRows, kOwnRows>(m0, n0, seqlen_q, window)) {
@@ -349,33 +494,63 @@ __global__ void __launch_bounds__(Traits::kNThreads) bwd_dk_dv_kernel(const BwdP
         }
     }
 
-    // Epilogue: stage through the K and V tiles (no longer read) and store.
-    cp_async_wait<0>();  // with no query tile the K/V copies may still be in flight
-    __syncthreads();
-    if constexpr (Has_dK) {
+    store_dk_dv<Traits, Has_dK, Has_dV>(dk, dv, params, own_copy, tiles, warp_tile, batch, head_k, seq, n0,
+                                        has_dropout);
+}
+
+// The forward's lse (in base 2) and D of this thread's two rows of the dQ
+// kernel's fragments, rows g and g + 8 of the warp's 16 from warp_m0 on.
+__device__ __forceinline__ void load_row_stats(float (&lse_log2)[2], float (&dsum)[2], const BwdParams& params,
+                                               int batch, int head, const Sequence& seq, int warp_m0, int lane) {
+    const int64_t row_stats = batch * params.lse_batch_stride + head * params.lse_head_stride + seq.q_start;
 #pragma unroll
-        for (int mt = 0; mt < 2; ++mt)
+    for (int half = 0; half < 2; ++half) {
+        const int row = warp_m0 + half * 8 + lane / 4;
+        lse_log2[half] = lse_log2_of_row(params.lse_ptr + row_stats, row, seq.seqlen_q);
+        dsum[half] = row < seq.seqlen_q ? params.dsum_ptr[row_stats + row] : 0.f;
+    }
+}
+
+// dS = P * (dP - D) in place on the dP fragment, P = exp2(s * scale_log2 -
+// lse_log2) recomputed from the scores (dP of a dropped element is 0, of a
+// kept one scaled by 1 / (1 - p)), times softcap's 1 - tanh^2.
+template <bool Has_extras, int kNTiles, int kDtanhTiles>
+__device__ __forceinline__ void ds_from_dp(float (&ds)[1][kNTiles][4], const float (&p)[1][kNTiles][4],
+                                           const float (&dtanh)[1][kDtanhTiles][4], uint64_t keep_bits,
+                                           const float (&lse_log2)[2], const float (&dsum)[2],
+                                           const BwdParams& params, bool has_dropout) {
 #pragma unroll
-            for (int j = 0; j < kNTilesDkv; ++j)
+    for (int j = 0; j < kNTiles; ++j) {
 #pragma unroll
-                for (int e = 0; e < 4; ++e) dk[mt][j][e] *= params.softmax_scale;
-        store_fragment<Element, OwnTile>(dk, k_smem_ptr, key_row0, d_chunk0, lane);
+        for (int e = 0; e < 4; ++e) {
+            const float prob = exp2_approx(fmaf(p[0][j][e], params.softmax_scale_log2, -lse_log2[e / 2]));
+            float dp = ds[0][j][e];
+            if (has_dropout) dp = kept(keep_bits, 0, j, e, kNTiles) ? dp * params.dropout_rescale : 0.f;
+            ds[0][j][e] = prob * (dp - dsum[e / 2]);
+            if constexpr (Has_extras) {
+                if (params.softcap > 0.f) ds[0][j][e] *= dtanh[0][j][e];
+            }
+        }
     }
-    if constexpr (Has_dV) {
-        if (has_dropout) scale(dv, params.dropout_rescale);
-        store_fragment<Element, OwnTile>(dv, v_smem_ptr, key_row0, d_chunk0, lane);
-    }
-    __syncthreads();
-    if constexpr (Has_dK) {
-        Element* dk_out = static_cast<Element*>(params.dk_ptr) + batch * params.dk_batch_stride +
-                          head_k * params.dk_head_stride + (seq.k_start + n0) * params.dk_row_stride;
-        own_copy.store(k_smem_ptr, dk_out, params.dk_row_stride, seqlen_k - n0, params.head_dim);
-    }
-    if constexpr (Has_dV) {
-        Element* dv_out = static_cast<Element*>(params.dv_ptr) + batch * params.dv_batch_stride +
-                          head_k * params.dv_head_stride + (seq.k_start + n0) * params.dv_row_stride;
-        own_copy.store(v_smem_ptr, dv_out, params.dv_row_stride, seqlen_k - n0, params.head_dim);
-    }
+}
+
+// Epilogue of the dQ kernel: dQ takes the softmax scale, left out of every
+// step, and is staged through the Q tile (no longer read), then stored with
+// 16-byte writes.
+template <typename Traits>
+__device__ __forceinline__ void store_dq(float (&dq)[1][Traits::kNTilesD][4], const BwdParams& params,
+                                         const TileCopy<typename Traits::OwnTile, Traits::kNThreads>& own_copy,
+                                         char* q_smem_ptr, int warp_row0, int lane, int batch, int head,
+                                         const Sequence& seq, int m0) {
+    using Element = typename Traits::Element;
+    cp_async_wait<0>();  // with no key tile the Q and dO copies may still be in flight
+    __syncthreads();     // and every warp is done reading Q
+    scale(dq, params.softmax_scale);
+    store_fragment<Element, typename Traits::OwnTile>(dq, q_smem_ptr, warp_row0, 0, lane);
+    __syncthreads();  // every warp's rows are staged
+    Element* dq_out = static_cast<Element*>(params.dq_ptr) + batch * params.dq_batch_stride +
+                      head * params.dq_head_stride + (seq.q_start + m0) * params.dq_row_stride;
+    own_copy.store(q_smem_ptr, dq_out, params.dq_row_stride, seq.seqlen_q - m0, params.head_dim);
 }
 
 // dQ for one tile of kOwnRows queries of one head: walks the key tiles the
@@ -429,15 +604,8 @@ __global__ void __launch_bounds__(Traits::kNThreads) bwd_dq_kernel(const BwdPara
     own_copy.load_async(do_smem, dout, params.do_row_stride, seqlen_q - m0, params.head_dim);
     cp_async_commit();
 
-    // This thread's two rows (g and g + 8 of the warp's 16).
-    const int64_t row_stats = batch * params.lse_batch_stride + head * params.lse_head_stride + seq.q_start;
-    float lse_log2[2], dsum[2];
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-        const int row = m0 + warp_row0 + half * 8 + lane / 4;
-        lse_log2[half] = lse_log2_of_row(params.lse_ptr + row_stats, row, seqlen_q);
-        dsum[half] = row < seqlen_q ? params.dsum_ptr[row_stats + row] : 0.f;
-    }
+    float lse_log2[2], dsum[2];  // this thread's two rows (g and g + 8 of the warp's 16)
+    load_row_stats(lse_log2, dsum, params, batch, head, seq, m0 + warp_row0, lane);
 
     const KeyTileRange key_tiles = key_tile_range<kOwnRows, kStreamRows>(m0, seqlen_q, window);
 
@@ -472,20 +640,7 @@ __global__ void __launch_bounds__(Traits::kNThreads) bwd_dq_kernel(const BwdPara
         clear(ds);
         gemm_smem_smem<Element, 1, Traits::kNTilesStream, Traits::kKStepsD, OwnTile, StreamTile>(
             ds, do_smem, warp_row0, v_smem, 0, lane);
-#pragma unroll
-        for (int j = 0; j < Traits::kNTilesStream; ++j) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const float prob =
-                    exp2_approx(fmaf(p[0][j][e], params.softmax_scale_log2, -lse_log2[e / 2]));
-                float dp = ds[0][j][e];
-                if (has_dropout) dp = kept(keep_bits, 0, j, e, Traits::kNTilesStream) ? dp * params.dropout_rescale : 0.f;
-                ds[0][j][e] = prob * (dp - dsum[e / 2]);
-                if constexpr (Has_extras) {
-                    if (params.softcap > 0.f) ds[0][j][e] *= dtanh[0][j][e];
-                }
-            }
-        }
+        ds_from_dp<Has_extras>(ds, p, dtanh, keep_bits, lse_log2, dsum, params, has_dropout);
         // dQ += dS K (scaled once, at the end)
         gemm_regs_smem<Element, 1, Traits::kNTilesD, Traits::kKStepsStream, StreamTile>(dq, ds, k_smem, lane);
     };
@@ -494,17 +649,7 @@ __global__ void __launch_bounds__(Traits::kNThreads) bwd_dq_kernel(const BwdPara
     for (; n_block >= key_tiles.full_begin; --n_block) step(n_block, std::false_type{});
     for (; n_block >= key_tiles.n_begin; --n_block) step(n_block, std::true_type{});
 
-    cp_async_wait<0>();
-    __syncthreads();
-#pragma unroll
-    for (int j = 0; j < Traits::kNTilesD; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) dq[0][j][e] *= params.softmax_scale;
-    store_fragment<Element, OwnTile>(dq, q_smem_ptr, warp_row0, 0, lane);
-    __syncthreads();
-    Element* dq_out = static_cast<Element*>(params.dq_ptr) + batch * params.dq_batch_stride +
-                      head * params.dq_head_stride + (seq.q_start + m0) * params.dq_row_stride;
-    own_copy.store(q_smem_ptr, dq_out, params.dq_row_stride, seqlen_q - m0, params.head_dim);
+    store_dq<Traits>(dq, params, own_copy, q_smem_ptr, warp_row0, lane, batch, head, seq, m0);
 }
 
 // dQ = softmax_scale * dq_accum, rounded to the input dtype and written in
