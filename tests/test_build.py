@@ -1,4 +1,6 @@
 """The build's own invariants, checked without a GPU."""
+import importlib.util
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -27,8 +29,52 @@ def test_headdim_switch_matches_generator():
 
 
 def test_kernels_hold_no_torch_headers():
-    """Kernel files stay plain CUDA C++: torch headers belong to the binding only."""
+    """Kernel files stay plain CUDA C++: torch headers belong to the binding (csrc/api/) only."""
     for path in (ROOT / "csrc").rglob("*"):
-        if path.suffix in {".h", ".cuh", ".cu"}:
+        if path.suffix in {".h", ".cuh", ".cu"} and "api" not in path.relative_to(ROOT / "csrc").parts:
             text = path.read_text()
             assert "#include <torch" not in text and "#include <ATen" not in text, path
+
+
+def _setup_module():
+    """setup.py's helpers, without running setup()."""
+    spec = importlib.util.spec_from_file_location("flashattn_setup", ROOT / "setup.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_each_family_compiles_only_for_its_archs():
+    setup = _setup_module()
+    arch_list = "8.0+PTX;8.6;9.0a"
+    assert setup.gencode_flags(arch_list, "sm80") == [
+        "-gencode=arch=compute_80,code=sm_80", "-gencode=arch=compute_80,code=compute_80",
+        "-gencode=arch=compute_86,code=sm_86", "-gencode=arch=compute_90a,code=sm_90a"]
+    assert setup.gencode_flags(arch_list, "sm90") == ["-gencode=arch=compute_90a,code=sm_90a"]
+    assert setup.gencode_flags("8.0", "sm90") == []
+    assert setup.gencode_flags("7.5;8.0", "sm80") == ["-gencode=arch=compute_80,code=sm_80"]
+
+
+def test_every_kernel_source_belongs_to_a_family():
+    """Each .cu file is compiled by its family's rule; only the binding is host code."""
+    setup = _setup_module()
+    for path in (ROOT / "csrc").rglob("*.cu"):
+        assert setup.source_family(str(path)) in setup.FAMILY_ARCHS, path
+    assert setup.source_family("csrc/api/flash_api.cpp") is None
+
+
+def test_kernel_families_have_no_cross_includes():
+    """common/ includes nothing of a family; a family includes no other family."""
+    csrc = ROOT / "csrc"
+    families = [p.name for p in csrc.iterdir() if p.is_dir() and p.name.startswith("sm")]
+    for path in csrc.rglob("*"):
+        if path.suffix not in {".h", ".cuh", ".cu"} or "instantiations" in path.parts:
+            continue
+        includes = re.findall(r'#include "([^"]+)"', path.read_text())
+        owner = path.relative_to(csrc).parts[0]
+        for include in includes:
+            top = include.split("/")[0]
+            if owner == "common":
+                assert top == "common", (path, include)
+            elif owner in families:
+                assert top in {"common", owner}, (path, include)
