@@ -1,31 +1,29 @@
 """What the order of a paged cache's pages costs: decoding (bf16, D = 128, H = 32, Sq = 1) over the
-same keys laid out five ways, timed as bench_decode.py times (do_bench, L2 flushed before each call):
+same keys laid out five ways, timed as benchmarks/decode.py times (do_bench, L2 flushed before each call):
 
   contiguous    the (B, S, Hk, D) cache
   ident16       16-token pages, block table 0, 1, 2, ... (the contiguous cache's addresses)
   local16       16-token pages shuffled within groups of 2 MiB of the pool
-  shuffled16    16-token pages shuffled across the pool (bench_decode.py's paged16)
-  shuffled256   256-token pages shuffled across the pool (bench_decode.py's paged256)
+  shuffled16    16-token pages shuffled across the pool (decode.py's paged16)
+  shuffled256   256-token pages shuffled across the pool (decode.py's paged256)
 
-and SDPA on the contiguous cache. The kernel does the same work in all five (the paged ones look
+and SDPA on the contiguous cache, each layout's output checked as decode.py checks it. The kernel does the same work in all five (the paged ones look
 their pages up in the same way), so what separates ident16 from shuffled16 is how the memory serves
 scattered 16-token pages, not the kernel.
 
-    python benchmarks/decode_layouts.py [--out DIR]
+    python -m benchmarks decode-layouts [--out DIR]
 """
 from __future__ import annotations
-
-import argparse
-import sys
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.arguments import add_out
+from benchmarks.decode import DTYPE, HEAD_DIM, HEADS, check_decode, paged_copy
+from benchmarks.environment import RESULTS_ROOT, header_lines, results_folder, start_gpu_run
 
-from benchmarks.bench_attention import RESULTS_ROOT, cuda_timers, gpu_header  # noqa: E402
-from benchmarks.bench_decode import DTYPE, HEAD_DIM, HEADS, TOLERANCE, paged_copy  # noqa: E402
+PROG = "python -m benchmarks decode-layouts"
+HELP = "GPU: decoding time by page layout into decode_layouts.md"
 
 SHAPES = ((8, 1, 65536), (8, 8, 65536), (8, 8, 262144), (32, 8, 65536))  # (Hk, B, S)
 LAYOUTS = ("contiguous", "ident16", "local16", "shuffled16", "shuffled256")
@@ -42,19 +40,19 @@ def page_order(layout, pages, page_bytes, gen):
                          + torch.rand(pages, generator=gen, device="cuda", dtype=torch.float64))
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=None)
-    args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("decode_layouts.py: needs a CUDA GPU", file=sys.stderr)
-        return 2
+def add_arguments(parser):
+    add_out(parser, "benchmarks/results/decode")
+
+
+def run(args):
     from flashattn import flash_attn_with_kvcache
 
-    timers, timing = cuda_timers({"fwd": (25, 100)})
+    started = start_gpu_run(PROG, {"fwd": (25, 100)})
+    if started is None:
+        return 2
+    timers, header = started
     timer = timers["fwd"]
-    lines = ["# Decoding time by page layout (flash_attn_with_kvcache, us)", ""]
-    lines += [f"- {key}: {value}" for key, value in gpu_header(timing).items()]
+    lines = ["# Decoding time by page layout (flash_attn_with_kvcache, us)", ""] + header_lines(header)
     lines += ["", "| Hk | B | S | SDPA (contiguous) | " + " | ".join(LAYOUTS) + " |",
               "|---|---|---|---|" + "---|" * len(LAYOUTS)]
     failed = False
@@ -65,7 +63,6 @@ def main(argv=None):
         q = torch.randn(batch, 1, HEADS, HEAD_DIM, generator=gen, device="cuda", dtype=DTYPE)
         seqlens = torch.full((batch,), seqlen, device="cuda", dtype=torch.int32)
         qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        ref = F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True).transpose(1, 2)
         cells = [f"{timer(lambda: F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True)) * 1e3:.1f}"]
         for layout in LAYOUTS:
             if layout == "contiguous":
@@ -79,8 +76,8 @@ def main(argv=None):
             def ours():
                 return flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, block_table=table)
 
-            diff = (ours().float() - ref.float()).abs().max().item()
-            if not diff <= TOLERANCE:
+            diff, bound = check_decode(ours, q, k, v)
+            if not diff <= bound:
                 cells.append(f"MISMATCH ({diff:.3g})")
                 failed = True
             else:
@@ -88,15 +85,10 @@ def main(argv=None):
             del k_cache, v_cache
         lines.append(f"| {heads_k} | {batch} | {seqlen} | " + " | ".join(cells) + " |")
         print(lines[-1], flush=True)
-        del k, v, ref
+        del k, v
         torch.cuda.empty_cache()
     text = "\n".join(lines) + "\n"
-    out = args.out or RESULTS_ROOT / "decode"
-    out.mkdir(parents=True, exist_ok=True)
+    out = results_folder(args.out, RESULTS_ROOT / "decode")
     (out / "decode_layouts.md").write_text(text)
     print(text)
     return 1 if failed else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -162,7 +162,7 @@ elif [ "$bench" -eq 1 ]; then
     fi
     banner "benchmark"
     bench_started=$SECONDS
-    "$PY" benchmarks/bench_attention.py --out "$outdir" --features "${quick[@]}" 2>&1 | tee "$outdir/bench.log"
+    "$PY" -m benchmarks sweep --out "$outdir" --features "${quick[@]}" 2>&1 | tee "$outdir/bench.log"
     bench_rc=${PIPESTATUS[0]}
     bench_summary="exit $bench_rc in $((SECONDS - bench_started)) s; results.csv, results.md"
 fi

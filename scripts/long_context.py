@@ -17,7 +17,7 @@ the inputs, and is checked:
   chunks of query rows against the key prefix each chunk sees (which keeps the
   bottom-right causal mask), the chunks' shares of dk and dv summed in fp32.
 
-The bounds are the test suite's (tests/helpers.py): at most 2x (outputs) or 3x
+The bounds are the test suite's (flashattn.testing): at most 2x (outputs) or 3x
 (gradients) the error of the same reference computed in the input dtype, plus
 the error dq and dk inherit from the forward's rounded out, plus a small eps.
 Writes OUTDIR/long_context.md and exits non-zero if a check fails.
@@ -25,22 +25,19 @@ Writes OUTDIR/long_context.md and exits non-zero if a check fails.
 
 import argparse
 import datetime as dt
-import math
 import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from torch import Tensor
 
 import flashattn  # noqa: F401  registers torch.ops.flashattn
 from flashattn.reference import attention_ref
+from flashattn.testing import LSE_EPS, attention_flops, grad_bound, grad_eps, max_abs_diff, output_bound
 
 ROOT = Path(__file__).resolve().parents[1]
 BATCH, HEADS, HEAD_DIM = 1, 8, 128
-OUT_FACTOR, GRAD_FACTOR = 2, 3
-OUT_EPS, LSE_EPS, GRAD_EPS = 1e-5, 1e-4, 1e-4
 SAMPLED_ROWS = 16
 CHUNK_ROWS = 1024  # query rows per reference chunk of the gradient check: [1024, S] fp32 scores
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -76,10 +73,6 @@ class Result:
         return all(check.ok for check in self.checks)
 
 
-def max_abs_diff(a: Tensor, b: Tensor) -> float:
-    return (a.double() - b.double()).abs().max().item()
-
-
 def timed(fn):
     """fn() and its GPU time in seconds."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -110,8 +103,8 @@ def check_forward_rows(q, k, v, out, lse, scale, causal, rows) -> list[Check]:
         lse_err = max(lse_err, max_abs_diff(lse[:, :, row : row + 1], ref_lse))
         lse_lowp_err = max(lse_lowp_err, max_abs_diff(lowp_lse, ref_lse))
     return [
-        Check(f"out ({len(rows)} rows)", out_err, OUT_FACTOR * out_lowp_err + OUT_EPS),
-        Check("lse", lse_err, OUT_FACTOR * lse_lowp_err + LSE_EPS),
+        Check(f"out ({len(rows)} rows)", out_err, output_bound(out_lowp_err)),
+        Check("lse", lse_err, output_bound(lse_lowp_err, eps=LSE_EPS)),
     ]
 
 
@@ -145,11 +138,11 @@ def check_head_grads(q, k, v, out, dout, grads, scale, causal, head) -> list[Che
     one_head = [t[:, :, head : head + 1] for t in (q, k, v, out, dout)]
     ref, inherited = reference_head_grads(*one_head, scale, causal, upcast=True)
     lowp, _ = reference_head_grads(*one_head, scale, causal, upcast=False)
-    eps = GRAD_EPS * max(1.0, scale * math.sqrt(q.shape[-1]))
+    eps = grad_eps(scale, q.shape[-1])
     checks = []
     for name, grad, want, low, inh in zip(("dq", "dk", "dv"), grads, ref, lowp, (*inherited, None)):
         from_out = inh.abs().max().item() if inh is not None else 0.0
-        bound = GRAD_FACTOR * max_abs_diff(low, want) + from_out + eps
+        bound = grad_bound(max_abs_diff(low, want), inherited=from_out, eps=eps)
         checks.append(Check(f"{name} (head {head})", max_abs_diff(grad[:, :, head : head + 1], want), bound))
     return checks
 
@@ -181,9 +174,8 @@ def run_case(seqlen: int, causal: bool, train: bool, dtype: torch.dtype, seed: i
     return result
 
 
-def tflops(seqlen: int, causal: bool, seconds: float, factor: float = 1.0) -> float:
-    flops = 4 * BATCH * HEADS * seqlen * seqlen * HEAD_DIM * factor / (2 if causal else 1)
-    return flops / seconds / 1e12
+def tflops(seqlen: int, causal: bool, seconds: float, pass_: str = "fwd") -> float:
+    return attention_flops(BATCH, HEADS, seqlen, HEAD_DIM, causal, pass_) / seconds / 1e12
 
 
 def markdown(results: list[Result], dtype_name: str) -> str:
@@ -205,7 +197,7 @@ def markdown(results: list[Result], dtype_name: str) -> str:
     ]
     for r in results:
         forward = f"{r.forward_s * 1e3:.0f} ms ({tflops(r.seqlen, r.causal, r.forward_s):.0f} TFLOP/s)"
-        backward = (f"{r.backward_s * 1e3:.0f} ms ({tflops(r.seqlen, r.causal, r.backward_s, 2.5):.0f} TFLOP/s)"
+        backward = (f"{r.backward_s * 1e3:.0f} ms ({tflops(r.seqlen, r.causal, r.backward_s, 'bwd'):.0f} TFLOP/s)"
                     if r.backward_s is not None else "-")
         lines.append(f"| {r.seqlen} | {'yes' if r.causal else 'no'} | {'fwd + bwd' if r.train else 'fwd'} | "
                      f"{forward} | {backward} | {r.peak_gib:.2f} GiB | {'; '.join(map(str, r.checks))} |")

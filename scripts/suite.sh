@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The benchmark suite, the README's main job: sets up the environment and builds
-# flashattn (scripts/env.sh), then runs `python -m benchmarks.suite` with the
+# flashattn (scripts/env.sh), then runs `python -m benchmarks suite` with the
 # given arguments. It writes a report folder, benchmarks/results/<date>-<gpu-slug>/
 # (report.md, CSVs, PNG plots) or --out. On a GPU: speed against SDPA's
 # backends, memory, regimes, kernel launches; on a CPU-only machine: a small
@@ -10,4 +10,4 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
 # shellcheck source=scripts/env.sh
 source scripts/env.sh || exit $?
 
-exec "$PY" -m benchmarks.suite "$@"
+exec "$PY" -m benchmarks suite "$@"

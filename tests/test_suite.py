@@ -1,6 +1,6 @@
-"""The benchmark suite, `python -m benchmarks.suite`, end to end: its smallest CPU run
-writes the report folder with every section and sane numbers; on a GPU, the
-kernel-launch section."""
+"""The benchmarks, `python -m benchmarks`, end to end: the suite's smallest CPU run
+writes the report folder with every section and sane numbers, and its plots can be
+redrawn from its CSVs; on a GPU, the kernel-launch section."""
 
 import csv
 import importlib.util
@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CPU_SECTIONS = ("## Summary", "## Speed", "## Memory", "## Regimes", "## Kernel launches")
@@ -19,7 +20,7 @@ CPU_SECTIONS = ("## Summary", "## Speed", "## Memory", "## Regimes", "## Kernel 
 def run_suite(out: Path, *args: str) -> str:
     """Runs the suite into out; returns its stdout, or fails with its output."""
     proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.suite", "--out", str(out), *args],
+        [sys.executable, "-m", "benchmarks", "suite", "--out", str(out), *args],
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=600,
     )
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
@@ -103,3 +104,57 @@ def test_gpu_profile_counts_fewer_kernels_for_flashattn(tmp_path: Path) -> None:
                for b in ("naive", "flashattn")}
     assert 0 < kernels["flashattn"] < kernels["naive"], kernels
     assert "kernels launched" in (tmp_path / "report.md").read_text()
+
+
+def test_plots_redraw_from_the_csvs_with_the_machine_in_the_title(cpu_run: tuple[Path, str]) -> None:
+    pytest.importorskip("matplotlib")
+    out, _ = cpu_run
+    png = out / "speed_fp32_fwd.png"
+    png.unlink()
+    proc = subprocess.run([sys.executable, "-m", "benchmarks", "plots", str(out)], cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert png.stat().st_size > 0 and "memory.png" in proc.stdout
+
+
+def test_speed_plot_holds_every_series_and_names_the_machine(tmp_path: Path, monkeypatch) -> None:
+    """The shared y range fits the fastest point of any panel, not only the first panel's."""
+    plt = pytest.importorskip("matplotlib.pyplot")
+    from benchmarks.shapes import Shape
+    from benchmarks.suite import plots
+
+    rows = []
+    for headdim, tflops in ((64, 100.0), (128, 500.0)):  # the faster series is in the second panel
+        for seqlen in (512, 1024):
+            row = Shape("cuda", "bf16", False, 1, 8, seqlen, headdim).row("cudnn", "fwd")
+            row.tflops = tflops
+            rows.append(row)
+    drawn = []
+    monkeypatch.setattr(plt, "close", drawn.append)
+    plots.speed(rows, "bf16", "fwd", tmp_path / "speed.png", "bf16 forward\nGPU X, 2026-01-01 UTC")
+    (fig,) = drawn
+    assert all(ax.get_ylim()[1] >= 500.0 for ax in fig.axes)
+    assert "GPU X, 2026-01-01" in fig._suptitle.get_text()
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "paged16"])
+def test_decode_check_passes_the_cpu_path_and_fails_a_wrong_output(layout: str) -> None:
+    from benchmarks.decode import HEAD_DIM, check_decode, paged_copy
+    from flashattn import flash_attn_with_kvcache
+
+    gen = torch.Generator().manual_seed(0)
+    batch, seqlen, heads, heads_k = 3, 64, 4, 2
+    q = torch.randn(batch, 1, heads, HEAD_DIM, generator=gen, dtype=torch.bfloat16)
+    k, v = (torch.randn(batch, seqlen, heads_k, HEAD_DIM, generator=gen, dtype=torch.bfloat16) for _ in range(2))
+    cache_seqlens = torch.full((batch,), seqlen, dtype=torch.int32)
+    k_cache, v_cache, table = k, v, None
+    if layout == "paged16":
+        k_cache, v_cache, table = paged_copy(k, v, 16, torch.randperm(batch * seqlen // 16, generator=gen))
+
+    def ours():
+        return flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=cache_seqlens, block_table=table)
+
+    error, bound = check_decode(ours, q, k, v)
+    assert error <= bound
+    error, bound = check_decode(lambda: ours() * 1.05, q, k, v)
+    assert error > bound

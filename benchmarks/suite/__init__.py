@@ -1,6 +1,6 @@
 """flashattn's benchmark suite: one command, one report folder.
 
-    python -m benchmarks.suite [--quick] [--out DIR] [--sections speed,memory,regimes,profile] [--device cpu]
+    python -m benchmarks suite [--quick] [--out DIR] [--sections speed,memory,regimes,profile] [--device cpu]
 
 (scripts/suite.sh sets up the environment, builds flashattn, then runs it.)
 It writes benchmarks/results/<date>-<gpu-slug>/ (or --out): report.md, a CSV
@@ -15,8 +15,9 @@ is missing). The sections, one module each:
 - regimes.py: batch x sequence length, speedup and memory side by side;
 - launches.py: CUDA kernel launches and time per kernel (torch.profiler).
 
-The measurements themselves are benchmarks/bench_attention.py's; plan.py
-holds every size, report.py the report, plots.py the plots. On a CPU-only
+The measurements themselves are the benchmarks package's (benchmarks/__init__.py
+says where each is); plan.py holds every size, report.py the report, plots.py the
+plots (`python -m benchmarks plots DIR` redraws them from the CSVs). On a CPU-only
 machine the suite runs flashattn's CPU path against the naive reference and
 lists what needs a GPU.
 """

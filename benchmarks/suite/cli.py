@@ -1,57 +1,45 @@
-"""The suite's command line: runs the chosen sections, writes the report folder, prints the summary."""
-import argparse
-import datetime as dt
-import shlex
+"""`python -m benchmarks suite` (scripts/suite.sh): runs the chosen sections, writes the
+report folder, prints the summary."""
 import sys
 import time
 import traceback
-from pathlib import Path
 
-from benchmarks import bench_attention as bench
 from benchmarks import suite as package
+from benchmarks.arguments import add_device, add_out, choice_list
+from benchmarks.environment import cpu_header, dated_folder, gpu_header, pick_device, results_folder, slug
+from benchmarks.speed import cpu_timers
 from benchmarks.suite import launches, memory, plan, plots, regimes, report, speed
+from benchmarks.timing import DEFAULT_SETTINGS, cuda_timers
 
-PROG = "python -m benchmarks.suite"
+PROG = "python -m benchmarks suite"
+HELP = "the benchmark suite: speed, memory, regimes, kernel launches into report.md (scripts/suite.sh)"
 SECTIONS = {"speed": speed, "memory": memory, "regimes": regimes, "profile": launches}
-# do_bench (warmup, rep) in ms per pass: bench_attention.py's defaults.
-TIMING = {p: (bench.FWD_WARMUP_MS, bench.FWD_REP_MS) if p == "fwd" else (bench.GRAD_WARMUP_MS, bench.GRAD_REP_MS)
-          for p in bench.PASSES}
 
 
-def parse_args(argv):
-    p = argparse.ArgumentParser(prog=PROG, description=package.__doc__,
-                                epilog=plan.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(p):
+    p.description, p.epilog = package.__doc__, plan.__doc__
     p.add_argument("--quick", action="store_true",
                    help="the smaller plan: about 2 minutes on an H100 (instead of about 6), under a minute on a CPU")
-    p.add_argument("--out", type=Path, default=None,
-                   help="report folder (default benchmarks/results/<YYYY-MM-DD>-<gpu-slug>, or ...-cpu)")
-    p.add_argument("--sections", default=",".join(SECTIONS),
+    add_out(p, "benchmarks/results/<YYYY-MM-DD>-<gpu-slug>, or ...-cpu")
+    p.add_argument("--sections", type=choice_list(tuple(SECTIONS)), default=list(SECTIONS),
                    help=f"comma list out of {','.join(SECTIONS)} (default: all), run in the order given")
-    p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
-                   help="auto: cuda when a GPU and flashattn's kernels are there, else cpu")
-    args = p.parse_args(argv)
-    args.sections = bench.parse_list(args.sections)
-    unknown = [s for s in args.sections if s not in SECTIONS]
-    if unknown or not args.sections:
-        p.error(f"--sections: got {unknown or 'none'}; accepted: one or more of {', '.join(SECTIONS)}")
-    return args
+    add_device(p)
 
 
-def main(argv=None):
-    argv = sys.argv[1:] if argv is None else argv
-    args = parse_args(argv)
-    device, why_cpu = bench.pick_device(args.device, prog=PROG)
+def run(args):
+    device, why_cpu = pick_device(args.device, PROG)
     chosen = plan.make_plan(device, args.quick)
     if device == "cuda":
-        timers, timing = bench.cuda_timers(TIMING)
-        header = bench.gpu_header(timing)
-        folder = bench.slug(header["GPU"])
+        timers, timing = cuda_timers(DEFAULT_SETTINGS)
+        header = gpu_header(timing)
+        folder, machine = slug(header["GPU"]), header["GPU"]
     else:
-        timers, header, folder = None, bench.cpu_header(why_cpu), "cpu"
-    header["command"] = f"`{shlex.join(PROG.split() + argv)}`"
-    out = args.out or bench.RESULTS_ROOT / f"{dt.datetime.now(dt.timezone.utc):%Y-%m-%d}-{folder}"
-    out.mkdir(parents=True, exist_ok=True)
-    ctx = report.Context(device, chosen, out, timers, plots.missing())
+        timers, header, folder = cpu_timers(chosen.cpu_budget_s), cpu_header(why_cpu), "cpu"
+        machine = header["device"]
+    header["command"] = f"`{args.command_line}`"
+    out = results_folder(args.out, dated_folder(folder))
+    machine += f", {header['date (UTC)']} UTC"
+    ctx = report.Context(device, chosen, out, timers, plots.missing(), machine)
     not_run = [SECTIONS[key].NEEDS_GPU for key in args.sections] if device == "cpu" else []
     announce(ctx, args, why_cpu, not_run)
 
@@ -104,3 +92,4 @@ def announce(ctx, args, why_cpu, not_run):
             print(f"  - {item}", flush=True)
     if ctx.plots_missing:
         print(f"Plots skipped: {ctx.plots_missing}.", flush=True)
+

@@ -9,7 +9,9 @@ import torch
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
-from benchmarks import bench_attention as bench
+from benchmarks.backends import backend_fns, free_cuda_memory, grad_leaves, grad_step
+from benchmarks.shapes import BACKEND_LABELS
+from benchmarks.timing import progress
 from benchmarks.suite.report import Section
 
 TITLE = "Kernel launches"
@@ -48,12 +50,12 @@ def run(ctx):
         section.summary = ["not run: needs a GPU"]
         return section
     work = {backend: profile_training_step(shape, backend) for _, backend in
-            bench.progress([(bench.BACKEND_LABELS[b], b) for b in BACKENDS], "profile")}
+            progress([(BACKEND_LABELS[b], b) for b in BACKENDS], "profile")}
     write_csv(work, ctx.out / "launches.csv")
     section.files.append("launches.csv")
     section.lines = [describe(shape), ""] + totals_table(work) + top_kernels_table(work)
     section.summary = [f"a training step ({shape.label}): " + "; ".join(
-        f"{bench.BACKEND_LABELS[b]} launches {calls(w.kernels)} kernels, {milliseconds(w.kernels):.2f} ms "
+        f"{BACKEND_LABELS[b]} launches {calls(w.kernels)} kernels, {milliseconds(w.kernels):.2f} ms "
         "of kernel time" for b, w in work.items())]
     return section
 
@@ -61,9 +63,9 @@ def run(ctx):
 def profile_training_step(shape, backend):
     """The GPU work of one out = fn(); torch.autograd.grad(out, (q, k, v), dout), after warm-up steps."""
     q, k, v, dout = shape.inputs(count=4)
-    inputs = bench.grad_leaves((q, k, v))
-    fns, contexts = bench.backend_fns(*inputs, shape.causal, 1.0 / math.sqrt(shape.headdim))
-    step = bench.grad_step(fns[backend], inputs, dout, "fwdbwd")
+    inputs = grad_leaves((q, k, v))
+    fns, contexts = backend_fns(*inputs, shape.causal, 1.0 / math.sqrt(shape.headdim))
+    step = grad_step(fns[backend], inputs, dout, "fwdbwd")
     with contexts[backend]():
         for _ in range(WARMUP_STEPS):
             step()
@@ -75,7 +77,7 @@ def profile_training_step(shape, backend):
     for event in prof.events():
         if event.device_type == DeviceType.CUDA and not event.is_user_annotation:
             work.add(event.name, event.time_range.elapsed_us())
-    bench.free_cuda_memory()
+    free_cuda_memory()
     return work
 
 
@@ -87,7 +89,7 @@ def describe(shape):
 
 
 def totals_table(work):
-    names = [bench.BACKEND_LABELS[b] for b in work]
+    names = [BACKEND_LABELS[b] for b in work]
     lines = ["| | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
     rows = (("kernels launched", lambda w: str(calls(w.kernels))),
             ("kernel time, ms", lambda w: f"{milliseconds(w.kernels):.3f}"),
@@ -105,7 +107,7 @@ def top_kernels_table(work):
         total_ms = milliseconds(w.kernels) or 1.0
         top = sorted(w.kernels.items(), key=lambda item: -item[1][1])[:TOP_KERNELS]
         for name, (n, us) in top:
-            lines.append(f"| {bench.BACKEND_LABELS[backend]} | `{short_kernel_name(name)}` | {n} | "
+            lines.append(f"| {BACKEND_LABELS[backend]} | `{short_kernel_name(name)}` | {n} | "
                          f"{us / 1e3:.3f} | {100 * us / 1e3 / total_ms:.0f}% |")
     return lines + [""]
 

@@ -6,7 +6,8 @@ import sys
 
 import torch
 
-from benchmarks import bench_attention as bench
+from benchmarks.peak_memory import memory_rows, peak_memory_row
+from benchmarks.tables import fmt_bytes, memory_table, write_csv
 from benchmarks.suite import plots
 from benchmarks.suite.report import Section, image
 
@@ -25,7 +26,7 @@ def run(ctx):
     for pass_, what in PASSES.items():
         training = pass_ == "fwdbwd"
         shapes = [plan.model.shape(1, seqlen) for seqlen in plan.seqlens]
-        measured = bench.memory_rows(shapes, BACKENDS[ctx.device], training, desc=f"memory, {what}")
+        measured = memory_rows(shapes, BACKENDS[ctx.device], training, desc=f"memory, {what}")
         stop = None
         if plan.probe_budget_s:
             probed, stop = probe(plan, measured, training)
@@ -34,19 +35,24 @@ def run(ctx):
         found = findings(measured, stop, capacity)
         section.summary.append(f"{what}: " + "; ".join(found[:3]))
         section.lines += [f"{what.capitalize()}:", ""] + [f"- {line}" for line in found] + [""]
-    bench.write_csv(rows, ctx.out / "memory.csv")
+    write_csv(rows, ctx.out / "memory.csv")
     section.files.append("memory.csv")
     section.failed = sum(r.backend == "flashattn" and r.status == "error" for r in rows)
     if not ctx.plots_missing:
-        path = ctx.out / "memory.png"
-        model = plan.model
-        title = (f"Peak memory, B=1 H={model.heads} D={model.headdim} {model.dtype} "
-                 f"{'causal' if model.causal else 'non-causal'} (log-log)")
-        plots.memory(rows, path, title, capacity)
+        path, title = draw_plot(rows, capacity, ctx)
         section.lines += [image(path, title), ""]
         section.files.append(path.name)
-    section.lines += bench.memory_table(rows, "fwd") + bench.memory_table(rows, "fwdbwd")
+    section.lines += memory_table(rows, "fwd") + memory_table(rows, "fwdbwd")
     return section
+
+
+def draw_plot(rows, capacity, ctx):
+    """memory.png of the rows (capacity: the card's bytes, or None); returns its (path, title)."""
+    path, first = ctx.out / "memory.png", rows[0]
+    title = (f"Peak memory, B=1 H={first.heads} D={first.headdim} {first.dtype} "
+             f"{'causal' if first.causal else 'non-causal'} (log-log)")
+    plots.memory(rows, path, f"{title}\n{ctx.machine}", capacity)
+    return path, title
 
 
 def describe(plan):
@@ -78,7 +84,7 @@ def probe(plan, measured, training):
                           f"{plan.probe_budget_s:.0f} s budget")
         print(f"[memory probe] flashattn, {PASSES['fwdbwd' if training else 'fwd']}, S={seqlen}",
               file=sys.stderr, flush=True)
-        last = bench.peak_memory_row(plan.model.shape(1, seqlen), "flashattn", training)
+        last = peak_memory_row(plan.model.shape(1, seqlen), "flashattn", training)
         rows.append(last)
         if last.status != "ok":
             return rows, f"the probe stopped: {last.status} at S = {seqlen:,}"
@@ -102,7 +108,7 @@ def findings(rows, stop, capacity):
 
 def naive_limit(rows, ran):
     oom = next((r for r in rows if r.backend == "naive" and r.status == "OOM"), None)
-    longest = f"S = {ran[-1].seqlen:,} with a {bench.fmt_bytes(ran[-1].peak_mem_bytes)} peak" if ran else None
+    longest = f"S = {ran[-1].seqlen:,} with a {fmt_bytes(ran[-1].peak_mem_bytes)} peak" if ran else None
     if oom:
         return f"naive attention runs out of memory at S = {oom.seqlen:,}" + (f" (it ran at {longest})" if ran else "")
     return f"naive attention ran at every S, up to {longest}" if ran else "naive attention did not run: see memory.csv"
@@ -113,7 +119,7 @@ def flashattn_longest(ran, stop):
         return "flashattn did not run: see memory.csv"
     longest = ran[-1]
     took = f", the call took {longest.call_ms / 1e3:.2f} s" if longest.device == "cuda" else ""
-    return (f"flashattn's longest run is S = {longest.seqlen:,} ({bench.fmt_bytes(longest.peak_mem_bytes)} peak{took})"
+    return (f"flashattn's longest run is S = {longest.seqlen:,} ({fmt_bytes(longest.peak_mem_bytes)} peak{took})"
             + (f"; {stop}" if stop else ""))
 
 
@@ -124,6 +130,6 @@ def extrapolation(last_two, capacity):
     if per_token <= 0:
         return "flashattn's peak did not grow between its two longest runs: no extrapolation"
     reach = s2 + (capacity - p2) / per_token
-    return (f"flashattn's peak grows by {bench.fmt_bytes(per_token * 1024)} per 1k tokens between its two "
-            f"longest runs; that line meets the card's {bench.fmt_bytes(capacity)} ({capacity / 2**30:.1f} GiB) at "
+    return (f"flashattn's peak grows by {fmt_bytes(per_token * 1024)} per 1k tokens between its two "
+            f"longest runs; that line meets the card's {fmt_bytes(capacity)} ({capacity / 2**30:.1f} GiB) at "
             f"S ≈ {reach / 2**20:.1f}M tokens (an extrapolation, not a run)")

@@ -25,7 +25,7 @@ with --quick up to 256, 512 and 256. No probe and no profile.
 """
 from dataclasses import dataclass, replace
 
-from benchmarks import bench_attention as bench
+from benchmarks.shapes import CPU_BACKENDS, CPU_HEADDIM, CPU_HEADS, PASSES, Shape, Sweep
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ class Model:
     causal: bool
 
     def shape(self, batch, seqlen):
-        return bench.Shape(self.device, self.dtype, self.causal, batch, self.heads, seqlen, self.headdim)
+        return Shape(self.device, self.dtype, self.causal, batch, self.heads, seqlen, self.headdim)
 
 
 @dataclass(frozen=True)
@@ -63,17 +63,17 @@ class RegimePlan:
 @dataclass(frozen=True)
 class Plan:
     estimate: str                  # the expected wall time, printed when the run starts
-    speed: bench.Sweep
+    speed: Sweep
     memory: MemoryPlan
     regimes: RegimePlan
-    profile: bench.Shape | None    # None: no CUDA kernels to profile
+    profile: Shape | None    # None: no CUDA kernels to profile
     cpu_budget_s: float = 0.0      # CPU: seconds of timed calls per measurement (3 calls at least)
 
 
 GPU_FULL = Plan(
     estimate="about 6 minutes on an H100",
-    speed=bench.Sweep(dtypes=("bf16",), causal=(False, True), headdims=(64, 128, 256),
-                      seqlens=(512, 1024, 2048, 4096, 8192, 16384), passes=bench.PASSES),
+    speed=Sweep(dtypes=("bf16",), causal=(False, True), headdims=(64, 128, 256),
+                      seqlens=(512, 1024, 2048, 4096, 8192, 16384), passes=PASSES),
     memory=MemoryPlan(Model("cuda", heads=8, headdim=128, dtype="bf16", causal=True),
                       seqlens=(1024, 2048, 4096, 8192, 16384, 32768, 65536),
                       probe_budget_s=30.0, probe_max_seqlen=2**20),
@@ -90,12 +90,12 @@ GPU_QUICK = replace(
     regimes=replace(GPU_FULL.regimes, batches=(1, 16), seqlens=(512, 4096)),
 )
 
-CPU_MODEL = Model("cpu", heads=bench.CPU_HEADS, headdim=bench.CPU_HEADDIM, dtype="fp32", causal=True)
+CPU_MODEL = Model("cpu", heads=CPU_HEADS, headdim=CPU_HEADDIM, dtype="fp32", causal=True)
 
 CPU_FULL = Plan(
     estimate="a minute or two",
-    speed=bench.Sweep(dtypes=("fp32",), causal=(False, True), headdims=(bench.CPU_HEADDIM,),
-                      seqlens=(256, 512), passes=bench.PASSES, backends=bench.CPU_BACKENDS),
+    speed=Sweep(dtypes=("fp32",), causal=(False, True), headdims=(CPU_HEADDIM,),
+                seqlens=(256, 512), passes=PASSES, backends=CPU_BACKENDS),
     memory=MemoryPlan(CPU_MODEL, seqlens=(256, 512, 1024, 2048)),
     regimes=RegimePlan(CPU_MODEL, batches=(1, 4), seqlens=(256, 512)),
     profile=None,

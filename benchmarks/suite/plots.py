@@ -1,7 +1,7 @@
 """The suite's PNG plots. matplotlib is optional: without it the report says the plots were skipped."""
 import importlib.util
 
-from benchmarks import bench_attention as bench
+from benchmarks.shapes import BACKEND_LABELS, GPU_BACKENDS
 
 COLORS = {"flashattn": "tab:red", "flash": "tab:blue", "cudnn": "tab:green", "efficient": "tab:purple",
           "naive": "tab:gray"}
@@ -33,25 +33,30 @@ def _seqlen_axis(ax, seqlens):
 
 def speed(rows, dtype, pass_, path, title, unit="TFLOP/s", scale=1.0):
     """Speed against sequence length of one dtype and pass: a subplot per (causal, head
-    dim), a line per backend; points that did not run (OOM, n/a) are left out."""
+    dim), a line per backend; points that did not run (OOM, n/a) are left out.
+
+    The subplots share one y range, from 0 to above the fastest point of any of them:
+    set once all are drawn, since a limit set on one shared axis freezes the others'."""
     plt = _pyplot()
     rows = [r for r in rows if r.kind == "speed" and r.dtype == dtype and r.pass_ == pass_]
     causals = sorted({r.causal for r in rows})
     headdims = sorted({r.headdim for r in rows})
     seqlens = sorted({r.seqlen for r in rows})
     fig, axes = plt.subplots(len(causals), len(headdims), squeeze=False, sharey=True,
-                             figsize=(4.2 * len(headdims), 3.4 * len(causals)), layout="constrained")
+                             figsize=(max(4.2 * len(headdims), 6.4), 3.4 * len(causals)), layout="constrained")
+    top = 0.0
     for ax_row, causal in zip(axes, causals):
         for ax, headdim in zip(ax_row, headdims):
-            for backend in bench.GPU_BACKENDS:
+            for backend in GPU_BACKENDS:
                 points = sorted((r.seqlen, r.tflops * scale) for r in rows if r.backend == backend and
                                 r.causal == causal and r.headdim == headdim and r.status == "ok")
                 if points:
-                    ax.plot(*zip(*points), marker="o", color=COLORS[backend], label=bench.BACKEND_LABELS[backend])
+                    ax.plot(*zip(*points), marker="o", color=COLORS[backend], label=BACKEND_LABELS[backend])
+                    top = max(top, *(speed for _, speed in points))
             _seqlen_axis(ax, seqlens)
             ax.set_title(f"D={headdim}, {'causal' if causal else 'non-causal'}", fontsize=10)
-            ax.set_ylim(bottom=0)
         ax_row[0].set_ylabel(unit)
+    axes[0][0].set_ylim(0, top * 1.08 or 1.0)  # shared: every subplot, with room for the top marker
     for ax in axes[-1]:
         ax.set_xlabel("sequence length S")
     handles, labels = axes[0][0].get_legend_handles_labels()
@@ -73,16 +78,16 @@ def memory(rows, path, title, capacity=None):
     fig, axes = plt.subplots(1, len(passes), squeeze=False, figsize=(6.4 * len(passes), 4.6),
                              layout="constrained")
     for ax, pass_ in zip(axes[0], passes):
-        for backend in bench.GPU_BACKENDS:
+        for backend in GPU_BACKENDS:
             mine = [r for r in rows if r.pass_ == pass_ and r.backend == backend]
             points = sorted((r.seqlen, r.peak_mem_bytes / size) for r in mine if r.status == "ok")
             if not points:
                 continue
-            ax.plot(*zip(*points), marker="o", color=COLORS[backend], label=bench.BACKEND_LABELS[backend])
+            ax.plot(*zip(*points), marker="o", color=COLORS[backend], label=BACKEND_LABELS[backend])
             first_oom = min((r.seqlen for r in mine if r.status == "OOM"), default=None)
             if first_oom:
                 ax.axvline(first_oom, color=COLORS[backend], linestyle=":",
-                           label=f"{bench.BACKEND_LABELS[backend]}: out of memory")
+                           label=f"{BACKEND_LABELS[backend]}: out of memory")
             if backend in ("flashattn", "naive"):
                 _guide(ax, points, power=1 if backend == "flashattn" else 2)
         if capacity:

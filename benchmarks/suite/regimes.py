@@ -1,6 +1,10 @@
 """Regimes: a training step over batch x sequence length, flashattn's speedup over naive
 attention and SDPA's flash backend next to the peak memory of each, in one table."""
-from benchmarks import bench_attention as bench
+from benchmarks.peak_memory import peak_memory_row
+from benchmarks.shapes import BACKEND_LABELS
+from benchmarks.speed import config_rows
+from benchmarks.tables import MEMORY_MEASURED, fmt_bytes, fmt_num, notes_lines, write_csv
+from benchmarks.timing import progress
 from benchmarks.suite.report import Section, ratio_range
 
 TITLE = "Regimes"
@@ -13,37 +17,33 @@ def run(ctx):
     backends = BACKENDS[ctx.device]
     configs = [(f"B={b} S={s}", plan.model.shape(b, s)) for b in plan.batches for s in plan.seqlens]
     rows = []
-    for _, shape in bench.progress(configs, "regimes"):
-        if ctx.device == "cuda":
-            rows += bench.gpu_config_rows(shape, backends, ("fwdbwd",), ctx.timers)
-        else:
-            rows += bench.cpu_config_rows(shape, backends, ("fwdbwd",), ctx.plan.cpu_budget_s)
-        rows += [bench.peak_memory_row(shape, backend, training=True) for backend in backends]
-    bench.write_csv(rows, ctx.out / "regimes.csv")
+    for _, shape in progress(configs, "regimes"):
+        rows += config_rows(shape, backends, ("fwdbwd",), ctx.timers)
+        rows += [peak_memory_row(shape, backend, training=True) for backend in backends]
+    write_csv(rows, ctx.out / "regimes.csv")
     cells = {(r.batch, r.seqlen, r.kind, r.backend): r for r in rows}
     section = Section("regimes", TITLE, files=["regimes.csv"])
     section.failed = sum(r.backend == "flashattn" and r.status in ("error", "mismatch") for r in rows)
-    section.lines = [describe(plan, ctx.device), ""] + table(plan, backends, cells) + bench.notes_lines(rows)
+    section.lines = [describe(plan, ctx.device), ""] + table(plan, backends, cells) + notes_lines(rows)
     section.summary = summary(plan, backends, cells)
     return section
 
 
 def describe(plan, device):
     model = plan.model
-    how = ("the median of the forward + backward pass's timer (see the header), after the gradients are checked "
-           "against flashattn's" if device == "cuda" else
-           "the median of time.perf_counter over 3 calls or more, after the gradients are checked against the "
-           "fp32 reference")
+    timer = ("the forward + backward pass's timer (see the header)" if device == "cuda" else
+             "time.perf_counter over 3 calls or more")
+    how = f"the median of {timer}, after the gradients are checked against the reference with the tests' bound"
     return (f"A training step, out = fn(); torch.autograd.grad(out, (q, k, v), dout), H={model.heads}, "
             f"D={model.headdim}, {model.dtype}, {'causal' if model.causal else 'non-causal'}. Time: {how}. "
             "Speedup over a backend: its time / flashattn's. Peak: the inputs q, k, v, dout plus the step's peak "
-            f"allocation above what was allocated before it ({bench.MEMORY_MEASURED[model.device]}), "
+            f"allocation above what was allocated before it ({MEMORY_MEASURED[model.device]}), "
             "measured on a separate step.")
 
 
 def table(plan, backends, cells):
     others = [b for b in backends if b != "flashattn"]
-    names = {b: bench.BACKEND_LABELS[b] for b in backends}
+    names = {b: BACKEND_LABELS[b] for b in backends}
     head = (["B", "S"] + [f"{names[b]} ms" for b in backends] + [f"speedup over {names[b]}" for b in others]
             + [f"{names[b]} peak" for b in backends] + ["naive / flashattn memory"])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -52,9 +52,9 @@ def table(plan, backends, cells):
             speed = {b: cells[batch, seqlen, "speed", b] for b in backends}
             memory = {b: cells[batch, seqlen, "memory", b] for b in backends}
             line = [str(batch), str(seqlen)]
-            line += [bench.fmt_num(r.median_ms, 2) if r.status == "ok" else r.status for r in speed.values()]
+            line += [fmt_num(r.median_ms, 2) if r.status == "ok" else r.status for r in speed.values()]
             line += [ratio_cell(speed[b], speed["flashattn"], "median_ms") for b in others]
-            line += [bench.fmt_bytes(r.peak_mem_bytes) if r.status == "ok" else r.status for r in memory.values()]
+            line += [fmt_bytes(r.peak_mem_bytes) if r.status == "ok" else r.status for r in memory.values()]
             line.append(ratio_cell(memory["naive"], memory["flashattn"], "peak_mem_bytes"))
             lines.append("| " + " | ".join(line) + " |")
     return lines + [""]
@@ -77,7 +77,7 @@ def summary(plan, backends, cells):
     for other in backends[1:]:
         ratios = [ratio_of(cells[b, s, "speed", other], cells[b, s, "speed", "flashattn"], "median_ms")
                   for b, s in keys]
-        lines.append(f"a training step, flashattn's speedup over {bench.BACKEND_LABELS[other]}: "
+        lines.append(f"a training step, flashattn's speedup over {BACKEND_LABELS[other]}: "
                      f"{ratio_range([r for r in ratios if r is not None])}")
     ratios = [ratio_of(cells[b, s, "memory", "naive"], cells[b, s, "memory", "flashattn"], "peak_mem_bytes")
               for b, s in keys]

@@ -3,6 +3,7 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from benchmarks.environment import header_lines
 from benchmarks.suite.plan import Plan
 
 
@@ -11,8 +12,9 @@ class Context:
     device: str                 # "cuda" or "cpu"
     plan: Plan
     out: Path                   # the report folder
-    timers: dict | None         # CUDA: {pass: fn -> median ms}, from bench_attention.cuda_timers
+    timers: dict                # {pass: fn -> median ms}: benchmarks.timing.cuda_timers, or speed.cpu_timers
     plots_missing: str | None   # why there are no plots, or None
+    machine: str                # the GPU (or CPU) and the date, for the plots' titles
 
 
 @dataclass
@@ -42,8 +44,7 @@ def image(path, alt):
 def render(title, header, not_run, plots_missing, sections):
     """report.md: title, header, what did not run, the summary, then each section."""
     lines = [f"# {title}", ""]
-    lines += [f"- {key}: {value}" for key, value in header.items()]
-    lines.append("")
+    lines += header_lines(header) + [""]
     if not_run:
         lines += ["**Not run on the CPU (needs a GPU with flashattn's CUDA kernels built):**", ""]
         lines += [f"- {item}" for item in not_run] + [""]

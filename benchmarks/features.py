@@ -1,7 +1,8 @@
 """Speed of the options beyond plain attention: variable-length batches, sliding windows, and the cost of
-softcap, ALiBi and dropout. bench_attention.py runs it with --features (GPU only); it also runs alone:
+softcap, ALiBi and dropout (GPU only). `python -m benchmarks sweep --features` runs it after the sweep;
+it also runs alone:
 
-    python benchmarks/bench_features.py [--out DIR] [--quick]
+    python -m benchmarks features [--out DIR] [--quick]
 
 Variable-length batch (bf16, H=16, D=128): a batch of mixed lengths (seeded, 128 to 8192 tokens,
 32k tokens in all), timed as
@@ -26,20 +27,19 @@ Each timed pass is fwd (out = fn()) and fwdbwd (forward and backward of out agai
 """
 from __future__ import annotations
 
-import argparse
-import math
+import csv
 import random
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.arguments import add_out
+from benchmarks.environment import RESULTS_ROOT, header_lines, results_folder, start_gpu_run
+from flashattn.testing import PASS_FLOP_FACTORS, attention_flops
 
-from benchmarks.bench_attention import RESULTS_ROOT, cuda_timers, gpu_header  # noqa: E402
-
+PROG = "python -m benchmarks features"
+HELP = "GPU: variable-length batches, sliding windows, softcap, ALiBi, dropout into features.csv/.md"
 HEADS, HEAD_DIM = 16, 128
 DTYPE = torch.bfloat16
 PASSES = ("fwd", "fwdbwd")
@@ -65,9 +65,9 @@ def mixed_lengths(total, low, high, seed):
     return lengths
 
 
-def useful_flops(lengths, causal, heads=HEADS, head_dim=HEAD_DIM):
-    flops = sum(4 * heads * head_dim * s * s for s in lengths)
-    return flops / 2 if causal else flops
+def useful_flops(lengths, causal):
+    """The forward's FLOPs of attention over each sequence on its own."""
+    return sum(attention_flops(1, HEADS, s, HEAD_DIM, causal) for s in lengths)
 
 
 def timed(timer, fn, pass_, leaves):
@@ -88,7 +88,7 @@ def rows_for(section, case, fns, flops, timers, passes):
     """FeatureRows of every (backend, pass): fns maps backend -> (fn, leaves)."""
     rows = []
     for pass_ in passes:
-        factor = 3.5 if pass_ == "fwdbwd" else 1.0
+        factor = PASS_FLOP_FACTORS[pass_]
         for backend, (fn, leaves) in fns.items():
             try:
                 ms = timed(timers[pass_], fn, pass_, leaves)
@@ -243,7 +243,6 @@ def markdown(rows):
 
 
 def write_csv(rows, path):
-    import csv
     with open(path, "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(["section", "case", "backend", "pass", "median_ms", "tflops", "note"])
@@ -253,25 +252,20 @@ def write_csv(rows, path):
                              "" if r.tflops is None else f"{r.tflops:.2f}", r.note])
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=None)
+def add_arguments(parser):
+    add_out(parser, "benchmarks/results/features")
     parser.add_argument("--quick", action="store_true", help="half the tokens and sequence lengths")
-    args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("bench_features.py: needs a CUDA GPU", file=sys.stderr)
+
+
+def run(args):
+    started = start_gpu_run(PROG, {"fwd": (25, 100), "fwdbwd": (25, 100)})
+    if started is None:
         return 2
-    timers, timing = cuda_timers({"fwd": (25, 100), "fwdbwd": (25, 100)})
-    header = gpu_header(timing)
+    timers, header = started
     rows = feature_rows(timers, args.quick)
-    out = args.out or RESULTS_ROOT / "features"
-    out.mkdir(parents=True, exist_ok=True)
-    text = "\n".join([f"# Feature benchmarks", ""] + [f"- {k}: {v}" for k, v in header.items()] + ["", markdown(rows)])
+    out = results_folder(args.out, RESULTS_ROOT / "features")
+    text = "\n".join(["# Feature benchmarks", ""] + header_lines(header) + ["", markdown(rows)])
     (out / "features.md").write_text(text)
     write_csv(rows, out / "features.csv")
     print(text)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

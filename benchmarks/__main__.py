@@ -1,0 +1,36 @@
+"""The one runner of flashattn's benchmarks: `python -m benchmarks COMMAND [options]`, from the
+repository root (`python -m benchmarks COMMAND --help` lists a command's options)."""
+import argparse
+import shlex
+import sys
+
+from benchmarks import decode, decode_layouts, decode_overhead, features, sweep
+from benchmarks.suite import cli as suite
+from benchmarks.suite import redraw
+
+COMMANDS = {
+    "suite": suite,
+    "sweep": sweep,
+    "features": features,
+    "decode": decode,
+    "decode-layouts": decode_layouts,
+    "decode-overhead": decode_overhead,
+    "plots": redraw,
+}
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, module in COMMANDS.items():
+        command = commands.add_parser(name, help=module.HELP, description=module.__doc__,
+                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+        module.add_arguments(command)
+        command.set_defaults(run=module.run)
+    args = parser.parse_args(argv)
+    args.command_line = shlex.join(["python", "-m", "benchmarks", *argv])
+    return args.run(args)
+
+
+sys.exit(main())

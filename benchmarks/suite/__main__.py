@@ -1,5 +1,0 @@
-import sys
-
-from benchmarks.suite.cli import main
-
-sys.exit(main())

@@ -1,0 +1,103 @@
+"""What the tests, the benchmarks and scripts/long_context.py share: the FLOP count of
+attention and the error bound that decides whether an output is correct.
+
+The bound (the project's testing rule): against an accurate reference (fp32; float64
+for fp32 inputs), our error may be at most twice the error of PyTorch doing the same
+math in the same low precision (attention_ref with upcast=False), three times for
+gradients, whose low-precision error compounds over more products:
+
+    max|ours - ref| <= max(2 * max|torch_same_dtype - ref|, rounding floor) + eps
+
+The rounding floor is one unit in the last place of the result's dtype (see
+rounding_floor); gradients may add the error that FlashAttention's backward inherits
+from the forward's rounded out (tests/helpers.py and scripts/long_context.py compute
+it). Nothing here needs a GPU.
+"""
+
+import math
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "GRAD_EPS",
+    "GRAD_FACTOR",
+    "LSE_EPS",
+    "OUT_EPS",
+    "OUT_FACTOR",
+    "PASS_FLOP_FACTORS",
+    "attention_flops",
+    "grad_bound",
+    "grad_eps",
+    "max_abs_diff",
+    "output_bound",
+    "reference_dtype",
+    "rounding_floor",
+]
+
+OUT_FACTOR = 2
+GRAD_FACTOR = 3
+# PyTorch's own error can be exactly 0 (one key per query, fp32); the eps keep the
+# bound above our fp32 rounding there.
+OUT_EPS = 1e-5
+LSE_EPS = 1e-4
+# Where PyTorch's low-precision gradient is exact (one key: the softmax's gradient
+# is exactly 0), ours still carries fp32 rounding: sums of O(10) terms of O(10)
+# differ by ~1e-6 when added in another order. 1e-4 covers that at the default
+# softmax_scale and is far below any bf16/fp16 error on gradients of standard
+# normal inputs (~1e-3 and up).
+GRAD_EPS = 1e-4
+
+# FLOPs of a pass in units of the forward's: the backward runs five GEMMs of the
+# forward's size (S = Q K^T recomputed, dV, dP, dK, dQ) where the forward runs two.
+PASS_FLOP_FACTORS = {"fwd": 1.0, "bwd": 2.5, "fwdbwd": 3.5}
+
+
+def attention_flops(batch: int, heads: int, seqlen: int, headdim: int, causal: bool, pass_: str = "fwd") -> float:
+    """4*B*H*S*S*D (two GEMMs of 2*S*S*D each), halved for causal (Sq == Sk), times the
+    pass's factor (PASS_FLOP_FACTORS: fwd 1, bwd 2.5, fwdbwd 3.5)."""
+    flops = 4 * batch * heads * seqlen * seqlen * headdim * PASS_FLOP_FACTORS[pass_]
+    return flops / 2 if causal else flops
+
+
+def reference_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype of the accurate reference for inputs of dtype: fp32, or float64 for fp32
+    inputs, whose "same precision" PyTorch run is the fp32 reference itself."""
+    return torch.float64 if dtype == torch.float32 else torch.float32
+
+
+def max_abs_diff(a: Tensor, b: Tensor) -> float:
+    return (a.double() - b.double()).abs().max().item() if a.numel() else 0.0
+
+
+def rounding_floor(reference: Tensor, dtype: torch.dtype) -> float:
+    """One unit in the last place of dtype at the reference's largest magnitude (0 for fp32).
+
+    Storing a result in a 16-bit dtype rounds it by up to half a unit, so two correct
+    implementations can differ by one; on a handful of elements (hypothesis shrinks to
+    Sq = Sk = 2, head dim 1) PyTorch's own error can land far below that by luck, and
+    twice it is no bound. The bounds take the larger of the two: on the regular sweep
+    PyTorch's error is already of this size, so the factor decides there.
+    """
+    if dtype == torch.float32 or reference.numel() == 0:
+        return 0.0
+    return torch.finfo(dtype).eps * reference.abs().max().item()
+
+
+def grad_eps(softmax_scale: float, head_dim: int) -> float:
+    """GRAD_EPS, for a scale that makes dP = dO v^T and dq, dk = scale * (dS k, dS^T q) larger
+    than the default scale 1/sqrt(headdim) does, scaled up alike."""
+    return GRAD_EPS * max(1.0, softmax_scale * math.sqrt(head_dim))
+
+
+def output_bound(lowp_error: float, floor: float = 0.0, eps: float = OUT_EPS) -> float:
+    """The largest error an output (out, or the LSE with eps=LSE_EPS) may have: OUT_FACTOR
+    times lowp_error, PyTorch's own same-dtype error, at least floor (rounding_floor), plus eps."""
+    return max(OUT_FACTOR * lowp_error, floor) + eps
+
+
+def grad_bound(lowp_error: float, floor: float = 0.0, inherited: float = 0.0, eps: float = GRAD_EPS) -> float:
+    """The largest error a gradient may have: GRAD_FACTOR times lowp_error, PyTorch's own
+    same-dtype error, at least floor (rounding_floor), plus the error it inherits from the
+    forward's out (0 for dv), plus eps (grad_eps for another softmax_scale)."""
+    return max(GRAD_FACTOR * lowp_error, floor) + inherited + eps
