@@ -11,7 +11,7 @@ algorithm on CPU tensors. The naive reference used by tests and benchmarks is
 """
 
 from . import nn  # the modules: flashattn.nn.MultiheadAttention, MHA, ...
-from ._extension import HAS_CUDA_KERNELS, NOT_BUILT_REASON, cuda_available, cuda_unavailable_reason
+from ._extension import HAS_CUDA_KERNELS, NOT_BUILT_REASON, cuda_available, cuda_unavailable_reason, kernel_family
 from .interface import (
     flash_attn_func,
     flash_attn_kvpacked_func,
@@ -40,6 +40,7 @@ __all__ = [
     "flash_attn_varlen_kvpacked_func",
     "flash_attn_varlen_qkvpacked_func",
     "flash_attn_with_kvcache",
+    "kernel_family",
     "nn",
     "pad_input",
     "unpad_input",

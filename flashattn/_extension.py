@@ -1,7 +1,9 @@
 """Loads the compiled CUDA kernels, ``flashattn._C``, or says why they are absent.
 
-Importing ``flashattn._C`` registers the CUDA implementation of the operators
-(``TORCH_LIBRARY`` in csrc/flash_api.cpp). Three outcomes, none silent:
+Importing ``flashattn._C`` registers the CUDA implementations of the operators
+(``TORCH_LIBRARY_IMPL`` in csrc/api/flash_api.cpp) for the schemas that
+flashattn.ops defines, so flashattn.ops is imported first. Three outcomes, none
+silent:
 
 * no ``_C`` at all: the package was installed without a CUDA toolkit or with a
   CPU-only torch. Everything works on CPU tensors; ``NOT_BUILT_REASON`` says
@@ -20,11 +22,14 @@ from types import ModuleType
 
 import torch
 
+from . import ops  # noqa: F401  defines the schemas that flashattn._C registers CUDA kernels for
+
 __all__ = [
     "HAS_CUDA_KERNELS",
     "NOT_BUILT_REASON",
     "cuda_available",
     "cuda_unavailable_reason",
+    "kernel_family",
     "unsupported_gpu_reason",
 ]
 
@@ -127,3 +132,14 @@ def cuda_unavailable_reason() -> str | None:
 def cuda_available() -> bool:
     """Whether flash_attn_func can run on the current CUDA device."""
     return cuda_unavailable_reason() is None
+
+
+def kernel_family(device: torch.device | int | str | None = None) -> str:
+    """The kernel family that serves calls on a CUDA device (default: the current
+    one): "sm80" today (csrc/sm80/, mma.sync). The binding picks it from the
+    compute capability; FLASHATTN_FAMILY forces one (README, "Kernel families")."""
+    reason = cuda_unavailable_reason()
+    if reason is not None:
+        raise RuntimeError(reason)
+    index = torch.cuda.current_device() if device is None else torch.cuda._get_device_index(device)
+    return importlib.import_module("flashattn._C").kernel_family(index)

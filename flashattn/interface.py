@@ -1,11 +1,13 @@
 """flash_attn_func and friends: the public functions, with FlashAttention-2's signatures.
 
-Each checks its arguments (an error names the argument, what was given and
-what is accepted), prepares the inputs the CUDA kernels need (head-dim padding,
-row alignment) and runs torch.ops.flashattn.fwd. The operator is
-differentiable (flashattn.ops registers its autograd formula, which runs
-flashattn::bwd on the saved q, k, v, out and LSE), so the padding and copies
-made here are differentiated by autograd like any other tensor operation.
+Each checks its Python arguments (their types, the options' values and
+combinations; an error names the argument, what was given and what is
+accepted), unpacks packed tensors, zero-pads head dims for the CUDA kernels and
+runs torch.ops.flashattn.fwd, whose implementations check the tensors: which
+layer checks what is tabled in README.md, "Where each argument is checked".
+The operator is differentiable (flashattn.ops registers its autograd formula,
+which runs flashattn::bwd on the saved q, k, v, out and LSE), so the padding
+made here is differentiated by autograd like any other tensor operation.
 
 Two layouts: padded batches, q (batch, seqlen_q, nheads, headdim), for
 flash_attn_func and its packed twins; variable-length batches, q
@@ -14,15 +16,17 @@ and its packed twins (flashattn.padding converts a padding mask to that layout).
 """
 
 import math
+import re
 from numbers import Integral, Real
-from typing import NamedTuple
+from typing import Callable, NamedTuple, TypeVar
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import ops  # registers torch.ops.flashattn.fwd and .bwd
+from . import cpu
 from ._extension import HAS_CUDA_KERNELS, NOT_BUILT_REASON, unsupported_gpu_reason
+from .cpu import MAX_HEAD_DIM
 
 __all__ = [
     "flash_attn_func",
@@ -33,13 +37,8 @@ __all__ = [
     "flash_attn_varlen_qkvpacked_func",
 ]
 
-MAX_HEAD_DIM = 256
-CUDA_DTYPES = (torch.float16, torch.bfloat16)
-CPU_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-# The kernel moves 16-byte chunks, 8 elements of fp16/bf16: head dims and row
-# starts must be multiples of that.
+# The kernels move 16-byte chunks, 8 elements of fp16/bf16: head dims must be multiples of that.
 _KERNEL_CHUNK_ELEMS = 8
-_KERNEL_CHUNK_BYTES = 16
 # A window side at least this wide is unbounded for any sequence the kernels take
 # (lengths fit int32), and the binding takes window sides as int32.
 _MAX_WINDOW = 2**31 - 1
@@ -47,23 +46,7 @@ _MAX_WINDOW = 2**31 - 1
 # reproduces them and a CUDA graph's replay draws fresh ones.
 _RNG_STATE_HIGH = 2**62
 
-_Q_LAYOUT = "(batch, seqlen_q, nheads, headdim)"
-_KV_LAYOUT = "(batch, seqlen_k, nheads_k, headdim)"
-_VARLEN_Q_LAYOUT = "(total_q, nheads, headdim)"
-_VARLEN_KV_LAYOUT = "(total_k, nheads_k, headdim)"
-
-
-class _Varlen(NamedTuple):
-    """The checked description of a variable-length batch."""
-
-    cu_seqlens_q: Tensor  # int32 [B + 1], contiguous, on q's device
-    cu_seqlens_k: Tensor
-    max_seqlen_q: int  # or a SymInt under torch.compile
-    max_seqlen_k: int
-
-    @property
-    def batch(self) -> int:
-        return self.cu_seqlens_q.shape[0] - 1
+_Result = TypeVar("_Result")
 
 
 def flash_attn_func(
@@ -133,9 +116,9 @@ def flash_attn_func(
     start or strides other than the last are not multiples of 8 elements is
     copied. Everything else is read in place, e.g. slices of a packed qkv.
     """
-    _check_qkv(q, k, v, ("q", "k", "v"))
+    _check_tensors(q=q, k=k, v=v)
     return _attention(
-        q, k, v, None, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+        q, k, v, None, _NAMES, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
         return_attn_probs,
     )  # fmt: skip
 
@@ -158,9 +141,9 @@ def flash_attn_qkvpacked_func(
     """
     _check_packed("qkv", qkv, 5, 3, "(batch, seqlen, 3, nheads, headdim)")
     q, k, v = qkv.unbind(dim=2)
-    _check_qkv(q, k, v, ("qkv[:, :, 0]", "qkv[:, :, 1]", "qkv[:, :, 2]"))
+    names = {**_NAMES, "q": "qkv[:, :, 0]", "k": "qkv[:, :, 1]", "v": "qkv[:, :, 2]"}
     return _attention(
-        q, k, v, None, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+        q, k, v, None, names, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
         return_attn_probs,
     )  # fmt: skip
 
@@ -184,9 +167,10 @@ def flash_attn_kvpacked_func(
     """
     _check_packed("kv", kv, 5, 2, "(batch, seqlen_k, 2, nheads_k, headdim)")
     k, v = kv.unbind(dim=2)
-    _check_qkv(q, k, v, ("q", "kv[:, :, 0]", "kv[:, :, 1]"))
+    _check_tensors(q=q)
+    names = {**_NAMES, "k": "kv[:, :, 0]", "v": "kv[:, :, 1]"}
     return _attention(
-        q, k, v, None, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+        q, k, v, None, names, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
         return_attn_probs,
     )  # fmt: skip
 
@@ -251,13 +235,12 @@ def flash_attn_varlen_func(
             "flashattn: block_table (a paged KV cache) is not implemented yet in flash_attn_varlen_func; "
             "only block_table=None is supported"
         )
-    _check_qkv(q, k, v, ("q", "k", "v"), varlen=True)
-    varlen = _check_varlen(
-        q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-        ("cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k"),
-    )  # fmt: skip
+    _check_tensors(q=q, k=k, v=v)
+    _check_tensors(_OFFSETS, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
+    names = _NAMES
+    varlen = _varlen(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, names)
     return _attention(
-        q, k, v, varlen, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+        q, k, v, varlen, names, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
         return_attn_probs,
     )  # fmt: skip
 
@@ -283,12 +266,12 @@ def flash_attn_varlen_qkvpacked_func(
     """
     _check_packed("qkv", qkv, 4, 3, "(total, 3, nheads, headdim)")
     q, k, v = qkv.unbind(dim=1)
-    _check_qkv(q, k, v, ("qkv[:, 0]", "qkv[:, 1]", "qkv[:, 2]"), varlen=True)
-    varlen = _check_varlen(
-        q, k, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, ("cu_seqlens", "cu_seqlens", "max_seqlen", "max_seqlen")
-    )
+    _check_tensors(_OFFSETS, cu_seqlens=cu_seqlens)
+    names = {"q": "qkv[:, 0]", "k": "qkv[:, 1]", "v": "qkv[:, 2]", **dict.fromkeys(_CU_SEQLENS, "cu_seqlens"),
+             **dict.fromkeys(_MAX_SEQLEN, "max_seqlen")}  # fmt: skip
+    varlen = _varlen(q, k, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, names)
     return _attention(
-        q, k, v, varlen, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+        q, k, v, varlen, names, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
         return_attn_probs,
     )  # fmt: skip
 
@@ -316,13 +299,12 @@ def flash_attn_varlen_kvpacked_func(
     """
     _check_packed("kv", kv, 4, 2, "(total_k, 2, nheads_k, headdim)")
     k, v = kv.unbind(dim=1)
-    _check_qkv(q, k, v, ("q", "kv[:, 0]", "kv[:, 1]"), varlen=True)
-    varlen = _check_varlen(
-        q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-        ("cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k"),
-    )  # fmt: skip
+    _check_tensors(q=q)
+    _check_tensors(_OFFSETS, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
+    names = {**_NAMES, "k": "kv[:, 0]", "v": "kv[:, 1]"}
+    varlen = _varlen(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, names)
     return _attention(
-        q, k, v, varlen, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+        q, k, v, varlen, names, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
         return_attn_probs,
     )  # fmt: skip
 
@@ -331,7 +313,8 @@ def _attention(
     q: Tensor,
     k: Tensor,
     v: Tensor,
-    varlen: _Varlen | None,
+    varlen: "_Varlen | None",
+    names: dict[str, str],
     dropout_p: object,
     softmax_scale: object,
     causal: object,
@@ -341,13 +324,17 @@ def _attention(
     deterministic: object,
     return_attn_probs: object,
 ) -> Tensor | tuple[Tensor, Tensor, Tensor]:
-    """Checks the options and runs the forward on checked q, k and v: out, or (out, lse, S_dmask)."""
-    batch = q.shape[0] if varlen is None else varlen.batch
-    _check_options(q, batch, dropout_p, window_size, softcap, alibi_slopes)
-    scale = _resolve_softmax_scale(softmax_scale, q.shape[-1])
+    """Checks the options and runs the forward: out, or (out, lse, S_dmask). The tensors are the
+    operator's to check; its errors name them as the caller passed them (`names`)."""
+    _check_implementation(q, names["q"])
+    _check_dropout_p(dropout_p)
+    _check_window_size(window_size)
+    _check_softcap(softcap)
+    _check_tensors(alibi_slopes=alibi_slopes, optional=True)
+    scale = _resolve_softmax_scale(softmax_scale, q.shape[-1] if q.dim() else 1)
     rng_state = _new_rng_state(q.device) if dropout_p > 0 else None
     options = {
-        "window_size": tuple(window_size),
+        "window_size": _window_sides(window_size),
         "softcap": float(softcap),
         "alibi_slopes": alibi_slopes,
         "dropout_p": float(dropout_p),
@@ -355,7 +342,7 @@ def _attention(
     }
     if varlen is not None:
         options.update(varlen._asdict())
-    out, softmax_lse = _flash_attn_forward(q, k, v, scale, bool(causal), bool(deterministic), **options)
+    out, softmax_lse = _named(names, _flash_attn_forward, q, k, v, scale, bool(causal), bool(deterministic), **options)
     if not return_attn_probs:
         return out
     return out, softmax_lse, _attn_probs(q, k, softmax_lse, scale, bool(causal), **options)
@@ -364,6 +351,13 @@ def _attention(
 def _new_rng_state(device: torch.device) -> Tensor:
     """A fresh dropout seed and offset, int64 (2,) on device, from torch's default generator there."""
     return torch.randint(0, _RNG_STATE_HIGH, (2,), dtype=torch.int64, device=device)
+
+
+def _window_sides(window_size: tuple[int, int]) -> tuple[int, int]:
+    """(left, right) as the operator takes them: Python ints, -1 for an unbounded side. A side at
+    least _MAX_WINDOW wide is unbounded for any sequence the kernels take (the kernels bound every
+    side by the sequence, csrc/common/mask.cuh)."""
+    return tuple(-1 if side >= _MAX_WINDOW else int(side) for side in window_size)
 
 
 def _flash_attn_forward(
@@ -384,27 +378,41 @@ def _flash_attn_forward(
     max_seqlen_q: int = 0,
     max_seqlen_k: int = 0,
 ) -> tuple[Tensor, Tensor]:
-    """Runs the operator on checked inputs: out and softmax_lse ([B, Sq, H, D] and [B, H, Sq], or
-    [total_q, H, D] and [H, total_q] with cu_seqlens).
+    """Runs the operator: out and softmax_lse ([B, Sq, H, D] and [B, H, Sq], or [total_q, H, D]
+    and [H, total_q] with cu_seqlens).
 
     The forward of every public function; tests call it to see the LSE and to
-    pass their own rng_state (dropout_p > 0 needs one). On CUDA it pads and
-    aligns the inputs as flash_attn_func describes. out is differentiable in q,
-    k and v; `deterministic` picks the backward's path.
+    pass their own rng_state (dropout_p > 0 needs one). On CUDA it pads the
+    head dim as flash_attn_func describes (the binding copies rows the kernels
+    cannot read in place). out is differentiable in q, k and v; `deterministic`
+    picks the backward's path.
     """
-    left, right = (min(side, _MAX_WINDOW) for side in window_size)
+    left, right = _window_sides(window_size)
     if alibi_slopes is not None:
         alibi_slopes = alibi_slopes.contiguous()  # the kernels read (batch, nheads) with a row stride only
-    if cu_seqlens_q is not None:
+    if cu_seqlens_q is not None and cu_seqlens_k is not None:
         cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
     options = (softcap, alibi_slopes, dropout_p, rng_state, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    if not q.is_cuda:
+    pad = _head_dim_padding(q, k, v)
+    if not pad:
         return torch.ops.flashattn.fwd(q, k, v, softmax_scale, causal, deterministic, left, right, *options)
     head_dim = q.shape[-1]
-    pad = -head_dim % _KERNEL_CHUNK_ELEMS
-    q, k, v = (_kernel_layout(t, pad) for t in (q, k, v))
+    # A fresh tensor: zero columns change neither q @ k^T nor any other column of the output or the gradients.
+    q, k, v = (F.pad(t, (0, pad)) for t in (q, k, v))
     out, softmax_lse = torch.ops.flashattn.fwd(q, k, v, softmax_scale, causal, deterministic, left, right, *options)
     return out[..., :head_dim], softmax_lse
+
+
+def _head_dim_padding(q: Tensor, k: Tensor, v: Tensor) -> int:
+    """How many zero columns bring the head dim of CUDA q, k and v to the multiple of 8 the kernels
+    read; 0 on CPU, and for inputs that padding would not make valid (head dims that differ or are
+    out of range): those reach the operator as given, whose error then shows the caller's shapes."""
+    if not q.is_cuda or min(q.dim(), k.dim(), v.dim()) == 0:
+        return 0
+    head_dim = q.shape[-1]
+    if not (k.shape[-1] == head_dim and v.shape[-1] == head_dim and 0 < head_dim <= MAX_HEAD_DIM):
+        return 0
+    return -head_dim % _KERNEL_CHUNK_ELEMS
 
 
 @torch.no_grad()
@@ -429,7 +437,7 @@ def _attn_probs(
     outside each sequence (read on the host: a sync on CUDA)."""
     options = (*window_size, softcap, alibi_slopes, dropout_p, rng_state)
     if cu_seqlens_q is None:
-        return ops.attention_probs(q, k, softmax_lse, softmax_scale, causal, *options)
+        return cpu.attention_probs(q, k, softmax_lse, softmax_scale, causal, *options)
     num_heads = q.shape[1]
     batch = cu_seqlens_q.shape[0] - 1
     probs = q.new_zeros((batch, num_heads, int(max_seqlen_q), int(max_seqlen_k)), dtype=torch.float32)
@@ -437,45 +445,74 @@ def _attn_probs(
     for b in range(batch):
         rows, keys = slice(starts_q[b], starts_q[b + 1]), slice(starts_k[b], starts_k[b + 1])
         slopes = alibi_slopes[b : b + 1] if alibi_slopes is not None and alibi_slopes.dim() == 2 else alibi_slopes
-        probs[b, :, : rows.stop - rows.start, : keys.stop - keys.start] = ops.attention_probs(
+        probs[b, :, : rows.stop - rows.start, : keys.stop - keys.start] = cpu.attention_probs(
             q[rows][None], k[keys][None], softmax_lse[:, rows][None], softmax_scale, causal,
             *window_size, softcap, slopes, dropout_p, rng_state, batch_start=b,
         )[0]  # fmt: skip
     return probs
 
 
-def _kernel_layout(t: Tensor, pad: int) -> Tensor:
-    """t, whose last dimension is contiguous (checked), as the CUDA kernels read it: head dim
-    zero-padded by `pad` (zero columns change neither q @ k^T nor any other column of the
-    output or the gradients), rows 16-byte aligned."""
-    if pad:
-        return F.pad(t, (0, pad))  # a fresh, hence aligned, tensor
-    if _rows_aligned(t):
-        return t
-    # clone, not contiguous(): a contiguous tensor at an odd storage offset stays misaligned.
-    return t.clone(memory_format=torch.contiguous_format)
+_NAMES = {"q": "q", "k": "k", "v": "v"}
+_CU_SEQLENS = ("cu_seqlens_q", "cu_seqlens_k")
+_MAX_SEQLEN = ("max_seqlen_q", "max_seqlen_k")
+_OFFSETS = "an int32 tensor of shape (batch + 1,): the offsets of the sequences"
+# The operator's names of its parameters in its messages; not after "but ", where q is the tensor that
+# the others must agree with ("k has dtype ... but q has ..."), named q whatever the caller passed.
+_OPERATOR_NAMES = re.compile(
+    r"(?<![\w\[.])(?<!but )(" + "|".join((*_NAMES, *_CU_SEQLENS, *_MAX_SEQLEN)) + r")(?![\w\[])"
+)
 
 
-def _rows_aligned(t: Tensor) -> bool:
-    """Whether every row of t starts on a 16-byte boundary."""
-    strides_ok = all(
-        size <= 1 or stride % _KERNEL_CHUNK_ELEMS == 0 for size, stride in zip(t.shape[:-1], t.stride()[:-1])
-    )
-    if torch.compiler.is_compiling():
-        # Traced tensors have no address (and a view's storage offset may not be
-        # traceable): the binding copies a misaligned start itself.
-        return strides_ok
-    return strides_ok and t.data_ptr() % _KERNEL_CHUNK_BYTES == 0
+def _named(names: dict[str, str], run: Callable[..., _Result], *args, **kwargs) -> _Result:
+    """run(*args, **kwargs), whose errors from the operator name its parameters (q, k, v,
+    cu_seqlens_q, ...), with those errors naming the caller's arguments instead (qkv[:, :, 0] for
+    q, ...): same type, same message otherwise. (Under torch.compile the errors come from the fake
+    implementation, as they are.)"""
+    renamed = {op_name: name for op_name, name in names.items() if op_name != name}
+    if not renamed or torch.compiler.is_compiling():
+        return run(*args, **kwargs)
+    try:
+        return run(*args, **kwargs)
+    except (TypeError, ValueError, RuntimeError) as err:
+        if len(err.args) == 1 and isinstance(err.args[0], str):
+            err.args = (_OPERATOR_NAMES.sub(lambda m: renamed.get(m.group(1), m.group(1)), err.args[0]),)
+        raise
 
 
-def _check_options(
-    q: Tensor, batch: int, dropout_p: object, window_size: object, softcap: object, alibi_slopes: object
-) -> None:
-    """Every option's value, checked as FlashAttention-2 checks them: an error names the option."""
-    _check_dropout_p(dropout_p)
-    _check_window_size(window_size)
-    _check_softcap(softcap)
-    _check_alibi_slopes(alibi_slopes, q, batch)
+def _check_implementation(q: Tensor, name: str) -> None:
+    """That an implementation runs on q's device: the CPU one, or the built CUDA kernels on a GPU
+    they support. (Which other tensors are where is the operator's to check.)"""
+    if q.device.type not in ("cpu", "cuda"):
+        raise RuntimeError(f"flashattn: {name} is on {q.device}; accepted devices: cpu, cuda")
+    if q.is_cuda:
+        _check_cuda_ready(q.device)
+
+
+def _check_cuda_ready(device: torch.device) -> None:
+    if not HAS_CUDA_KERNELS:
+        raise RuntimeError(NOT_BUILT_REASON)
+    reason = unsupported_gpu_reason(device)
+    if reason is not None:
+        raise RuntimeError(reason)
+
+
+def _check_tensors(accepted: str = "a torch.Tensor", optional: bool = False, **arguments: object) -> None:
+    """That each argument is a torch.Tensor (or None, with `optional`): the type of a Python argument;
+    the tensors themselves (device, dtype, shape, strides) are the operator's to check."""
+    for name, value in arguments.items():
+        if optional and value is None:
+            continue
+        if not isinstance(value, Tensor):
+            raise TypeError(f"flashattn: {name} must be {'None or ' if optional else ''}{accepted}, "
+                            f"got {type(value).__name__}")
+
+
+def _check_packed(name: str, packed: object, rank: int, count: int, layout: str) -> None:
+    """packed is a `rank`-D tensor holding `count` tensors in the dimension before the heads."""
+    if not isinstance(packed, Tensor):
+        raise TypeError(f"flashattn: {name} must be a torch.Tensor, got {type(packed).__name__}")
+    if packed.dim() != rank or packed.shape[rank - 3] != count:
+        raise ValueError(f"flashattn: {name} must have shape {layout}, got {tuple(packed.shape)}")
 
 
 def _is_real(x: object) -> bool:
@@ -509,146 +546,34 @@ def _check_softcap(softcap: object) -> None:
         raise ValueError(f"flashattn: softcap must be a finite number >= 0 (0: no capping), got {softcap}")
 
 
-def _check_alibi_slopes(alibi_slopes: object, q: Tensor, batch: int | None = None) -> None:
-    """None, or fp32 slopes of shape (nheads,) or (batch, nheads) on q's device; batch defaults to
-    padded q's (a variable-length batch passes its number of sequences)."""
-    if alibi_slopes is None:
-        return
-    batch = q.shape[0] if batch is None else batch
-    num_heads = q.shape[-2]
-    accepted = f"a float32 tensor of shape (nheads,) = ({num_heads},) or (batch, nheads) = ({batch}, {num_heads})"
-    if not isinstance(alibi_slopes, Tensor):
-        raise TypeError(f"flashattn: alibi_slopes must be {accepted}, got {type(alibi_slopes).__name__}")
-    if alibi_slopes.dtype != torch.float32:
-        raise TypeError(f"flashattn: alibi_slopes must be {accepted}, got dtype {alibi_slopes.dtype}")
-    if alibi_slopes.shape not in ((num_heads,), (batch, num_heads)):
-        raise ValueError(f"flashattn: alibi_slopes must be {accepted}, got shape {tuple(alibi_slopes.shape)}")
-    if alibi_slopes.device != q.device:
-        raise RuntimeError(
-            f"flashattn: alibi_slopes is on {alibi_slopes.device} but q is on {q.device}; they must be on one device"
-        )
+class _Varlen(NamedTuple):
+    """The operator's arguments of a variable-length batch."""
+
+    cu_seqlens_q: Tensor
+    cu_seqlens_k: Tensor
+    max_seqlen_q: int  # or a SymInt under torch.compile
+    max_seqlen_k: int
 
 
-def _check_packed(name: str, packed: object, rank: int, count: int, layout: str) -> None:
-    """packed is a `rank`-D tensor holding `count` tensors in the dimension before the heads."""
-    if not isinstance(packed, Tensor):
-        raise TypeError(f"flashattn: {name} must be a torch.Tensor, got {type(packed).__name__}")
-    if packed.dim() != rank or packed.shape[rank - 3] != count:
-        raise ValueError(f"flashattn: {name} must have shape {layout}, got {tuple(packed.shape)}")
-
-
-def _check_qkv(q: object, k: object, v: object, names: tuple[str, str, str], varlen: bool = False) -> None:
-    """Every check of q, k and v, in the order a user would want to hear about them."""
-    rank = 3 if varlen else 4
-    q_layout, kv_layout = (_VARLEN_Q_LAYOUT, _VARLEN_KV_LAYOUT) if varlen else (_Q_LAYOUT, _KV_LAYOUT)
-    layouts = (q_layout, kv_layout, kv_layout)
-    for name, t, layout in zip(names, (q, k, v), layouts):
-        if not isinstance(t, Tensor):
-            raise TypeError(f"flashattn: {name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dim() != rank:
-            raise ValueError(f"flashattn: {name} must be {rank}-D {layout}, got shape {tuple(t.shape)}")
-    _check_device_and_dtype(q, k, v, names)
-    _check_shapes(q, k, v, names, layouts[1])
-
-
-def _check_device_and_dtype(q: Tensor, k: Tensor, v: Tensor, names: tuple[str, str, str]) -> None:
-    q_name = names[0]
-    for name, t in zip(names[1:], (k, v)):
-        if t.device != q.device:
-            raise RuntimeError(
-                f"flashattn: {name} is on {t.device} but {q_name} is on {q.device}; "
-                "q, k and v must be on one device"
-            )
-    if q.device.type not in ("cpu", "cuda"):
-        raise RuntimeError(f"flashattn: {q_name} is on {q.device}; accepted devices: cpu, cuda")
-    accepted = CUDA_DTYPES if q.is_cuda else CPU_DTYPES
-    if q.dtype not in accepted:
-        raise TypeError(
-            f"flashattn: {q_name} has dtype {q.dtype}; accepted on {q.device.type}: "
-            + ", ".join(str(dtype) for dtype in accepted)
-        )
-    for name, t in zip(names[1:], (k, v)):
-        if t.dtype != q.dtype:
-            raise TypeError(
-                f"flashattn: {name} has dtype {t.dtype} but {q_name} has {q.dtype}; "
-                "q, k and v must share one dtype"
-            )
-    if q.is_cuda:
-        _check_cuda_ready(q.device)
-
-
-def _check_cuda_ready(device: torch.device) -> None:
-    if not HAS_CUDA_KERNELS:
-        raise RuntimeError(NOT_BUILT_REASON)
-    reason = unsupported_gpu_reason(device)
-    if reason is not None:
-        raise RuntimeError(reason)
-
-
-def _check_shapes(q: Tensor, k: Tensor, v: Tensor, names: tuple[str, str, str], kv_layout: str) -> None:
-    """Shapes of padded (4-D: batch sizes must agree) or variable-length (3-D) q, k and v."""
-    q_name, k_name, v_name = names
-    shapes = f"{q_name} {tuple(q.shape)}, {k_name} {tuple(k.shape)}, {v_name} {tuple(v.shape)}"
-    num_heads, head_dim = q.shape[-2:]
-    num_heads_k = k.shape[-2]
-    heads_dim = q.dim() - 2
-    if q.dim() == 4 and (k.shape[0] != q.shape[0] or v.shape[0] != q.shape[0]):
-        raise ValueError(f"flashattn: batch sizes differ ({shapes}); they must be equal")
-    if k.shape != v.shape:
-        raise ValueError(f"flashattn: {k_name} and {v_name} must have the same shape {kv_layout}, got {shapes}")
-    if k.shape[-1] != head_dim:
-        raise ValueError(f"flashattn: head dims differ ({shapes}); q, k and v must share one headdim")
-    if not 1 <= head_dim <= MAX_HEAD_DIM:
-        raise ValueError(
-            f"flashattn: headdim {head_dim} ({shapes}) is not supported; accepted: 1 to {MAX_HEAD_DIM}"
-        )
-    if num_heads_k == 0 or num_heads % num_heads_k != 0:
-        raise ValueError(
-            f"flashattn: the number of query heads ({q_name}.shape[{heads_dim}] = {num_heads}) must be a multiple "
-            f"of the number of key/value heads ({k_name}.shape[{heads_dim}] = {num_heads_k})"
-        )
-    for name, t in zip(names, (q, k, v)):
-        if t.stride(-1) != 1:
-            raise ValueError(
-                f"flashattn: the last dimension of {name} must be contiguous (stride 1), got strides "
-                f"{t.stride()}; call .contiguous() on it first"
-            )
-
-
-def _check_varlen(
+def _varlen(
     q: Tensor,
     k: Tensor,
-    cu_seqlens_q: object,
-    cu_seqlens_k: object,
+    cu_seqlens_q: Tensor,
+    cu_seqlens_k: Tensor,
     max_seqlen_q: object,
     max_seqlen_k: object,
-    names: tuple[str, str, str, str],
+    names: dict[str, str],
 ) -> _Varlen:
-    """cu_seqlens_* and max_seqlen_* checked (their values on CPU only: see flash_attn_varlen_func)."""
-    cu_q_name, cu_k_name, max_q_name, max_k_name = names
-    for name, cu in ((cu_q_name, cu_seqlens_q), (cu_k_name, cu_seqlens_k)):
-        accepted = "an int32 tensor of shape (batch + 1,): the offsets of the sequences"
-        if not isinstance(cu, Tensor):
-            raise TypeError(f"flashattn: {name} must be {accepted}, got {type(cu).__name__}")
-        if cu.dtype != torch.int32:
-            raise TypeError(f"flashattn: {name} must be {accepted}, got dtype {cu.dtype}")
-        if cu.dim() != 1 or cu.shape[0] == 0:
-            raise ValueError(f"flashattn: {name} must be {accepted}, got shape {tuple(cu.shape)}")
-        if cu.device != q.device:
-            raise RuntimeError(
-                f"flashattn: {name} is on {cu.device} but q is on {q.device}; it must be on q's device"
-            )
-    if cu_seqlens_q.shape != cu_seqlens_k.shape:
-        raise ValueError(
-            f"flashattn: {cu_q_name} {tuple(cu_seqlens_q.shape)} and {cu_k_name} {tuple(cu_seqlens_k.shape)} "
-            "must have the same length (batch + 1)"
-        )
-    max_q = _check_max_seqlen(max_q_name, max_seqlen_q, q.shape[0])
-    max_k = _check_max_seqlen(max_k_name, max_seqlen_k, k.shape[0])
-    if not q.is_cuda and not torch.compiler.is_compiling():
-        _check_offsets(cu_q_name, cu_seqlens_q, q.shape[0], "q", max_q_name, max_q)
-        _check_offsets(cu_k_name, cu_seqlens_k, k.shape[0], "k", max_k_name, max_k)
+    """max_seqlen_* checked and read as ints (the offsets are the operator's to check: see
+    flash_attn_varlen_func)."""
+    max_q = _check_max_seqlen(names.get("max_seqlen_q", "max_seqlen_q"), max_seqlen_q, _rows(q))
+    max_k = _check_max_seqlen(names.get("max_seqlen_k", "max_seqlen_k"), max_seqlen_k, _rows(k))
     return _Varlen(cu_seqlens_q, cu_seqlens_k, max_q, max_k)
+
+
+def _rows(t: Tensor) -> int:
+    """The rows of packed t (0 for a 0-d tensor, which the operator refuses)."""
+    return t.shape[0] if t.dim() else 0
 
 
 def _check_max_seqlen(name: str, value: object, rows: int) -> int:
@@ -675,33 +600,11 @@ def _check_max_seqlen(name: str, value: object, rows: int) -> int:
     return int(value)
 
 
-def _check_offsets(
-    name: str, cu_seqlens: Tensor, rows: int, tensor_name: str, max_name: str, max_seqlen: int
-) -> None:
-    """The values of CPU offsets: 0 first, nondecreasing, within the rows of the tensor, lengths <= max_seqlen."""
-    offsets = cu_seqlens.tolist()
-    if offsets[0] != 0:
-        raise ValueError(f"flashattn: {name} must start at 0, got {name}[0] = {offsets[0]}")
-    lengths = [stop - start for start, stop in zip(offsets, offsets[1:])]
-    if any(length < 0 for length in lengths):
-        raise ValueError(f"flashattn: {name} must be nondecreasing, got {offsets}")
-    if offsets[-1] > rows:
-        raise ValueError(
-            f"flashattn: {name}[-1] = {offsets[-1]} is past the {rows} rows of {tensor_name}; "
-            f"{name} must end at most at {tensor_name}.shape[0]"
-        )
-    longest = max(lengths, default=0)
-    if isinstance(max_seqlen, int) and longest > max_seqlen:
-        raise ValueError(
-            f"flashattn: {max_name} = {max_seqlen} is less than the longest sequence of {name} ({longest}); "
-            f"it must be at least every sequence's length"
-        )
-
-
 def _resolve_softmax_scale(softmax_scale: object, head_dim: int) -> float:
-    """softmax_scale checked, or 1/sqrt(headdim) of the unpadded head dim when None."""
+    """softmax_scale checked, or 1/sqrt(headdim) of the unpadded head dim when None (1.0 for a head
+    dim of 0, which the operator refuses)."""
     if softmax_scale is None:
-        return head_dim**-0.5
+        return max(head_dim, 1) ** -0.5
     if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, Real):
         raise TypeError(
             "flashattn: softmax_scale must be a positive finite number or None, "

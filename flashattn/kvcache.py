@@ -1,11 +1,12 @@
 """Inference over a KV cache: flash_attn_with_kvcache, apply_rotary_emb, and a small cache for generation loops.
 
-``torch.ops.flashattn.fwd_kvcache`` (schema KVCACHE_SCHEMA) writes the new keys and values into the
-cache in place (rotary applied to them and to the queries first, if given) and attends from q to each
-sequence's cached keys; flash_attn_with_kvcache checks its arguments and calls it. On CUDA it runs
-flashattn's kernels (an append kernel, then the forward over the cache, contiguous or paged, split
-across the key sequence and merged by log-sum-exp when that fills the GPU better); on CPU tensors a
-PyTorch implementation of the same semantics, built on the blockwise CPU forward.
+``torch.ops.flashattn.fwd_kvcache`` (schema flashattn.ops.KVCACHE_SCHEMA) writes the new keys and values
+into the cache in place (rotary applied to them and to the queries first, if given) and attends from q to
+each sequence's cached keys; flash_attn_with_kvcache checks its Python arguments and calls it. On CUDA it
+runs flashattn's kernels (an append kernel, then the forward over the cache, contiguous or paged, split
+across the key sequence and merged by log-sum-exp when that fills the GPU better); on CPU tensors
+_fwd_kvcache_cpu below, a PyTorch implementation of the same semantics on the blockwise CPU forward. Each
+implementation checks the tensors it receives (README.md, "Where each argument is checked").
 """
 
 from __future__ import annotations
@@ -16,24 +17,12 @@ from numbers import Integral
 import torch
 from torch import Tensor
 
-from . import ops  # noqa: F401  the flashattn::fwd operator the CPU path runs
-from ._extension import HAS_CUDA_KERNELS
-from .interface import CUDA_DTYPES, CPU_DTYPES, MAX_HEAD_DIM, _check_alibi_slopes, _check_cuda_ready
-from .interface import _check_softcap, _check_window_size, _resolve_softmax_scale
+from .cpu import MAX_HEAD_DIM, check_alibi_slopes, check_index_tensor, check_same_device, check_tensor
+from .interface import _check_implementation, _check_softcap, _check_tensors, _check_window_size
+from .interface import _resolve_softmax_scale, _window_sides
+from .ops import KVCACHE_SCHEMA
 
 __all__ = ["KVCACHE_SCHEMA", "KVCache", "apply_rotary_emb", "flash_attn_with_kvcache"]
-
-# The Python copy of the schema; csrc/flash_api.cpp holds the C++ one (tests/test_kvcache.py compares).
-KVCACHE_SCHEMA = (
-    "fwd_kvcache(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor? k, Tensor? v, Tensor? rotary_cos, "
-    "Tensor? rotary_sin, Tensor cache_seqlens, Tensor? cache_batch_idx, Tensor? cache_leftpad, "
-    "Tensor? block_table, float softmax_scale, bool causal, int window_left, int window_right, float softcap, "
-    "bool rotary_interleaved, Tensor? alibi_slopes, int num_splits) -> (Tensor out, Tensor softmax_lse)"
-)
-
-if not HAS_CUDA_KERNELS:
-    _lib = torch.library.Library("flashattn", "FRAGMENT")
-    _lib.define(KVCACHE_SCHEMA)
 
 
 def apply_rotary_emb(
@@ -133,119 +122,97 @@ def flash_attn_with_kvcache(
     trap before anything is read or written out of bounds (the error surfaces at the next
     synchronisation; the CUDA context is then unusable); on CPU the same checks raise ValueError.
     """
-    _check_kvcache_args(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_batch_idx, cache_leftpad,
-                        block_table, num_splits)
+    _check_tensors(q=q, k_cache=k_cache, v_cache=v_cache)
+    _check_tensors(optional=True, k=k, v=v, rotary_cos=rotary_cos, rotary_sin=rotary_sin,
+                   cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad, block_table=block_table,
+                   alibi_slopes=alibi_slopes)
+    _check_implementation(q, "q")
     _check_window_size(window_size)
     _check_softcap(softcap)
-    _check_alibi_slopes(alibi_slopes, q)
-    batch = q.shape[0]
-    scale = _resolve_softmax_scale(softmax_scale, q.shape[-1])
-    capacity = block_table.shape[1] * k_cache.shape[1] if block_table is not None else k_cache.shape[1]
-    cache_seqlens = _seqlens_tensor(cache_seqlens, batch, capacity, q.device)
-    if q.is_cuda:
-        _check_cuda_ready(q.device)
-    else:
-        _check_cpu_values(k_cache, k, cache_seqlens, cache_batch_idx, cache_leftpad, block_table, rotary_cos, q,
-                          causal, window_size)
+    if not isinstance(num_splits, Integral) or isinstance(num_splits, bool) or num_splits < 0:
+        raise ValueError(f"flashattn: num_splits must be an int >= 0 (0: automatic), got {num_splits!r}")
+    scale = _resolve_softmax_scale(softmax_scale, q.shape[-1] if q.dim() else 1)
+    cache_seqlens = _seqlens_tensor(cache_seqlens, q, k_cache, block_table)
+    window_left, window_right = _window_sides(window_size)
     out, lse = torch.ops.flashattn.fwd_kvcache(
         q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
-        block_table, scale, bool(causal), int(window_size[0]), int(window_size[1]), float(softcap),
-        bool(rotary_interleaved), alibi_slopes, int(num_splits),
+        block_table, scale, bool(causal), window_left, window_right, float(softcap), bool(rotary_interleaved),
+        alibi_slopes, int(num_splits),
     )
     return (out, lse) if return_softmax_lse else out
 
 
-def _seqlens_tensor(cache_seqlens: object, batch: int, capacity: int, device: torch.device) -> Tensor:
-    if cache_seqlens is None:
-        return torch.full((batch,), capacity, dtype=torch.int32, device=device)
-    if isinstance(cache_seqlens, Integral) and not isinstance(cache_seqlens, bool):
-        if not 0 <= cache_seqlens <= capacity:
-            raise ValueError(f"flashattn: cache_seqlens={cache_seqlens} is outside [0, {capacity}] (the cache's rows)")
-        return torch.full((batch,), int(cache_seqlens), dtype=torch.int32, device=device)
-    if not isinstance(cache_seqlens, Tensor):
+def _seqlens_tensor(cache_seqlens: object, q: Tensor, k_cache: Tensor, block_table: Tensor | None) -> Tensor:
+    """cache_seqlens as the operator takes it: a (batch,) int32 tensor (a tensor passes as it is)."""
+    if isinstance(cache_seqlens, Tensor):
+        return cache_seqlens
+    if cache_seqlens is not None and (not isinstance(cache_seqlens, Integral) or isinstance(cache_seqlens, bool)):
         raise TypeError(f"flashattn: cache_seqlens must be an int or a (batch,) int32 tensor, got "
                         f"{type(cache_seqlens).__name__}")
-    _check_index("cache_seqlens", cache_seqlens, (batch,), device)
-    return cache_seqlens
+    # The cache's rows per sequence; 0 for malformed tensors, which the operator refuses.
+    paged = block_table is not None
+    shapes_ok = k_cache.dim() >= 2 and (not paged or block_table.dim() == 2)
+    capacity = (block_table.shape[1] * k_cache.shape[1] if paged else k_cache.shape[1]) if shapes_ok else 0
+    if cache_seqlens is None:
+        cache_seqlens = capacity
+    elif not 0 <= cache_seqlens <= capacity:
+        raise ValueError(f"flashattn: cache_seqlens={cache_seqlens} is outside [0, {capacity}] (the cache's rows)")
+    batch = q.shape[0] if q.dim() else 0
+    return torch.full((batch,), int(cache_seqlens), dtype=torch.int32, device=q.device)
 
 
-def _check_index(name: str, t: object, shape: tuple, device: torch.device, matrix: bool = False) -> None:
-    if not isinstance(t, Tensor):
-        raise TypeError(f"flashattn: {name} must be an int32 tensor, got {type(t).__name__}")
-    if t.dtype != torch.int32:
-        raise TypeError(f"flashattn: {name} must be int32, got {t.dtype}")
-    if t.device != device:
-        raise RuntimeError(f"flashattn: {name} is on {t.device} but q is on {device}")
-    if (t.dim() != 2 or t.shape[0] != shape[0]) if matrix else tuple(t.shape) != shape:
-        want = f"({shape[0]}, max_blocks_per_seq)" if matrix else str(shape)
-        raise ValueError(f"flashattn: {name} must have shape {want}, got {tuple(t.shape)}")
-
-
-def _check_kvcache_args(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_batch_idx, cache_leftpad,
-                        block_table, num_splits) -> None:
-    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
-        if not isinstance(t, Tensor):
-            raise TypeError(f"flashattn: {name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dim() != 4:
-            raise ValueError(f"flashattn: {name} must be 4-D, got shape {tuple(t.shape)}")
-        if t.device != q.device:
-            raise RuntimeError(f"flashattn: {name} is on {t.device} but q is on {q.device}")
-    accepted = CUDA_DTYPES if q.is_cuda else CPU_DTYPES
-    if q.dtype not in accepted:
-        raise TypeError(f"flashattn: q has dtype {q.dtype}; accepted on {q.device.type}: "
-                        + ", ".join(map(str, accepted)))
-    batch, _, num_heads, head_dim = q.shape
+def _check_kvcache_tensors(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+                           cache_leftpad, block_table, alibi_slopes) -> None:
+    """The tensors of flashattn::fwd_kvcache, checked as the binding checks them (csrc/api/flash_api.cpp)."""
+    check_tensor("q", q, q, 4, "(batch, seqlen_q, nheads, headdim)")
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        check_tensor(name, t, q, 4, "(batch_cache, seqlen_cache, nheads_k, headdim)")
     if k_cache.shape != v_cache.shape:
         raise ValueError(f"flashattn: k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)} must have "
                          "the same shape")
-    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
-        if t.dtype != q.dtype:
-            raise TypeError(f"flashattn: {name} has dtype {t.dtype} but q has {q.dtype}")
+    batch, _, num_heads, head_dim = q.shape
     num_heads_k = k_cache.shape[2]
     if k_cache.shape[3] != head_dim:
         raise ValueError(f"flashattn: head dims differ: q {tuple(q.shape)}, k_cache {tuple(k_cache.shape)}")
-    if not 1 <= head_dim <= MAX_HEAD_DIM or (q.is_cuda and head_dim % 8):
+    if not 1 <= head_dim <= MAX_HEAD_DIM:
         raise ValueError(f"flashattn: headdim {head_dim} is not supported by flash_attn_with_kvcache; accepted: "
-                         + ("a multiple of 8 up to 256 on CUDA" if q.is_cuda else f"1 to {MAX_HEAD_DIM}"))
-    if num_heads % num_heads_k:
-        raise ValueError(f"flashattn: the number of query heads ({num_heads}) must be a multiple of k_cache's "
-                         f"heads ({num_heads_k})")
-    if (k is None) != (v is None):
-        raise ValueError("flashattn: k and v must be given together (or neither)")
+                         f"1 to {MAX_HEAD_DIM}")
+    if num_heads_k == 0 or num_heads % num_heads_k:
+        raise ValueError(f"flashattn: the number of query heads ({num_heads}) must be a multiple of the number of "
+                         f"key/value heads in k_cache ({num_heads_k})")
+    for name, t in (("cache_seqlens", cache_seqlens), ("cache_batch_idx", cache_batch_idx),
+                    ("cache_leftpad", cache_leftpad)):
+        check_index_tensor(name, t, q, (batch,))
+    check_index_tensor("block_table", block_table, q, (batch,), matrix=True)
+    if block_table is not None and cache_batch_idx is not None:
+        raise ValueError("flashattn: cache_batch_idx cannot be combined with block_table (a paged cache)")
     if block_table is None and cache_batch_idx is None and k_cache.shape[0] < batch:
-        raise ValueError(f"flashattn: k_cache holds {k_cache.shape[0]} sequences but q has a batch of {batch} "
-                         "(pass cache_batch_idx to pick cache rows)")
+        raise ValueError(f"flashattn: k_cache holds {k_cache.shape[0]} sequences but q has a batch of {batch}")
+    if (k is None) != (v is None):
+        raise ValueError("flashattn: k and v must be given together")
     if k is not None:
         for name, t in (("k", k), ("v", v)):
-            if not isinstance(t, Tensor) or t.dim() != 4 or t.shape[0] != batch or t.shape[2:] != k_cache.shape[2:]:
-                shown = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
+            check_tensor(name, t, q, 4, "(batch, seqlen_new, nheads_k, headdim)")
+            if t.shape[0] != batch or t.shape[2:] != k_cache.shape[2:]:
                 raise ValueError(f"flashattn: {name} must have shape ({batch}, seqlen_new, {num_heads_k}, "
-                                 f"{head_dim}), got {shown}")
-            if t.dtype != q.dtype or t.device != q.device:
-                raise TypeError(f"flashattn: {name} must be a {q.dtype} tensor on {q.device}")
-        if k.shape[1] != v.shape[1]:
+                                 f"{head_dim}), got {tuple(t.shape)}")
+        if k.shape != v.shape:
             raise ValueError(f"flashattn: k {tuple(k.shape)} and v {tuple(v.shape)} must have the same seqlen_new")
     if (rotary_cos is None) != (rotary_sin is None):
-        raise ValueError("flashattn: rotary_cos and rotary_sin must be given together (or neither)")
+        raise ValueError("flashattn: rotary_cos and rotary_sin must be given together")
     if rotary_cos is not None:
+        check_same_device("rotary_cos", rotary_cos, q)
+        check_same_device("rotary_sin", rotary_sin, q)
         if rotary_cos.dim() != 2 or rotary_cos.shape != rotary_sin.shape or 2 * rotary_cos.shape[1] > head_dim:
             raise ValueError(f"flashattn: rotary_cos and rotary_sin must be (seqlen_ro, rotary_dim / 2) with "
                              f"rotary_dim <= headdim ({head_dim}), got {tuple(rotary_cos.shape)} and "
                              f"{tuple(rotary_sin.shape)}")
-    for name, t in (("cache_batch_idx", cache_batch_idx), ("cache_leftpad", cache_leftpad)):
-        if t is not None:
-            _check_index(name, t, (batch,), q.device)
-    if block_table is not None:
-        _check_index("block_table", block_table, (batch,), q.device, matrix=True)
-        if cache_batch_idx is not None:
-            raise ValueError("flashattn: cache_batch_idx cannot be combined with block_table (a paged cache)")
-    if not isinstance(num_splits, Integral) or isinstance(num_splits, bool) or num_splits < 0:
-        raise ValueError(f"flashattn: num_splits must be an int >= 0 (0: automatic), got {num_splits!r}")
+    check_alibi_slopes(alibi_slopes, q, batch)
 
 
-def _check_cpu_values(k_cache, k, cache_seqlens, cache_batch_idx, cache_leftpad, block_table, rotary_cos, q,
-                      causal, window_size) -> None:
-    """The range checks that need the index values (free on CPU tensors)."""
+def _check_kvcache_values(k_cache, k, cache_seqlens, cache_batch_idx, cache_leftpad, block_table, rotary_cos, q,
+                          positions_per_row) -> None:
+    """The index values, read on the host (the CUDA kernels check the same on the device)."""
     seqlen_new = 0 if k is None else k.shape[1]
     capacity = block_table.shape[1] * k_cache.shape[1] if block_table is not None else k_cache.shape[1]
     end = cache_seqlens.long() + seqlen_new
@@ -267,8 +234,7 @@ def _check_cpu_values(k_cache, k, cache_seqlens, cache_batch_idx, cache_leftpad,
     if rotary_cos is not None:
         # Key rows rotate at row - leftpad; queries at cache_seqlens - leftpad (+ i when causal or windowed).
         start = cache_seqlens.long() - (0 if cache_leftpad is None else cache_leftpad.long())
-        per_row = causal or window_size[0] >= 0 or window_size[1] >= 0
-        last = start + max(seqlen_new - 1, q.shape[1] - 1 if per_row else 0, 0)
+        last = start + max(seqlen_new - 1, q.shape[1] - 1 if positions_per_row else 0, 0)
         if bool((last >= rotary_cos.shape[0]).any()):
             raise ValueError(f"flashattn: rotary positions up to {int(last.max())} need rotary_cos/sin of at least "
                              f"{int(last.max()) + 1} rows, got {rotary_cos.shape[0]}")
@@ -287,12 +253,17 @@ def _cache_rows(cache: Tensor, b: int, rows: Tensor, cache_batch_idx: Tensor | N
 def _fwd_kvcache_cpu(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
                      cache_leftpad, block_table, softmax_scale, causal, window_left, window_right, softcap,
                      rotary_interleaved, alibi_slopes, num_splits):
-    """The semantics in plain PyTorch, one sequence at a time, on the blockwise CPU forward."""
+    """The semantics in plain PyTorch, one sequence at a time, on the blockwise CPU forward; the
+    tensors and the index values checked first."""
+    _check_kvcache_tensors(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+                           cache_leftpad, block_table, alibi_slopes)
+    positions_per_row = causal or window_left >= 0 or window_right >= 0
+    _check_kvcache_values(k_cache, k, cache_seqlens, cache_batch_idx, cache_leftpad, block_table, rotary_cos, q,
+                          positions_per_row)
     batch, seqlen_q, num_heads, _ = q.shape
     seqlen_new = 0 if k is None else k.shape[1]
     out = q.new_empty(q.shape)
     lse = q.new_empty((batch, num_heads, seqlen_q), dtype=torch.float32)
-    positions_per_row = causal or window_left >= 0 or window_right >= 0
     for b in range(batch):
         start = int(cache_seqlens[b])
         leftpad = int(cache_leftpad[b]) if cache_leftpad is not None else 0
@@ -325,12 +296,6 @@ def _fwd_kvcache_cpu(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_se
     return out, lse
 
 
-def _fwd_kvcache_fake(q, k_cache, v_cache, *args):
-    batch, seqlen_q, num_heads, _ = q.shape
-    return q.new_empty(q.shape), q.new_empty((batch, num_heads, seqlen_q), dtype=torch.float32)
-
-
-torch.library.register_fake("flashattn::fwd_kvcache", _fwd_kvcache_fake)
 torch.library.impl("flashattn::fwd_kvcache", "cpu", _fwd_kvcache_cpu)
 
 

@@ -18,7 +18,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ._extension import NOT_BUILT_REASON, unsupported_gpu_reason
-from .interface import CPU_DTYPES, CUDA_DTYPES, MAX_HEAD_DIM, flash_attn_func, flash_attn_varlen_func
+from .cpu import CPU_DTYPES, CUDA_DTYPES, MAX_HEAD_DIM
+from .interface import flash_attn_func, flash_attn_varlen_func
 from .kvcache import KVCache, apply_rotary_emb
 from .padding import unpad_input
 

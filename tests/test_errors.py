@@ -1,10 +1,12 @@
 """Every bad input gets an error of the right type whose message names the argument.
 
 Each case runs on the CPU path and, where there is a GPU, on the CUDA path: the
-Python checks are the same for both (they run before any kernel), except for
-what depends on the device (the accepted dtypes, mixed devices, the GPU's age).
-The C++ binding's own checks, which guard the operator when it is called
-directly, have GPU tests of their own at the end.
+public functions check their Python arguments, and the operator's
+implementations (flashattn/cpu.py, the C++ binding) check the tensors with the
+same messages and exception types, except for what depends on the device (the
+accepted dtypes, mixed devices, the GPU's age). The binding's checks of inputs
+the public functions never pass it (a head dim that is not a multiple of 8, a
+bad softmax_lse, ...) have GPU tests of their own at the end.
 
 What is accepted, in short: q (B, Sq, H, D), k and v (B, Sk, Hk, D) on one
 device with one dtype (fp16 or bf16 on CUDA; fp16, bf16 or fp32 on CPU), H a
@@ -677,114 +679,138 @@ def test_extension_that_fails_to_load_is_reported(monkeypatch):
 
 
 def _binding_cases():
-    """(label, make(q, k, v) -> op args, message fragment) for the C++ binding's own checks.
+    """(label, make(q, k, v) -> op args, exception type, message fragment) for the C++ binding's checks.
 
-    flash_attn_func stops bad input before it reaches the binding; calling the
-    operator directly exercises the binding's messages (numbers and shapes in
-    them included) on the device."""
+    Calling the operator directly exercises the binding's messages (numbers and
+    shapes in them included) on the device, for inputs flash_attn_func never
+    passes it as well (a head dim that is not a multiple of 8)."""
 
     def args(q, k, v, scale=0.125, causal=False):
         return (q, k, v, scale, causal)
 
     return [
-        ("fp32", lambda q, k, v: args(q.float(), k.float(), v.float()), "q must be float16 or bfloat16"),
-        ("dtype mix", lambda q, k, v: args(q, k.bfloat16(), v), "k has dtype"),
-        ("3-D q", lambda q, k, v: args(q[0], k, v), "q must be 4-D"),
-        ("last dim strided", lambda q, k, v: args(q, k.transpose(1, 3).contiguous().transpose(1, 3), v),
+        ("fp32", lambda q, k, v: args(q.float(), k.float(), v.float()), TypeError,
+         "q has dtype torch.float32; accepted on cuda: torch.float16, torch.bfloat16"),
+        ("dtype mix", lambda q, k, v: args(q, k.bfloat16(), v), TypeError, "k has dtype"),
+        ("3-D q", lambda q, k, v: args(q[0], k, v), ValueError, "q must be 4-D"),
+        ("last dim strided", lambda q, k, v: args(q, k.transpose(1, 3).contiguous().transpose(1, 3), v), ValueError,
          "last dimension of k must be contiguous"),
-        ("row stride", lambda q, k, v: args(q, torch.cat([k, k[..., :1]], -1)[..., :64], v),
-         "k stride"),
-        ("kv shapes", lambda q, k, v: args(q, k, v[:, :-1]), "k (2, 40, 2, 64) and v (2, 39, 2, 64)"),
-        ("batch", lambda q, k, v: args(q, k[:1], v[:1]), "batch sizes differ"),
-        ("head dim %8", lambda q, k, v: args(q[..., :60], k[..., :60], v[..., :60]),
+        ("kv shapes", lambda q, k, v: args(q, k, v[:, :-1]), ValueError,
+         "k and v must have the same shape (batch, seqlen_k, nheads_k, headdim), got q (2, 30, 4, 64), "
+         "k (2, 40, 2, 64), v (2, 39, 2, 64)"),
+        ("batch", lambda q, k, v: args(q, k[:1], v[:1]), ValueError, "batch sizes differ"),
+        ("head dim %8", lambda q, k, v: args(q[..., :60], k[..., :60], v[..., :60]), ValueError,
          "multiple of 8 (got 60)"),
-        ("heads", lambda q, k, v: args(q[:, :, :3], k, v), "query heads (3) must be a multiple"),
-        ("scale", lambda q, k, v: args(q, k, v, scale=-1.0), "softmax_scale must be a positive finite number"),
+        ("heads", lambda q, k, v: args(q[:, :, :3], k, v), ValueError, "query heads (q.shape[2] = 3) must be a multiple"),
     ]
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("label, make, match", _binding_cases(), ids=[c[0] for c in _binding_cases()])
-def test_binding_rejects_bad_input(label, make, match):
+@pytest.mark.parametrize("label, make, error, match", _binding_cases(), ids=[c[0] for c in _binding_cases()])
+def test_binding_rejects_bad_input(label, make, error, match):
     q = torch.randn(2, 30, 4, 64, device="cuda", dtype=torch.float16)
     k = torch.randn(2, 40, 2, 64, device="cuda", dtype=torch.float16)
     v = torch.randn(2, 40, 2, 64, device="cuda", dtype=torch.float16)
-    with pytest.raises(RuntimeError, match=re.escape(match)):
+    with pytest.raises(error, match=re.escape(match)):
         torch.ops.flashattn.fwd(*make(q, k, v))
+
+
+@pytest.mark.gpu
+def test_binding_copies_rows_the_kernels_cannot_read_in_place():
+    """Row strides that are not multiples of 8 elements, or a start off a 16-byte boundary: the
+    binding reads a copy (the one place that copies for alignment), with the result of contiguous inputs."""
+    q = torch.randn(2, 30, 4, 64, device="cuda", dtype=torch.float16)
+    k = torch.randn(2, 40, 2, 64, device="cuda", dtype=torch.float16)
+    v = torch.randn(2, 40, 2, 64, device="cuda", dtype=torch.float16)
+    k_strided = torch.cat([k, k[..., :1]], -1)[..., :64]  # row stride 130 elements
+    v_offset = torch.cat([v.new_zeros(1), v.flatten()])[1:].view(v.shape)  # starts 2 bytes in
+    want = torch.ops.flashattn.fwd(q, k, v, 0.125, False)
+    got = torch.ops.flashattn.fwd(q, k_strided, v_offset, 0.125, False)
+    for name, ours, theirs in zip(("out", "lse"), got, want):
+        assert torch.equal(ours, theirs), name
 
 
 @pytest.mark.gpu
 def test_binding_rejects_head_dim_over_256():
     q = torch.randn(1, 8, 2, 264, device="cuda", dtype=torch.bfloat16)
-    with pytest.raises(RuntimeError, match=re.escape("head_dim 264 is not supported; the maximum is 256")):
+    shapes = "q (1, 8, 2, 264), k (1, 8, 2, 264), v (1, 8, 2, 264)"
+    with pytest.raises(ValueError, match=re.escape(f"headdim 264 ({shapes}) is not supported; accepted: 1 to 256")):
         torch.ops.flashattn.fwd(q, q, q, 0.1, False)
 
 
 def _binding_backward_cases():
-    """(label, make(dout, q, k, v, out, lse) -> bwd args, message fragment) for the backward's checks."""
+    """(label, make(dout, q, k, v, out, lse) -> bwd args, exception type, message fragment) for the
+    backward's checks."""
 
     def args(dout, q, k, v, out, lse):
         return (dout, q, k, v, out, lse, 0.125, False, False)
 
     return [
-        ("dout shape", lambda do, q, k, v, o, lse: args(do[:, :-1], q, k, v, o, lse),
+        ("dout shape", lambda do, q, k, v, o, lse: args(do[:, :-1], q, k, v, o, lse), RuntimeError,
          "dout (2, 29, 4, 64) and out (2, 30, 4, 64) must have the shape of q (2, 30, 4, 64)"),
-        ("out shape", lambda do, q, k, v, o, lse: args(do, q, k, v, o[:, :, :2], lse), "and out (2, 30, 2, 64)"),
-        ("dout dtype", lambda do, q, k, v, o, lse: args(do.bfloat16(), q, k, v, o, lse), "dout has dtype"),
-        ("dout on cpu", lambda do, q, k, v, o, lse: args(do.cpu(), q, k, v, o, lse), "dout must be a CUDA tensor"),
+        ("out shape", lambda do, q, k, v, o, lse: args(do, q, k, v, o[:, :, :2], lse), RuntimeError,
+         "and out (2, 30, 2, 64)"),
+        ("dout dtype", lambda do, q, k, v, o, lse: args(do.bfloat16(), q, k, v, o, lse), TypeError, "dout has dtype"),
+        ("dout on cpu", lambda do, q, k, v, o, lse: args(do.cpu(), q, k, v, o, lse), RuntimeError,
+         "dout is on cpu but q is on cuda"),
         ("out last dim strided",
          lambda do, q, k, v, o, lse: args(do, q, k, v, o.transpose(1, 3).contiguous().transpose(1, 3), lse),
-         "last dimension of out must be contiguous"),
-        ("lse dtype", lambda do, q, k, v, o, lse: args(do, q, k, v, o, lse.double()),
+         ValueError, "last dimension of out must be contiguous"),
+        ("lse dtype", lambda do, q, k, v, o, lse: args(do, q, k, v, o, lse.double()), RuntimeError,
          "softmax_lse must be the forward's contiguous float32 tensor of shape (2, 4, 30)"),
-        ("lse shape", lambda do, q, k, v, o, lse: args(do, q, k, v, o, lse[:, :, :-1]),
+        ("lse shape", lambda do, q, k, v, o, lse: args(do, q, k, v, o, lse[:, :, :-1]), RuntimeError,
          "float32 tensor of shape (2, 4, 30) on q's device, got (2, 4, 29)"),
-        ("lse strided", lambda do, q, k, v, o, lse: args(do, q, k, v, o, lse.mT.contiguous().mT),
+        ("lse strided", lambda do, q, k, v, o, lse: args(do, q, k, v, o, lse.mT.contiguous().mT), RuntimeError,
          "softmax_lse must be the forward's contiguous float32 tensor"),
     ]
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(
-    "label, make, match", _binding_backward_cases(), ids=[c[0] for c in _binding_backward_cases()]
+    "label, make, error, match", _binding_backward_cases(), ids=[c[0] for c in _binding_backward_cases()]
 )
-def test_binding_backward_rejects_bad_input(label, make, match):
+def test_binding_backward_rejects_bad_input(label, make, error, match):
     q = torch.randn(2, 30, 4, 64, device="cuda", dtype=torch.float16)
     k = torch.randn(2, 40, 2, 64, device="cuda", dtype=torch.float16)
     v = torch.randn(2, 40, 2, 64, device="cuda", dtype=torch.float16)
     out, lse = torch.ops.flashattn.fwd(q, k, v, 0.125, False)
     dout = torch.randn_like(out)
-    with pytest.raises(RuntimeError, match=re.escape(match)):
+    with pytest.raises(error, match=re.escape(match)):
         torch.ops.flashattn.bwd(*make(dout, q, k, v, out, lse))
 
 
 def _binding_option_cases():
-    """(label, keyword arguments of fwd given q, message fragment) for the binding's checks of the options."""
+    """(label, keyword arguments of fwd given q, exception type, message fragment) for the binding's checks
+    of the options' tensors and of the range of the values it converts for the kernels."""
     return [
-        ("window below -1", lambda q: {"window_left": -2}, "window_left and window_right must be ints >= -1"),
-        ("softcap negative", lambda q: {"softcap": -1.0}, "softcap must be a finite number >= 0"),
-        ("alibi fp16", lambda q: {"alibi_slopes": torch.ones(4, device=q.device, dtype=torch.float16)},
-         "alibi_slopes must be a contiguous float32 tensor of shape (4,) or (2, 4)"),
-        ("alibi strided", lambda q: {"alibi_slopes": torch.ones(4, 2, device=q.device).t()},
-         "alibi_slopes must be a contiguous float32 tensor"),
+        ("window below -1", lambda q: {"window_left": -2}, ValueError,
+         "window_left and window_right must be ints >= -1"),
+        ("dropout above 1", lambda q: {"dropout_p": 1.5}, ValueError, "dropout_p must be in [0, 1), got 1.5"),
+        ("alibi fp16", lambda q: {"alibi_slopes": torch.ones(4, device=q.device, dtype=torch.float16)}, TypeError,
+         "alibi_slopes must be a float32 tensor of shape (nheads,) = (4,) or (batch, nheads) = (2, 4), "
+         "got dtype torch.float16"),
+        ("alibi strided", lambda q: {"alibi_slopes": torch.ones(4, 2, device=q.device).t()}, ValueError,
+         "alibi_slopes must be contiguous"),
         ("rng_state int32",
-         lambda q: {"dropout_p": 0.1, "rng_state": torch.zeros(2, dtype=torch.int32, device=q.device)},
+         lambda q: {"dropout_p": 0.1, "rng_state": torch.zeros(2, dtype=torch.int32, device=q.device)}, RuntimeError,
          "rng_state must be a contiguous int64 tensor of 2 elements on q's device"),
         ("rng_state on cpu", lambda q: {"dropout_p": 0.1, "rng_state": torch.zeros(2, dtype=torch.int64)},
-         "rng_state must be a contiguous int64 tensor of 2 elements on q's device"),
+         RuntimeError, "rng_state must be a contiguous int64 tensor of 2 elements on q's device"),
         ("cu_seqlens int64", lambda q: {"cu_seqlens_q": torch.zeros(3, dtype=torch.int64, device=q.device),
                                         "cu_seqlens_k": torch.zeros(3, dtype=torch.int64, device=q.device)},
-         "cu_seqlens_q must be int32"),
+         TypeError, "cu_seqlens_q must be an int32 tensor of shape (batch + 1,)"),
         ("varlen q 4-D", lambda q: {"cu_seqlens_q": torch.zeros(3, dtype=torch.int32, device=q.device),
                                     "cu_seqlens_k": torch.zeros(3, dtype=torch.int32, device=q.device)},
-         "q must be 3-D"),
+         ValueError, "q must be 3-D"),
     ]
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("label, make, match", _binding_option_cases(), ids=[c[0] for c in _binding_option_cases()])
-def test_binding_rejects_bad_options(label, make, match):
+@pytest.mark.parametrize(
+    "label, make, error, match", _binding_option_cases(), ids=[c[0] for c in _binding_option_cases()]
+)
+def test_binding_rejects_bad_options(label, make, error, match):
     q = torch.randn(2, 30, 4, 64, device="cuda", dtype=torch.float16)
     k = torch.randn(2, 40, 2, 64, device="cuda", dtype=torch.float16)
-    with pytest.raises(RuntimeError, match=re.escape(match)):
+    with pytest.raises(error, match=re.escape(match)):
         torch.ops.flashattn.fwd(q, k, k, 0.125, False, **make(q))

@@ -27,7 +27,7 @@ from helpers import (
     run_forward,
 )
 
-from flashattn import ops
+from flashattn import cpu
 from flashattn import flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func
 from flashattn.interface import _flash_attn_forward
 from flashattn.philox import dropout_keep_mask
@@ -153,8 +153,8 @@ def test_cpu_small_blocks(monkeypatch, feature, seqlens):
     """Small CPU tiles: windows skip whole key blocks (and query blocks in the backward), leave
     blocks inside the window unmasked and mask only those a window edge crosses; dropout is drawn
     block by block. Forward and backward, on small inputs."""
-    monkeypatch.setattr(ops, "BLOCK_M", 16)
-    monkeypatch.setattr(ops, "BLOCK_N", 8)
+    monkeypatch.setattr(cpu, "BLOCK_M", 16)
+    monkeypatch.setattr(cpu, "BLOCK_N", 8)
     _check_forward("cpu", feature, torch.bfloat16, 24, seqlens, (4, 1))
     _check_backward("cpu", feature, torch.float32, 24, seqlens, (4, 2))
 

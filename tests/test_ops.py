@@ -1,7 +1,6 @@
 """The operators as torch sees them: opcheck (autograd included), torch.compile of forward and backward, the schemas."""
 
 import itertools
-import re
 from pathlib import Path
 
 import pytest
@@ -10,13 +9,13 @@ from helpers import DEVICES, case_seed, random_qkv
 from torch._dynamo.backends.common import aot_autograd
 from torch.fx import GraphModule
 from torch.library import opcheck
+from torch.utils._python_dispatch import TorchDispatchMode
 
-import flashattn
-from flashattn import flash_attn_func
+from flashattn import flash_attn_func, flash_attn_varlen_func
 from flashattn.interface import _flash_attn_forward
-from flashattn.ops import BWD_SCHEMA, FWD_SCHEMA
+from flashattn.ops import BWD_SCHEMA, FWD_SCHEMA, KVCACHE_SCHEMA
 
-FLASH_API = Path(__file__).resolve().parents[1] / "csrc" / "flash_api.cpp"
+CSRC = Path(__file__).resolve().parents[1] / "csrc"
 
 OPCHECK_CASES = [
     # batch, seqlen_q, seqlen_k, heads, heads_k, head_dim, dtype, causal, layout
@@ -220,32 +219,66 @@ def test_torch_compile_fullgraph_with_options(device):
         assert torch.equal(grad, want), name
 
 
-def _cpp_schemas() -> list[str]:
-    """The schema strings of csrc/flash_api.cpp's TORCH_LIBRARY block: each m.def's adjacent
-    C string literals, concatenated as the compiler does."""
-    library = re.search(r"TORCH_LIBRARY\(flashattn, m\) \{(.*?)\n\}", FLASH_API.read_text(), re.DOTALL).group(1)
-    calls = re.findall(r"m\.def\((.*?)\);", library, re.DOTALL)
-    return ["".join(re.findall(r'"((?:[^"\\]|\\.)*)"', call)) for call in calls]
-
-
-def test_schemas_of_flash_api_cpp_are_python_s():
-    """The C++ schema text of fwd and bwd is the Python one, character for character (no build needed)."""
-    by_name = {schema.split("(", 1)[0]: schema for schema in _cpp_schemas()}
-    assert by_name["fwd"] == FWD_SCHEMA
-    assert by_name["bwd"] == BWD_SCHEMA
+def test_schemas_are_defined_in_python_only():
+    """flashattn.ops is the one place that states the schemas: the C++ sources register
+    implementations of them (TORCH_LIBRARY_IMPL), never a TORCH_LIBRARY block of their own."""
+    sources = [path for path in CSRC.rglob("*") if path.suffix in (".cpp", ".cu", ".cuh", ".h")]
+    assert any("TORCH_LIBRARY_IMPL(flashattn, CUDA, m)" in path.read_text() for path in sources)
+    assert not [path for path in sources if "TORCH_LIBRARY(flashattn" in path.read_text()]
 
 
 def test_registered_schemas_are_python_s():
-    """The operators carry the schemas of flashattn.ops, whoever defined them (the extension, or
-    flashattn.ops without it). torch prints a parsed schema in its own way (0.0 as 0.), so both
-    sides are compared parsed."""
-    for op, schema in ((torch.ops.flashattn.fwd.default, FWD_SCHEMA), (torch.ops.flashattn.bwd.default, BWD_SCHEMA)):
+    """The operators carry the schemas of flashattn.ops. torch prints a parsed schema in its own
+    way (0.0 as 0.), so both sides are compared parsed."""
+    for op, schema in (
+        (torch.ops.flashattn.fwd.default, FWD_SCHEMA),
+        (torch.ops.flashattn.bwd.default, BWD_SCHEMA),
+        (torch.ops.flashattn.fwd_kvcache.default, KVCACHE_SCHEMA),
+    ):
         assert str(op._schema) == str(torch._C.parse_schema("flashattn::" + schema))
 
 
-@pytest.mark.skipif(
-    not flashattn.HAS_CUDA_KERNELS, reason=f"the extension defines the schemas: {flashattn.NOT_BUILT_REASON}"
-)
-def test_schemas_of_extension_match_python():
-    assert str(torch.ops.flashattn.fwd.default._schema) == str(torch._C.parse_schema("flashattn::" + FWD_SCHEMA))
-    assert str(torch.ops.flashattn.bwd.default._schema) == str(torch._C.parse_schema("flashattn::" + BWD_SCHEMA))
+class _RecordCalls(TorchDispatchMode):
+    """Keeps the arguments of every call of `op` (the dispatcher passes them all, positionally)."""
+
+    def __init__(self, op: torch._ops.OpOverload) -> None:
+        super().__init__()
+        self.op, self.calls = op, []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is self.op:
+            self.calls.append(args)
+        return func(*args, **(kwargs or {}))
+
+
+_SCHEMA_TYPES = {"Tensor": torch.Tensor, "Optional[Tensor]": (torch.Tensor, type(None)), "float": float,
+                 "bool": bool, "int": int}  # fmt: skip
+
+
+def _assert_call_fits_schema(op: torch._ops.OpOverload, args: tuple) -> None:
+    """Every argument of the call has its schema argument's type: a Python float for a float (not
+    an int or a 0-d tensor), a bool for a bool, an int (not a bool) for an int. (The dispatcher
+    leaves out trailing arguments that have their default values.)"""
+    arguments = op._schema.arguments
+    assert len(args) <= len(arguments)
+    for argument, value in zip(arguments, args):
+        expected = _SCHEMA_TYPES[str(argument.type)]
+        assert isinstance(value, expected), (argument.name, value)
+        assert not (expected is int and isinstance(value, bool)), (argument.name, value)
+
+
+def test_public_functions_call_the_registered_schema():
+    """flash_attn_func and flash_attn_varlen_func, every option set, call flashattn::fwd with
+    arguments of the registered schema's types, and the backward calls flashattn::bwd likewise."""
+    q, k, v = (t.requires_grad_() for t in random_qkv(2, 9, 12, 4, 2, 16, torch.float32, "cpu", case_seed("schema")))
+    options = {"dropout_p": 0.1, "softmax_scale": 0.3, "causal": True, "window_size": [10**12, 3], "softcap": 5,
+               "alibi_slopes": torch.rand(4), "deterministic": True}  # fmt: skip
+    cu_seqlens = torch.tensor([0, 9, 18], dtype=torch.int32)
+    for op in (torch.ops.flashattn.fwd.default, torch.ops.flashattn.bwd.default):
+        with _RecordCalls(op) as recorder:
+            flash_attn_func(q, k, v, **options).sum().backward()
+            flash_attn_varlen_func(q.flatten(0, 1), k[:, :9].flatten(0, 1), v[:, :9].flatten(0, 1), cu_seqlens,
+                                   cu_seqlens, torch.tensor(9), 9, **options).sum().backward()  # fmt: skip
+        assert len(recorder.calls) == 2
+        for args in recorder.calls:
+            _assert_call_fits_schema(op, args)

@@ -12,7 +12,7 @@ import torch
 from helpers import assert_matches_reference, case_seed, random_qkv, run_forward
 from torch import Tensor
 
-from flashattn import ops
+from flashattn import cpu
 from flashattn.reference import attention_ref
 
 FEATURES = {
@@ -130,8 +130,8 @@ def test_cpu_op_matches_reference(seqlens, causal):
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_cpu_op_small_blocks(monkeypatch, seqlens, causal):
     """Small tiles: many blocks, diagonal blocks, tails, and query blocks that see no key, on small inputs."""
-    monkeypatch.setattr(ops, "BLOCK_M", 16)
-    monkeypatch.setattr(ops, "BLOCK_N", 8)
+    monkeypatch.setattr(cpu, "BLOCK_M", 16)
+    monkeypatch.setattr(cpu, "BLOCK_N", 8)
     q, k, v = random_qkv(2, *seqlens, 4, 1, 24, torch.bfloat16, "cpu", case_seed(seqlens, causal))
     out, lse = run_forward(q, k, v, 0.3, causal)
     assert_matches_reference(out, lse, q, k, v, 0.3, causal)

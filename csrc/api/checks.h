@@ -1,15 +1,22 @@
 // The binding's checks of the tensors an operator receives (device, dtype,
-// rank, shapes, strides, index tensors) and of the option values the kernels
-// rely on, each with a message that names the argument. Included by
-// flash_api.cpp only; which layer checks what is tabled in README.md ("Where
-// each argument is checked").
+// rank, shapes, strides, index tensors), each with a message that names the
+// argument, and the range checks of the option values that the binding
+// converts for the kernels. Included by flash_api.cpp only; which layer checks
+// what is tabled in README.md ("Where each argument is checked").
+//
+// flashattn/cpu.py makes the same checks of CPU tensors with the same messages
+// and exception types (TORCH_CHECK_TYPE: TypeError, TORCH_CHECK_VALUE:
+// ValueError, TORCH_CHECK: RuntimeError), so a test of one holds for both; the
+// public Python functions check only their Python arguments. A message that
+// changes here changes there too.
 #pragma once
 
 #include <ATen/ATen.h>
 
-#include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
+#include <cstdlib>
 #include <optional>
 #include <string>
 #include <utility>
@@ -25,13 +32,21 @@ constexpr int64_t kAlignElems = 8;  // the kernels move 16-byte chunks of 16-bit
 // this library) segfaulted on the H100 machine inside ostream::_M_insert<long>,
 // reaching a foreign locale facet: the compiler that builds the extension and
 // the libstdc++ that torch's process loads disagree. std::to_string and
-// snprintf use no facet.
+// snprintf use no facet. Values print as Python prints them, as flashattn/cpu.py's
+// messages do.
 std::string str(int64_t value) { return std::to_string(value); }
 
+// A double as Python's repr writes it: the shortest digits that read back the
+// same, with ".0" on a whole number (1.0, -0.1, nan, inf).
 std::string str_real(double value) {
     char buf[32];
-    std::snprintf(buf, sizeof(buf), "%g", value);
-    return buf;
+    for (int digits = 1; digits <= 17; ++digits) {
+        std::snprintf(buf, sizeof(buf), "%.*g", digits, value);
+        if (std::strtod(buf, nullptr) == value) break;
+    }
+    std::string out = buf;
+    if (out.find_first_of(".eni") == std::string::npos) out += ".0";
+    return out;
 }
 
 std::string str(c10::IntArrayRef values) {
@@ -39,6 +54,8 @@ std::string str(c10::IntArrayRef values) {
     for (size_t i = 0; i < values.size(); ++i) out += (i ? ", " : "") + std::to_string(values[i]);
     return out + (values.size() == 1 ? ",)" : ")");
 }
+
+std::string str(at::ScalarType dtype) { return "torch." + std::string(c10::getDtypeNames(dtype).first); }
 
 // The kernels read rows of 16-byte chunks: every stride but the last a multiple
 // of 8 elements, and a 16-byte aligned start.
@@ -49,8 +66,10 @@ bool strides_aligned(const at::Tensor& t) {
     return true;
 }
 
-bool start_aligned(const at::Tensor& t) {
-    return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0 || t.numel() == 0;
+// Whether the kernels can read t's rows in place: aligned strides and a 16-byte
+// aligned start (flash_api.cpp's aligned() copies q, k, v and out otherwise).
+bool readable_in_place(const at::Tensor& t) {
+    return t.numel() == 0 || (strides_aligned(t) && reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0);
 }
 
 // The two layouts: padded (batch, seqlen, heads, head_dim) or, with cu_seqlens,
@@ -58,132 +77,234 @@ bool start_aligned(const at::Tensor& t) {
 struct Layout {
     bool varlen;
     int64_t rank() const { return varlen ? 3 : 4; }
-    const char* shape() const {
-        return varlen ? "(total_tokens, heads, head_dim)" : "(batch, seqlen, heads, head_dim)";
+    // The shape the tensor called `name` must have, in the words of the Python API.
+    std::string shape(const std::string& name) const {
+        if (name == "k_cache" || name == "v_cache") return "(batch_cache, seqlen_cache, nheads_k, headdim)";
+        if (name == "q" || name == "out" || name == "dout") {
+            return varlen ? "(total_q, nheads, headdim)" : "(batch, seqlen_q, nheads, headdim)";
+        }
+        return varlen ? "(total_k, nheads_k, headdim)" : "(batch, seqlen_k, nheads_k, headdim)";
     }
     int64_t batch_stride(const at::Tensor& t) const { return varlen ? 0 : t.stride(0); }
     int64_t rows(const at::Tensor& t) const { return varlen ? t.size(0) : t.size(1); }
 };
 
-// Device, dtype and rank: what every tensor argument must have.
-void check_tensor(const at::Tensor& t, const char* name, const at::Tensor& q, const Layout& layout) {
-    TORCH_CHECK(t.is_cuda(), "flashattn: ", name, " must be a CUDA tensor (got device ", t.device().str(), ")");
+void check_same_device(const at::Tensor& t, const char* name, const at::Tensor& q) {
     TORCH_CHECK(t.device() == q.device(), "flashattn: ", name, " is on ", t.device().str(), " but q is on ",
-                q.device().str(), "; all inputs must be on one device");
-    TORCH_CHECK(t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16, "flashattn: ", name,
-                " must be float16 or bfloat16 (got ", t.scalar_type(), ")");
-    TORCH_CHECK(t.scalar_type() == q.scalar_type(), "flashattn: ", name, " has dtype ", t.scalar_type(),
-                " but q has ", q.scalar_type(), "; q, k and v must share a dtype");
-    TORCH_CHECK(t.dim() == layout.rank(), "flashattn: ", name, " must be ", str(layout.rank()), "-D ",
-                layout.shape(), ", got ", str(t.dim()), "-D of shape ", str(t.sizes()));
+                q.device().str(), "; they must be on one device");
 }
 
-// check_tensor, and a layout the kernels read in place.
+// Rank, device and dtype: what every data tensor must have (q: a dtype of the
+// kernels; the others: q's).
+void check_tensor(const at::Tensor& t, const char* name, const at::Tensor& q, const Layout& layout) {
+    TORCH_CHECK_VALUE(t.dim() == layout.rank(), "flashattn: ", name, " must be ", str(layout.rank()), "-D ",
+                      layout.shape(name), ", got shape ", str(t.sizes()));
+    check_same_device(t, name, q);
+    TORCH_CHECK(t.is_cuda(), "flashattn: ", name, " must be a CUDA tensor (got device ", t.device().str(), ")");
+    if (t.is_same(q)) {
+        TORCH_CHECK_TYPE(q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16, "flashattn: q has dtype ",
+                         str(q.scalar_type()), "; accepted on cuda: torch.float16, torch.bfloat16");
+    } else {
+        TORCH_CHECK_TYPE(t.scalar_type() == q.scalar_type(), "flashattn: ", name, " has dtype ", str(t.scalar_type()),
+                         " but q has ", str(q.scalar_type()), "; ", name, " must be a ", str(q.scalar_type()),
+                         " tensor");
+    }
+}
+
+void check_last_dim_contiguous(const at::Tensor& t, const char* name) {
+    TORCH_CHECK_VALUE(t.stride(-1) == 1, "flashattn: the last dimension of ", name,
+                      " must be contiguous (stride 1), got strides ", str(t.strides()),
+                      "; call .contiguous() on it first");
+}
+
+// check_tensor, and rows the kernels read in place (tensors the binding does
+// not copy: the KV cache, which is written in place, and what it is read with).
 void check_input(const at::Tensor& t, const char* name, const at::Tensor& q, const Layout& layout) {
     check_tensor(t, name, q, layout);
-    TORCH_CHECK(t.stride(-1) == 1, "flashattn: the last dimension of ", name,
-                " must be contiguous (stride 1, got ", str(t.stride(-1)), "); call .contiguous()");
-    TORCH_CHECK(strides_aligned(t), "flashattn: ", name, " stride ", str(t.strides()), " must be a multiple of ",
-                str(kAlignElems), " elements in every dimension but the last (flash_attn_func copies such inputs)");
+    check_last_dim_contiguous(t, name);
+    TORCH_CHECK_VALUE(strides_aligned(t), "flashattn: ", name, " stride ", str(t.strides()),
+                      " must be a multiple of ", str(kAlignElems), " elements in every dimension but the last");
 }
 
 // cu_seqlens_q/k: both or neither; int32 [B + 1] on q's device, contiguous.
 // Their values (0 first, nondecreasing, last = the row count, max_seqlen at
 // least every length) are the caller's promise: reading them would wait for
-// the GPU (flash_attn_varlen_func checks what it can without that).
+// the GPU (flashattn/cpu.py reads those of CPU tensors). max_seqlen_q/k are in
+// the range of the kernels' int.
 Layout check_varlen(const at::Tensor& q, const std::optional<at::Tensor>& cu_seqlens_q,
                     const std::optional<at::Tensor>& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k) {
     TORCH_CHECK(cu_seqlens_q.has_value() == cu_seqlens_k.has_value(),
                 "flashattn: cu_seqlens_q and cu_seqlens_k must be given together (variable-length batch) or not "
                 "at all");
     if (!cu_seqlens_q.has_value()) return {false};
+    constexpr const char* kAccepted = "an int32 tensor of shape (batch + 1,): the offsets of the sequences";
     for (const auto& [name, cu] : {std::pair<const char*, const at::Tensor&>{"cu_seqlens_q", *cu_seqlens_q},
                                    std::pair<const char*, const at::Tensor&>{"cu_seqlens_k", *cu_seqlens_k}}) {
-        TORCH_CHECK(cu.device() == q.device(), "flashattn: ", name, " is on ", cu.device().str(),
-                    " but q is on ", q.device().str());
-        TORCH_CHECK(cu.scalar_type() == at::kInt, "flashattn: ", name, " must be int32, got ", cu.scalar_type());
-        TORCH_CHECK(cu.dim() == 1 && cu.size(0) >= 1 && cu.is_contiguous(), "flashattn: ", name,
-                    " must be a contiguous 1-D tensor of batch + 1 offsets, got shape ", str(cu.sizes()));
+        TORCH_CHECK_TYPE(cu.scalar_type() == at::kInt, "flashattn: ", name, " must be ", kAccepted, ", got dtype ",
+                         str(cu.scalar_type()));
+        TORCH_CHECK_VALUE(cu.dim() == 1 && cu.size(0) >= 1, "flashattn: ", name, " must be ", kAccepted,
+                          ", got shape ", str(cu.sizes()));
+        check_same_device(cu, name, q);
+        TORCH_CHECK_VALUE(cu.is_contiguous(), "flashattn: ", name, " must be contiguous");
     }
-    TORCH_CHECK(cu_seqlens_q->size(0) == cu_seqlens_k->size(0), "flashattn: cu_seqlens_q ",
-                str(cu_seqlens_q->sizes()), " and cu_seqlens_k ", str(cu_seqlens_k->sizes()),
-                " must have the same length (batch + 1)");
-    TORCH_CHECK(max_seqlen_q >= 0 && max_seqlen_k >= 0 && max_seqlen_q <= INT32_MAX && max_seqlen_k <= INT32_MAX,
-                "flashattn: max_seqlen_q (", str(max_seqlen_q), ") and max_seqlen_k (", str(max_seqlen_k),
-                ") must be in [0, 2^31)");
+    TORCH_CHECK_VALUE(cu_seqlens_q->size(0) == cu_seqlens_k->size(0), "flashattn: cu_seqlens_q ",
+                      str(cu_seqlens_q->sizes()), " and cu_seqlens_k ", str(cu_seqlens_k->sizes()),
+                      " must have the same length (batch + 1)");
+    TORCH_CHECK_VALUE(
+        max_seqlen_q >= 0 && max_seqlen_k >= 0 && max_seqlen_q <= INT32_MAX && max_seqlen_k <= INT32_MAX,
+        "flashattn: max_seqlen_q (", str(max_seqlen_q), ") and max_seqlen_k (", str(max_seqlen_k),
+        ") must be in [0, 2^31)");
     return {true};
 }
 
-// The checks q, k, v get in both passes.
-void check_qkv(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double softmax_scale,
-              const Layout& layout) {
-    check_input(q, "q", q, layout);
-    check_input(k, "k", q, layout);
-    check_input(v, "v", q, layout);
+// The checks q, k, v get in both passes. Rows the kernels cannot read in place
+// are copied (flash_api.cpp's aligned()); a head dim that is not a multiple of
+// 8 is refused here and zero-padded by flash_attn_func. softmax_scale is the
+// public functions' to check (a Python argument).
+void check_qkv(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const Layout& layout) {
+    check_tensor(q, "q", q, layout);
+    check_tensor(k, "k", q, layout);
+    check_tensor(v, "v", q, layout);
     const int64_t num_heads = q.size(-2), head_dim = q.size(-1), num_heads_k = k.size(-2);
+    const std::string shapes = "q " + str(q.sizes()) + ", k " + str(k.sizes()) + ", v " + str(v.sizes());
     if (!layout.varlen) {
-        TORCH_CHECK(k.size(0) == q.size(0) && v.size(0) == q.size(0), "flashattn: batch sizes differ: q ",
-                    str(q.sizes()), ", k ", str(k.sizes()), ", v ", str(v.sizes()));
+        TORCH_CHECK_VALUE(k.size(0) == q.size(0) && v.size(0) == q.size(0), "flashattn: batch sizes differ (", shapes,
+                          "); they must be equal");
     }
-    TORCH_CHECK(k.sizes() == v.sizes(), "flashattn: k ", str(k.sizes()), " and v ", str(v.sizes()),
-                " must have the same shape");
-    TORCH_CHECK(k.size(-1) == head_dim, "flashattn: head_dim of q (", str(head_dim), ") and k/v (",
-                str(k.size(-1)), ") must match");
-    TORCH_CHECK(head_dim <= flash::kMaxHeadDim, "flashattn: head_dim ", str(head_dim),
-                " is not supported; the maximum is ", str(flash::kMaxHeadDim));
-    TORCH_CHECK(head_dim % kAlignElems == 0, "flashattn: the kernel needs head_dim to be a multiple of ",
-                str(kAlignElems), " (got ", str(head_dim), "); flash_attn_func pads it for you");
-    TORCH_CHECK(num_heads_k > 0 && num_heads % num_heads_k == 0, "flashattn: the number of query heads (",
-                str(num_heads), ") must be a multiple of the number of key/value heads (", str(num_heads_k),
-                ")");
-    TORCH_CHECK(std::isfinite(softmax_scale) && softmax_scale > 0, "flashattn: softmax_scale must be a ",
-                "positive finite number (got ", str_real(softmax_scale), ")");
-    TORCH_CHECK(num_heads <= 65535 && (layout.varlen || q.size(0) <= 65535), "flashattn: batch and heads (",
-                str(num_heads), ") must each be at most 65535");
-    TORCH_CHECK(layout.rows(q) <= INT32_MAX && layout.rows(k) <= INT32_MAX,
-                "flashattn: sequence lengths must fit in int32");
+    TORCH_CHECK_VALUE(k.sizes() == v.sizes(), "flashattn: k and v must have the same shape ", layout.shape("k"),
+                      ", got ", shapes);
+    TORCH_CHECK_VALUE(k.size(-1) == head_dim, "flashattn: head dims differ (", shapes,
+                      "); q, k and v must share one headdim");
+    TORCH_CHECK_VALUE(head_dim >= 1 && head_dim <= flash::kMaxHeadDim, "flashattn: headdim ", str(head_dim), " (",
+                      shapes, ") is not supported; accepted: 1 to ", str(flash::kMaxHeadDim));
+    TORCH_CHECK_VALUE(head_dim % kAlignElems == 0, "flashattn: the kernel needs head_dim to be a multiple of ",
+                      str(kAlignElems), " (got ", str(head_dim), "); flash_attn_func pads it for you");
+    const std::string heads_dim = str(layout.rank() - 2);
+    TORCH_CHECK_VALUE(num_heads_k > 0 && num_heads % num_heads_k == 0,
+                      "flashattn: the number of query heads (q.shape[", heads_dim, "] = ", str(num_heads),
+                      ") must be a multiple of the number of key/value heads (k.shape[", heads_dim,
+                      "] = ", str(num_heads_k), ")");
+    check_last_dim_contiguous(q, "q");
+    check_last_dim_contiguous(k, "k");
+    check_last_dim_contiguous(v, "v");
+    TORCH_CHECK_VALUE(num_heads <= 65535 && (layout.varlen || q.size(0) <= 65535), "flashattn: batch and heads (",
+                      str(num_heads), ") must each be at most 65535");
+    TORCH_CHECK_VALUE(layout.rows(q) <= INT32_MAX && layout.rows(k) <= INT32_MAX,
+                      "flashattn: sequence lengths must fit in int32");
 }
 
-// window_size, softcap, ALiBi slopes, dropout: values and tensors.
-void check_options(const at::Tensor& q, int64_t batch, int64_t window_left, int64_t window_right, double softcap,
+// The ALiBi slopes and dropout's rng_state (tensors), and the range of the
+// option values the binding converts for the kernels: window sides to int,
+// dropout_p to a 16-bit threshold. The values' meaning (window_size, softcap,
+// dropout_p, softmax_scale) is the public functions' to check.
+void check_options(const at::Tensor& q, int64_t batch, int64_t window_left, int64_t window_right,
                    const std::optional<at::Tensor>& alibi_slopes, double dropout_p,
                    const std::optional<at::Tensor>& rng_state) {
-    TORCH_CHECK(window_left >= -1 && window_right >= -1 && window_left <= INT32_MAX && window_right <= INT32_MAX,
-                "flashattn: window_left and window_right must be ints >= -1 (-1: unbounded), got (",
-                str(window_left), ", ", str(window_right), ")");
-    TORCH_CHECK(std::isfinite(softcap) && softcap >= 0, "flashattn: softcap must be a finite number >= 0, got ",
-                str_real(softcap));
+    TORCH_CHECK_VALUE(
+        window_left >= -1 && window_right >= -1 && window_left <= INT32_MAX && window_right <= INT32_MAX,
+        "flashattn: window_left and window_right must be ints >= -1 (-1: unbounded), got (", str(window_left), ", ",
+        str(window_right), ")");
     if (alibi_slopes.has_value()) {
         const at::Tensor& slopes = *alibi_slopes;
         const int64_t num_heads = q.size(-2);
-        TORCH_CHECK(slopes.device() == q.device() && slopes.scalar_type() == at::kFloat && slopes.is_contiguous() &&
-                        ((slopes.dim() == 1 && slopes.size(0) == num_heads) ||
-                         (slopes.dim() == 2 && slopes.size(0) == batch && slopes.size(1) == num_heads)),
-                    "flashattn: alibi_slopes must be a contiguous float32 tensor of shape (", str(num_heads),
-                    ",) or (", str(batch), ", ", str(num_heads), ") on q's device, got ", slopes.scalar_type(),
-                    " of shape ", str(slopes.sizes()), " on ", slopes.device().str());
+        const std::string accepted = "a float32 tensor of shape (nheads,) = (" + str(num_heads) +
+                                     ",) or (batch, nheads) = (" + str(batch) + ", " + str(num_heads) + ")";
+        TORCH_CHECK_TYPE(slopes.scalar_type() == at::kFloat, "flashattn: alibi_slopes must be ", accepted,
+                         ", got dtype ", str(slopes.scalar_type()));
+        TORCH_CHECK_VALUE((slopes.dim() == 1 && slopes.size(0) == num_heads) ||
+                              (slopes.dim() == 2 && slopes.size(0) == batch && slopes.size(1) == num_heads),
+                          "flashattn: alibi_slopes must be ", accepted, ", got shape ", str(slopes.sizes()));
+        check_same_device(slopes, "alibi_slopes", q);
+        TORCH_CHECK_VALUE(slopes.is_contiguous(), "flashattn: alibi_slopes must be contiguous");
     }
-    TORCH_CHECK(dropout_p >= 0 && dropout_p < 1, "flashattn: dropout_p must be in [0, 1), got ",
-                str_real(dropout_p));
+    TORCH_CHECK_VALUE(dropout_p >= 0 && dropout_p < 1, "flashattn: dropout_p must be in [0, 1), got ",
+                      str_real(dropout_p));
     if (dropout_p > 0) {
         TORCH_CHECK(rng_state.has_value(), "flashattn: dropout_p > 0 needs rng_state (int64 seed and offset)");
         TORCH_CHECK(rng_state->device() == q.device() && rng_state->scalar_type() == at::kLong &&
                         rng_state->numel() == 2 && rng_state->is_contiguous(),
                     "flashattn: rng_state must be a contiguous int64 tensor of 2 elements on q's device, got ",
-                    rng_state->scalar_type(), " of shape ", str(rng_state->sizes()), " on ",
+                    str(rng_state->scalar_type()), " of shape ", str(rng_state->sizes()), " on ",
                     rng_state->device().str());
     }
 }
 
-// An optional int32 [n] (or [n, cols]) tensor on q's device, contiguous.
+// An optional int32 [rows] (or with `matrix` [rows, cols]) tensor on q's
+// device, contiguous.
 void check_index_tensor(const std::optional<at::Tensor>& t, const char* name, const at::Tensor& q, int64_t rows,
                         bool matrix) {
     if (!t.has_value()) return;
-    TORCH_CHECK(t->device() == q.device() && t->scalar_type() == at::kInt && t->is_contiguous() &&
-                    t->dim() == (matrix ? 2 : 1) && t->size(0) == rows,
-                "flashattn: ", name, " must be a contiguous int32 tensor of shape ",
-                matrix ? "(batch, max_blocks_per_seq) = (" : "(batch,) = (", str(rows), matrix ? ", ...)" : ",)",
-                " on q's device, got ", t->scalar_type(), " of shape ", str(t->sizes()), " on ", t->device().str());
+    TORCH_CHECK_TYPE(t->scalar_type() == at::kInt, "flashattn: ", name, " must be int32, got ",
+                     str(t->scalar_type()));
+    TORCH_CHECK_VALUE(t->dim() == (matrix ? 2 : 1) && t->size(0) == rows, "flashattn: ", name, " must have shape ",
+                      matrix ? "(" + str(rows) + ", max_blocks_per_seq)" : "(" + str(rows) + ",)", ", got ",
+                      str(t->sizes()));
+    check_same_device(*t, name, q);
+    TORCH_CHECK_VALUE(t->is_contiguous(), "flashattn: ", name, " must be contiguous");
+}
+
+// flash_attn_with_kvcache's tensors: q, the cache (written in place, so read
+// in place: aligned strides and start), the new keys and values, the rotary
+// tables and the index tensors (their values are checked where the kernels
+// read them).
+void check_kvcache(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                   const std::optional<at::Tensor>& k_new, const std::optional<at::Tensor>& v_new,
+                   const std::optional<at::Tensor>& rotary_cos, const std::optional<at::Tensor>& rotary_sin,
+                   const at::Tensor& cache_seqlens, const std::optional<at::Tensor>& cache_batch_idx,
+                   const std::optional<at::Tensor>& cache_leftpad, const std::optional<at::Tensor>& block_table) {
+    const Layout layout{false};
+    check_input(q, "q", q, layout);
+    check_input(k_cache, "k_cache", q, layout);
+    check_input(v_cache, "v_cache", q, layout);
+    TORCH_CHECK_VALUE(readable_in_place(k_cache) && readable_in_place(v_cache),
+                      "flashattn: k_cache and v_cache must start at 16-byte aligned addresses (they are written "
+                      "in place)");
+    TORCH_CHECK_VALUE(k_cache.sizes() == v_cache.sizes(), "flashattn: k_cache ", str(k_cache.sizes()),
+                      " and v_cache ", str(v_cache.sizes()), " must have the same shape");
+    const int64_t batch = q.size(0), num_heads = q.size(2), head_dim = q.size(3);
+    const int64_t num_heads_k = k_cache.size(2);
+    TORCH_CHECK_VALUE(k_cache.size(3) == head_dim, "flashattn: head dims differ: q ", str(q.sizes()), ", k_cache ",
+                      str(k_cache.sizes()));
+    TORCH_CHECK_VALUE(head_dim >= 1 && head_dim <= flash::kMaxHeadDim,
+                      "flashattn: headdim ", str(head_dim), " is not supported by flash_attn_with_kvcache; "
+                      "accepted: 1 to ", str(flash::kMaxHeadDim));
+    TORCH_CHECK_VALUE(head_dim % kAlignElems == 0, "flashattn: the KV-cache kernels need head_dim to be a "
+                      "multiple of ", str(kAlignElems), " (got ", str(head_dim), ")");
+    TORCH_CHECK_VALUE(num_heads_k > 0 && num_heads % num_heads_k == 0, "flashattn: the number of query heads (",
+                      str(num_heads), ") must be a multiple of the number of key/value heads in k_cache (",
+                      str(num_heads_k), ")");
+    check_index_tensor(cache_seqlens, "cache_seqlens", q, batch, false);
+    check_index_tensor(cache_batch_idx, "cache_batch_idx", q, batch, false);
+    check_index_tensor(cache_leftpad, "cache_leftpad", q, batch, false);
+    check_index_tensor(block_table, "block_table", q, batch, true);
+    TORCH_CHECK_VALUE(!(block_table.has_value() && cache_batch_idx.has_value()),
+                      "flashattn: cache_batch_idx cannot be combined with block_table (a paged cache)");
+    TORCH_CHECK_VALUE(block_table.has_value() || cache_batch_idx.has_value() || k_cache.size(0) >= batch,
+                      "flashattn: k_cache holds ", str(k_cache.size(0)), " sequences but q has a batch of ",
+                      str(batch));
+    TORCH_CHECK_VALUE(k_new.has_value() == v_new.has_value(), "flashattn: k and v must be given together");
+    if (k_new.has_value()) {
+        for (const auto& [name, t] : {std::pair<const char*, const at::Tensor&>{"k", *k_new},
+                                      std::pair<const char*, const at::Tensor&>{"v", *v_new}}) {
+            check_input(t, name, q, layout);
+            TORCH_CHECK_VALUE(t.size(0) == batch && t.size(2) == num_heads_k && t.size(3) == head_dim,
+                              "flashattn: ", name, " must have shape (", str(batch), ", seqlen_new, ",
+                              str(num_heads_k), ", ", str(head_dim), "), got ", str(t.sizes()));
+        }
+        TORCH_CHECK_VALUE(k_new->sizes() == v_new->sizes(), "flashattn: k ", str(k_new->sizes()), " and v ",
+                          str(v_new->sizes()), " must have the same seqlen_new");
+    }
+    TORCH_CHECK_VALUE(rotary_cos.has_value() == rotary_sin.has_value(),
+                      "flashattn: rotary_cos and rotary_sin must be given together");
+    if (rotary_cos.has_value()) {
+        check_same_device(*rotary_cos, "rotary_cos", q);
+        check_same_device(*rotary_sin, "rotary_sin", q);
+        TORCH_CHECK_VALUE(rotary_cos->dim() == 2 && rotary_cos->sizes() == rotary_sin->sizes() &&
+                              2 * rotary_cos->size(1) <= head_dim,
+                          "flashattn: rotary_cos and rotary_sin must be (seqlen_ro, rotary_dim / 2) with rotary_dim "
+                          "<= headdim (", str(head_dim), "), got ", str(rotary_cos->sizes()), " and ",
+                          str(rotary_sin->sizes()));
+    }
 }
 
 }  // namespace flashattn_api

@@ -1,7 +1,8 @@
 // The only torch-aware C++ in flashattn (with its two headers: checks.h, the
 // input checks, and family.h, which kernel family serves a device): allocates
 // outputs and scratch, fills the params struct, calls the family's entry point
-// on the current stream, and registers the operators. It knows nothing of how
+// on the current stream, and registers the operators' CUDA implementations
+// (their schemas are defined once, in flashattn/ops.py). It knows nothing of how
 // attention is computed.
 #include <Python.h>
 
@@ -32,7 +33,7 @@ using namespace flashattn_api;
 // kernels read 16-byte chunks). Under torch.compile flash_attn_func cannot see
 // addresses, only strides, so the start is checked here.
 at::Tensor aligned(const at::Tensor& t) {
-    return start_aligned(t) ? t : t.clone(at::MemoryFormat::Contiguous);
+    return readable_in_place(t) ? t : t.clone(at::MemoryFormat::Contiguous);
 }
 
 // Fills the params both passes share. out and lse are written by the forward
@@ -116,10 +117,10 @@ std::tuple<at::Tensor, at::Tensor> mha_fwd(const at::Tensor& q,  // [B, Sq, H, D
                                            const std::optional<at::Tensor>& cu_seqlens_k, int64_t max_seqlen_q,
                                            int64_t max_seqlen_k) {
     const Layout layout = check_varlen(q, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k);
-    check_qkv(q, k, v, softmax_scale, layout);
+    check_qkv(q, k, v, layout);
     const DeviceKernels kernels = device_kernels(q.get_device());
     const int64_t batch = layout.varlen ? cu_seqlens_q->size(0) - 1 : q.size(0);
-    check_options(q, batch, window_left, window_right, softcap, alibi_slopes, dropout_p, rng_state);
+    check_options(q, batch, window_left, window_right, alibi_slopes, dropout_p, rng_state);
     const c10::cuda::CUDAGuard device_guard(q.device());
     const int64_t rows = layout.rows(q), num_heads = q.size(-2);
     at::Tensor out = at::empty(q.sizes(), q.options());
@@ -155,10 +156,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> mha_bwd(
     const std::optional<at::Tensor>& rng_state, const std::optional<at::Tensor>& cu_seqlens_q,
     const std::optional<at::Tensor>& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k) {
     const Layout layout = check_varlen(q, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k);
-    check_qkv(q, k, v, softmax_scale, layout);
+    check_qkv(q, k, v, layout);
     const DeviceKernels kernels = device_kernels(q.get_device());
     const int64_t batch = layout.varlen ? cu_seqlens_q->size(0) - 1 : q.size(0);
-    check_options(q, batch, window_left, window_right, softcap, alibi_slopes, dropout_p, rng_state);
+    check_options(q, batch, window_left, window_right, alibi_slopes, dropout_p, rng_state);
     check_tensor(dout, "dout", q, layout);
     check_input(out, "out", q, layout);
     TORCH_CHECK(dout.sizes() == q.sizes() && out.sizes() == q.sizes(), "flashattn: dout ", str(dout.sizes()),
@@ -191,7 +192,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> mha_bwd(
     at::Tensor dq_accum;
     if (!deterministic) dq_accum = at::zeros(q.sizes(), q.options().dtype(at::kFloat));
 
-    const bool dout_readable = dout.stride(-1) == 1 && strides_aligned(dout) && start_aligned(dout);
+    const bool dout_readable = dout.stride(-1) == 1 && strides_aligned(dout) && readable_in_place(dout);
     const at::Tensor dout_rows = dout_readable ? dout : dout.clone(at::MemoryFormat::Contiguous);
 
     const at::Tensor q_in = aligned(q), k_in = aligned(k), v_in = aligned(v), out_in = aligned(out);
@@ -253,64 +254,21 @@ std::tuple<at::Tensor, at::Tensor> mha_fwd_kvcache(
     double softmax_scale, bool causal, int64_t window_left, int64_t window_right, double softcap,
     bool rotary_interleaved, const std::optional<at::Tensor>& alibi_slopes, int64_t num_splits) {
     const Layout layout{false};
-    check_input(q, "q", q, layout);
-    check_input(k_cache, "k_cache", q, layout);
-    check_input(v_cache, "v_cache", q, layout);
-    TORCH_CHECK(start_aligned(k_cache) && start_aligned(v_cache),
-                "flashattn: k_cache and v_cache must start at 16-byte aligned addresses (they are written in place)");
-    TORCH_CHECK(k_cache.sizes() == v_cache.sizes(), "flashattn: k_cache ", str(k_cache.sizes()), " and v_cache ",
-                str(v_cache.sizes()), " must have the same shape");
+    check_kvcache(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+                  cache_leftpad, block_table);
     const int64_t batch = q.size(0), seqlen_q = q.size(1), num_heads = q.size(2), head_dim = q.size(3);
     const int64_t num_heads_k = k_cache.size(2);
-    TORCH_CHECK(k_cache.size(3) == head_dim, "flashattn: head_dim of q (", str(head_dim), ") and k_cache (",
-                str(k_cache.size(3)), ") must match");
-    TORCH_CHECK(head_dim <= flash::kMaxHeadDim && head_dim % kAlignElems == 0, "flashattn: head_dim ",
-                str(head_dim), " is not supported by the KV-cache kernels: a multiple of 8 up to 256");
-    TORCH_CHECK(num_heads_k > 0 && num_heads % num_heads_k == 0, "flashattn: the number of query heads (",
-                str(num_heads), ") must be a multiple of the number of key/value heads in k_cache (",
-                str(num_heads_k), ")");
-    TORCH_CHECK(std::isfinite(softmax_scale) && softmax_scale > 0, "flashattn: softmax_scale must be a ",
-                "positive finite number (got ", str_real(softmax_scale), ")");
-    check_index_tensor(cache_seqlens, "cache_seqlens", q, batch, false);
-    check_index_tensor(cache_batch_idx, "cache_batch_idx", q, batch, false);
-    check_index_tensor(cache_leftpad, "cache_leftpad", q, batch, false);
-    check_index_tensor(block_table, "block_table", q, batch, true);
     const bool paged = block_table.has_value();
-    TORCH_CHECK(!(paged && cache_batch_idx.has_value()),
-                "flashattn: cache_batch_idx cannot be combined with block_table (a paged cache)");
     const int64_t page_size = paged ? k_cache.size(1) : 0;
-    if (!paged) {
-        TORCH_CHECK(cache_batch_idx.has_value() || k_cache.size(0) >= batch, "flashattn: k_cache holds ",
-                    str(k_cache.size(0)), " sequences but q has a batch of ", str(batch));
-    }
     const int64_t cache_capacity = paged ? block_table->size(1) * page_size : k_cache.size(1);
-    TORCH_CHECK(k_new.has_value() == v_new.has_value(), "flashattn: k and v must be given together");
-    int64_t seqlen_knew = 0;
-    if (k_new.has_value()) {
-        check_input(*k_new, "k", q, layout);
-        check_input(*v_new, "v", q, layout);
-        TORCH_CHECK(k_new->size(0) == batch && k_new->size(2) == num_heads_k && k_new->size(3) == head_dim &&
-                        v_new->sizes() == k_new->sizes(),
-                    "flashattn: k ", str(k_new->sizes()), " and v ", str(v_new->sizes()), " must have shape (",
-                    str(batch), ", seqlen_new, ", str(num_heads_k), ", ", str(head_dim), ")");
-        seqlen_knew = k_new->size(1);
-    }
-    TORCH_CHECK(rotary_cos.has_value() == rotary_sin.has_value(), "flashattn: rotary_cos and rotary_sin must be "
-                "given together");
+    const int64_t seqlen_knew = k_new.has_value() ? k_new->size(1) : 0;
     at::Tensor cos, sin;
-    int64_t rotary_dim = 0;
-    if (rotary_cos.has_value()) {
-        TORCH_CHECK(rotary_cos->device() == q.device() && rotary_sin->device() == q.device() &&
-                        rotary_cos->dim() == 2 && rotary_cos->sizes() == rotary_sin->sizes(),
-                    "flashattn: rotary_cos and rotary_sin must be 2-D (seqlen_ro, rotary_dim / 2) tensors of "
-                    "one shape on q's device, got ", str(rotary_cos->sizes()), " and ", str(rotary_sin->sizes()));
-        rotary_dim = 2 * rotary_cos->size(1);
-        TORCH_CHECK(rotary_dim <= head_dim, "flashattn: rotary_dim (2 * rotary_cos.size(1) = ", str(rotary_dim),
-                    ") must be at most head_dim (", str(head_dim), ")");
+    const int64_t rotary_dim = rotary_cos.has_value() ? 2 * rotary_cos->size(1) : 0;
+    if (rotary_dim > 0) {
         cos = rotary_cos->to(at::kFloat).contiguous();
         sin = rotary_sin->to(at::kFloat).contiguous();
     }
-    check_options(q, batch, window_left, window_right, softcap, alibi_slopes, 0.0, std::nullopt);
+    check_options(q, batch, window_left, window_right, alibi_slopes, 0.0, std::nullopt);
     const DeviceKernels kernels = device_kernels(q.get_device());
     const c10::cuda::CUDAGuard device_guard(q.device());
     const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
@@ -395,26 +353,6 @@ std::tuple<at::Tensor, at::Tensor> mha_fwd_kvcache(
 
 }  // namespace
 
-// The schema is mirrored in flashattn/ops.py (used when the extension is not
-// built); tests/test_ops.py checks that the two agree.
-TORCH_LIBRARY(flashattn, m) {
-    m.def(
-        "fwd(Tensor q, Tensor k, Tensor v, float softmax_scale, bool causal, bool deterministic=False, "
-        "int window_left=-1, int window_right=-1, float softcap=0.0, Tensor? alibi_slopes=None, "
-        "float dropout_p=0.0, Tensor? rng_state=None, Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, "
-        "int max_seqlen_q=0, int max_seqlen_k=0) -> (Tensor out, Tensor softmax_lse)");
-    m.def(
-        "bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, float softmax_scale, "
-        "bool causal, bool deterministic, int window_left=-1, int window_right=-1, float softcap=0.0, "
-        "Tensor? alibi_slopes=None, float dropout_p=0.0, Tensor? rng_state=None, Tensor? cu_seqlens_q=None, "
-        "Tensor? cu_seqlens_k=None, int max_seqlen_q=0, int max_seqlen_k=0) -> (Tensor dq, Tensor dk, Tensor dv)");
-    m.def(
-        "fwd_kvcache(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor? k, Tensor? v, Tensor? rotary_cos, "
-        "Tensor? rotary_sin, Tensor cache_seqlens, Tensor? cache_batch_idx, Tensor? cache_leftpad, "
-        "Tensor? block_table, float softmax_scale, bool causal, int window_left, int window_right, float softcap, "
-        "bool rotary_interleaved, Tensor? alibi_slopes, int num_splits) -> (Tensor out, Tensor softmax_lse)");
-}
-
 TORCH_LIBRARY_IMPL(flashattn, CUDA, m) {
     m.impl("fwd", &mha_fwd);
     m.impl("bwd", &mha_bwd);
@@ -434,8 +372,9 @@ PyObject* kernel_family(PyObject* /*module*/, PyObject* arg) {
     }
 }
 
-// `import flashattn._C` loads this library, which registers the operators
-// above; the module itself holds kernel_family.
+// `import flashattn._C` (after flashattn.ops has defined the schemas) loads
+// this library, which registers the CUDA implementations above; the module
+// itself holds kernel_family.
 PyMODINIT_FUNC PyInit__C(void) {
     static PyMethodDef methods[] = {
         {"kernel_family", kernel_family, METH_O, "The kernel family that serves a CUDA device (its index)."},

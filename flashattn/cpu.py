@@ -1,0 +1,678 @@
+"""The CPU implementation of the flashattn operators: FlashAttention's blockwise algorithm in plain PyTorch.
+
+``fwd`` and ``bwd`` are the readable statement of the algorithm the CUDA
+kernels implement (flashattn.ops registers them for CPU tensors and states
+what the operators compute). Like the C++ binding (csrc/api/checks.h) for CUDA
+tensors, they first check the tensors they receive, with the binding's
+messages and exception types; ``check_fwd`` and ``check_bwd`` are those
+checks, which the fake implementations run too, so that meta tensors and
+torch.compile's tracing stop where eager would. README.md ("Where each
+argument is checked") says which layer checks what.
+"""
+
+import math
+from dataclasses import dataclass, replace
+
+import torch
+from torch import Tensor
+
+from .philox import dropout_keep_mask
+
+__all__ = ["CPU_DTYPES", "CUDA_DTYPES", "MAX_HEAD_DIM", "attention_probs", "bwd", "check_bwd", "check_fwd", "fwd"]
+
+MAX_HEAD_DIM = 256
+CUDA_DTYPES = (torch.float16, torch.bfloat16)  # the kernels' tensor-core types
+CPU_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+# ---------------------------------------------------------------------------------------------- the checks
+
+
+def _shape(t: Tensor) -> str:
+    return str(tuple(t.shape))
+
+
+def check_same_device(name: str, t: Tensor, q: Tensor) -> None:
+    if t.device != q.device:
+        raise RuntimeError(f"flashattn: {name} is on {t.device} but q is on {q.device}; they must be on one device")
+
+
+def check_index_tensor(name: str, t: Tensor | None, q: Tensor, shape: tuple[int, ...], matrix: bool = False) -> None:
+    """An optional int32 index tensor of `shape` ((batch,)), or with `matrix` (batch, any), on q's device."""
+    if t is None:
+        return
+    if t.dtype != torch.int32:
+        raise TypeError(f"flashattn: {name} must be int32, got {t.dtype}")
+    if (t.dim() != 2 or t.shape[0] != shape[0]) if matrix else tuple(t.shape) != shape:
+        want = f"({shape[0]}, max_blocks_per_seq)" if matrix else str(shape)
+        raise ValueError(f"flashattn: {name} must have shape {want}, got {_shape(t)}")
+    check_same_device(name, t, q)
+
+
+def check_dtype(name: str, t: Tensor, q: Tensor) -> None:
+    """q's dtype one of its device's; any other tensor's q's."""
+    if t is q:
+        accepted = CUDA_DTYPES if q.device.type == "cuda" else CPU_DTYPES
+        if q.dtype not in accepted:
+            raise TypeError(
+                f"flashattn: q has dtype {q.dtype}; accepted on {q.device.type}: " + ", ".join(map(str, accepted))
+            )
+    elif t.dtype != q.dtype:
+        raise TypeError(f"flashattn: {name} has dtype {t.dtype} but q has {q.dtype}; {name} must be a {q.dtype} tensor")
+
+
+def check_tensor(name: str, t: Tensor, q: Tensor, rank: int, layout: str) -> None:
+    """Rank, device and dtype: what every data tensor must have."""
+    if t.dim() != rank:
+        raise ValueError(f"flashattn: {name} must be {rank}-D {layout}, got shape {_shape(t)}")
+    check_same_device(name, t, q)
+    check_dtype(name, t, q)
+
+
+def check_last_dim_contiguous(name: str, t: Tensor) -> None:
+    if t.stride(-1) != 1:
+        raise ValueError(
+            f"flashattn: the last dimension of {name} must be contiguous (stride 1), got strides {t.stride()}; "
+            "call .contiguous() on it first"
+        )
+
+
+def _check_cu_seqlens(q: Tensor, cu_seqlens_q: Tensor | None, cu_seqlens_k: Tensor | None) -> bool:
+    """Whether the call is a variable-length batch; its offsets int32 (batch + 1,) on q's device."""
+    if (cu_seqlens_q is None) != (cu_seqlens_k is None):
+        raise RuntimeError(
+            "flashattn: cu_seqlens_q and cu_seqlens_k must be given together (variable-length batch) or not at all"
+        )
+    if cu_seqlens_q is None:
+        return False
+    accepted = "an int32 tensor of shape (batch + 1,): the offsets of the sequences"
+    for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        if cu.dtype != torch.int32:
+            raise TypeError(f"flashattn: {name} must be {accepted}, got dtype {cu.dtype}")
+        if cu.dim() != 1 or cu.shape[0] == 0:
+            raise ValueError(f"flashattn: {name} must be {accepted}, got shape {_shape(cu)}")
+        check_same_device(name, cu, q)
+    if cu_seqlens_q.shape != cu_seqlens_k.shape:
+        raise ValueError(
+            f"flashattn: cu_seqlens_q {_shape(cu_seqlens_q)} and cu_seqlens_k {_shape(cu_seqlens_k)} "
+            "must have the same length (batch + 1)"
+        )
+    return True
+
+
+def _check_qkv(q: Tensor, k: Tensor, v: Tensor, varlen: bool) -> None:
+    rank = 3 if varlen else 4
+    q_layout = "(total_q, nheads, headdim)" if varlen else "(batch, seqlen_q, nheads, headdim)"
+    kv_layout = "(total_k, nheads_k, headdim)" if varlen else "(batch, seqlen_k, nheads_k, headdim)"
+    for name, t, layout in (("q", q, q_layout), ("k", k, kv_layout), ("v", v, kv_layout)):
+        check_tensor(name, t, q, rank, layout)
+    shapes = f"q {_shape(q)}, k {_shape(k)}, v {_shape(v)}"
+    num_heads, head_dim = q.shape[-2:]
+    num_heads_k = k.shape[-2]
+    if not varlen and (k.shape[0] != q.shape[0] or v.shape[0] != q.shape[0]):
+        raise ValueError(f"flashattn: batch sizes differ ({shapes}); they must be equal")
+    if k.shape != v.shape:
+        raise ValueError(f"flashattn: k and v must have the same shape {kv_layout}, got {shapes}")
+    if k.shape[-1] != head_dim:
+        raise ValueError(f"flashattn: head dims differ ({shapes}); q, k and v must share one headdim")
+    if not 1 <= head_dim <= MAX_HEAD_DIM:
+        raise ValueError(f"flashattn: headdim {head_dim} ({shapes}) is not supported; accepted: 1 to {MAX_HEAD_DIM}")
+    if num_heads_k == 0 or num_heads % num_heads_k != 0:
+        heads_dim = rank - 2
+        raise ValueError(
+            f"flashattn: the number of query heads (q.shape[{heads_dim}] = {num_heads}) must be a multiple "
+            f"of the number of key/value heads (k.shape[{heads_dim}] = {num_heads_k})"
+        )
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_last_dim_contiguous(name, t)
+
+
+def check_alibi_slopes(alibi_slopes: Tensor | None, q: Tensor, batch: int) -> None:
+    """None, or fp32 slopes (nheads,) or (batch, nheads) on q's device."""
+    if alibi_slopes is None:
+        return
+    num_heads = q.shape[-2]
+    accepted = f"a float32 tensor of shape (nheads,) = ({num_heads},) or (batch, nheads) = ({batch}, {num_heads})"
+    if alibi_slopes.dtype != torch.float32:
+        raise TypeError(f"flashattn: alibi_slopes must be {accepted}, got dtype {alibi_slopes.dtype}")
+    if alibi_slopes.shape not in ((num_heads,), (batch, num_heads)):
+        raise ValueError(f"flashattn: alibi_slopes must be {accepted}, got shape {_shape(alibi_slopes)}")
+    check_same_device("alibi_slopes", alibi_slopes, q)
+
+
+def _check_rng_state(q: Tensor, dropout_p: float, rng_state: Tensor | None) -> None:
+    if dropout_p <= 0:
+        return
+    if rng_state is None:
+        raise RuntimeError("flashattn: dropout_p > 0 needs rng_state (int64 seed and offset)")
+    if rng_state.device != q.device or rng_state.dtype != torch.int64 or rng_state.numel() != 2:
+        raise RuntimeError(
+            f"flashattn: rng_state must be a contiguous int64 tensor of 2 elements on q's device, got "
+            f"{rng_state.dtype} of shape {_shape(rng_state)} on {rng_state.device}"
+        )
+
+
+def check_fwd(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    alibi_slopes: Tensor | None,
+    dropout_p: float,
+    rng_state: Tensor | None,
+    cu_seqlens_q: Tensor | None,
+    cu_seqlens_k: Tensor | None,
+) -> None:
+    """The tensors of flashattn::fwd, checked as csrc/api/checks.h checks them (same messages and types,
+    less what only the kernels need: head dims a multiple of 8, aligned rows, contiguous options)."""
+    varlen = _check_cu_seqlens(q, cu_seqlens_q, cu_seqlens_k)
+    _check_qkv(q, k, v, varlen)
+    check_alibi_slopes(alibi_slopes, q, cu_seqlens_q.shape[0] - 1 if varlen else q.shape[0])
+    _check_rng_state(q, dropout_p, rng_state)
+
+
+def check_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, softmax_lse: Tensor, *fwd_tensors) -> None:
+    """The tensors of flashattn::bwd: fwd's (fwd_tensors: alibi_slopes, dropout_p, rng_state, cu_seqlens_q and
+    cu_seqlens_k), then dout, out and the forward's softmax_lse."""
+    check_fwd(q, k, v, *fwd_tensors)
+    varlen = fwd_tensors[-1] is not None
+    layout = "(total_q, nheads, headdim)" if varlen else "(batch, seqlen_q, nheads, headdim)"
+    check_tensor("dout", dout, q, q.dim(), layout)
+    check_tensor("out", out, q, q.dim(), layout)
+    check_last_dim_contiguous("out", out)
+    if dout.shape != q.shape or out.shape != q.shape:
+        raise RuntimeError(
+            f"flashattn: dout {_shape(dout)} and out {_shape(out)} must have the shape of q {_shape(q)}"
+        )
+    num_heads = q.shape[-2]
+    lse_shape = (num_heads, q.shape[0]) if varlen else (q.shape[0], num_heads, q.shape[1])
+    if softmax_lse.device != q.device or softmax_lse.dtype != torch.float32 or softmax_lse.shape != lse_shape:
+        raise RuntimeError(
+            f"flashattn: softmax_lse must be the forward's contiguous float32 tensor of shape {lse_shape} on q's "
+            f"device, got {_shape(softmax_lse)} {softmax_lse.dtype} on {softmax_lse.device}"
+        )
+
+
+def check_offsets(q: Tensor, k: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, max_seqlen_q: int,
+                  max_seqlen_k: int) -> None:
+    """The values of a variable-length batch's offsets, read on the host (free for CPU tensors; the CUDA
+    binding takes them as the caller's promise): 0 first, nondecreasing, within the rows of q (k), no
+    sequence longer than max_seqlen_q (max_seqlen_k)."""
+    for name, cu, t, tensor_name, max_name, max_seqlen in (
+        ("cu_seqlens_q", cu_seqlens_q, q, "q", "max_seqlen_q", max_seqlen_q),
+        ("cu_seqlens_k", cu_seqlens_k, k, "k", "max_seqlen_k", max_seqlen_k),
+    ):
+        offsets = cu.tolist()
+        rows = t.shape[0]
+        if offsets[0] != 0:
+            raise ValueError(f"flashattn: {name} must start at 0, got {name}[0] = {offsets[0]}")
+        lengths = [stop - start for start, stop in zip(offsets, offsets[1:])]
+        if any(length < 0 for length in lengths):
+            raise ValueError(f"flashattn: {name} must be nondecreasing, got {offsets}")
+        if offsets[-1] > rows:
+            raise ValueError(
+                f"flashattn: {name}[-1] = {offsets[-1]} is past the {rows} rows of {tensor_name}; "
+                f"{name} must end at most at {tensor_name}.shape[0]"
+            )
+        longest = max(lengths, default=0)
+        if longest > max_seqlen:
+            raise ValueError(
+                f"flashattn: {max_name} = {max_seqlen} is less than the longest sequence of {name} ({longest}); "
+                "it must be at least every sequence's length"
+            )
+
+
+# ------------------------------------------------------------------------------------------ the algorithm
+
+BLOCK_M = 128
+BLOCK_N = 128
+
+
+@dataclass(frozen=True)
+class _Options:
+    """What turns q . k of one group of sequences into the scores the softmax sees, and the dropout."""
+
+    softmax_scale: float
+    left: int  # window_left; -1: unbounded
+    right: int  # 0 if causal else window_right; -1: unbounded
+    softcap: float  # 0: none
+    alibi_slopes: Tensor | None  # fp32 [B or 1, H] of the sequences at hand
+    dropout_p: float
+    rng_state: Tensor | None  # int64 [2], when dropout_p > 0
+    batch_start: int = 0  # the index b of the first sequence at hand (dropout's counter)
+
+    @staticmethod
+    def of(
+        softmax_scale: float,
+        causal: bool,
+        window_left: int,
+        window_right: int,
+        softcap: float,
+        alibi_slopes: Tensor | None,
+        dropout_p: float,
+        rng_state: Tensor | None,
+    ) -> "_Options":
+        """The options of the operator's arguments (dropout_p > 0 needs its rng_state)."""
+        slopes = None if alibi_slopes is None else alibi_slopes.float().reshape(-1, alibi_slopes.shape[-1])
+        return _Options(
+            softmax_scale=softmax_scale,
+            left=window_left,
+            right=0 if causal else window_right,
+            softcap=softcap,
+            alibi_slopes=slopes,
+            dropout_p=dropout_p,
+            rng_state=rng_state if dropout_p > 0 else None,
+        )
+
+    def for_sequence(self, b: int) -> "_Options":
+        """The options of sequence b of a variable-length batch, run as a batch of one."""
+        slopes = self.alibi_slopes
+        if slopes is not None and slopes.shape[0] > 1:
+            slopes = slopes[b : b + 1]
+        return replace(self, alibi_slopes=slopes, batch_start=b)
+
+
+def _key_range(rows: range, seqlen_k: int, diagonal: int, opts: _Options) -> range:
+    """The keys that some query row of `rows` sees (diagonal = Sk - Sq): the window's outer bounds."""
+    first = max(0, rows.start + diagonal - opts.left) if opts.left >= 0 else 0
+    stop = min(seqlen_k, rows.stop + diagonal + opts.right) if opts.right >= 0 else seqlen_k
+    return range(first, max(first, stop))
+
+
+def _row_range(keys: range, seqlen_q: int, diagonal: int, opts: _Options) -> range:
+    """The query rows that see some key of `keys`: _key_range turned around."""
+    first = max(0, keys.start - diagonal - opts.right) if opts.right >= 0 else 0
+    stop = min(seqlen_q, keys.stop - diagonal + opts.left) if opts.left >= 0 else seqlen_q
+    return range(first, max(first, stop))
+
+
+def _block_visibility(rows: range, keys: range, diagonal: int, opts: _Options, device: torch.device) -> Tensor | None:
+    """[bm, bn] True where query row i sees key j, or None when every row sees every key of
+    the block: only the blocks the window's edges cross pay for a mask."""
+    inside_left = opts.left < 0 or keys.start >= rows.stop - 1 + diagonal - opts.left
+    inside_right = opts.right < 0 or keys.stop - 1 <= rows.start + diagonal + opts.right
+    if inside_left and inside_right:
+        return None
+    offset = _diagonal_offset(rows, keys, diagonal, device)
+    visible = torch.ones(offset.shape, dtype=torch.bool, device=device)
+    if opts.left >= 0:
+        visible &= offset >= -opts.left
+    if opts.right >= 0:
+        visible &= offset <= opts.right
+    return visible
+
+
+def _diagonal_offset(rows: range, keys: range, diagonal: int, device: torch.device) -> Tensor:
+    """[bm, bn] j - (i + diagonal): key j's signed distance from query i's diagonal key."""
+    row_ids = torch.arange(rows.start, rows.stop, device=device).unsqueeze(-1)
+    key_ids = torch.arange(keys.start, keys.stop, device=device)
+    return key_ids - (row_ids + diagonal)
+
+
+def _block_scores(
+    q_rows: Tensor,  # [B, Hk, G * bm, D], fp32
+    k_blk: Tensor,  # [B, Hk, bn, D], fp32
+    group: int,
+    rows: range,
+    keys: range,
+    diagonal: int,
+    opts: _Options,
+) -> tuple[Tensor, Tensor | None]:
+    """The scores [B, Hk, G, bm, bn] of a block (scaled, capped, biased, masked to -inf) and, with
+    softcap, d(scores)/d(scale * q . k) = 1 - tanh^2 (the backward's chain rule), else None."""
+    num_heads_k = q_rows.shape[1]
+    scores = (q_rows @ k_blk.transpose(-1, -2)).unflatten(2, (group, len(rows))) * opts.softmax_scale
+    softcap_grad = None
+    if opts.softcap > 0:
+        capped = torch.tanh(scores / opts.softcap)
+        scores = opts.softcap * capped
+        softcap_grad = 1 - capped * capped
+    if opts.alibi_slopes is not None:
+        slopes = opts.alibi_slopes.to(scores.device).reshape(-1, num_heads_k, group, 1, 1)  # [B or 1, Hk, G, 1, 1]
+        distance = _diagonal_offset(rows, keys, diagonal, scores.device).abs()  # [bm, bn]
+        scores = scores - slopes * distance
+    visible = _block_visibility(rows, keys, diagonal, opts, scores.device)
+    if visible is not None:
+        scores = scores.masked_fill(~visible, -math.inf)  # [bm, bn] broadcast
+    return scores, softcap_grad
+
+
+def _block_keep(rows: range, keys: range, batch: int, num_heads_k: int, group: int, opts: _Options) -> Tensor:
+    """Dropout's keep mask [B, Hk, G, bm, bn] of a block (flashattn.philox, the kernels' draws)."""
+    keep = dropout_keep_mask(
+        opts.rng_state,
+        opts.dropout_p,
+        rows,
+        keys,
+        num_heads=num_heads_k * group,
+        batch=range(opts.batch_start, opts.batch_start + batch),
+    )  # [B, H, bm, bn]
+    return keep.unflatten(1, (num_heads_k, group))
+
+class _OnlineSoftmax:
+    """Softmax over key blocks that arrive one at a time, for every query row of a block.
+
+    Keeps the running row max of the scores seen so far and the running row
+    sum of exp(score - max). When a block raises the max, what was summed and
+    accumulated before is rescaled by exp(old_max - new_max).
+    """
+
+    def __init__(self, row_shape: tuple[int, ...]) -> None:
+        self.row_max = torch.full(row_shape, -math.inf, dtype=torch.float32)
+        self.row_sum = torch.zeros(row_shape, dtype=torch.float32)
+
+    def update(self, scores: Tensor) -> tuple[Tensor, Tensor]:
+        """Folds in a block of scores [..., rows, keys]. Returns the block's unnormalised
+        probabilities and the factor [..., rows] by which to rescale the accumulated output."""
+        new_max = torch.maximum(self.row_max, scores.amax(dim=-1))
+        # A row that has seen only masked keys still has max -inf: subtracting 0
+        # instead gives exp(-inf) = 0 rather than exp(-inf - -inf) = NaN.
+        offset = torch.where(new_max == -math.inf, 0.0, new_max)
+        probs = torch.exp(scores - offset.unsqueeze(-1))
+        rescale = torch.exp(self.row_max - offset)
+        self.row_sum = self.row_sum * rescale + probs.sum(dim=-1)
+        self.row_max = new_max
+        return probs, rescale
+
+    def finalize(self, acc: Tensor) -> tuple[Tensor, Tensor]:
+        """Normalises the accumulated output [..., rows, D] once; returns it and the row LSE.
+        Rows that saw no key (sum 0) get output 0 and LSE -inf; a NaN score makes the
+        sum NaN, hence the row's output and LSE NaN (never -inf: that would claim no key)."""
+        empty = self.row_sum == 0
+        out = acc / torch.where(empty, 1.0, self.row_sum).unsqueeze(-1)
+        lse = torch.where(empty, -math.inf, self.row_max + torch.log(self.row_sum))
+        return out, lse
+
+
+def _attend_query_block(
+    q_blk: Tensor,  # [B, Hk, G, bm, D]: the G query heads that share each KV head
+    k_heads: Tensor,  # [B, Hk, Sk, D]
+    v_heads: Tensor,  # [B, Hk, Sk, D]
+    rows: range,
+    diagonal: int,
+    opts: _Options,
+) -> tuple[Tensor, Tensor]:
+    """Attention of one block of query rows over every key block they can see, in fp32.
+
+    Returns out [B, Hk, G, bm, D] and lse [B, Hk, G, bm].
+    """
+    batch, num_heads_k, group, block_m, head_dim = q_blk.shape
+    # The G heads of a group are stacked as rows of one matrix, so each K/V
+    # block serves them all through a plain batched matmul, with no copy of K/V.
+    q_rows = q_blk.float().flatten(2, 3)  # [B, Hk, G * bm, D]
+    softmax = _OnlineSoftmax((batch, num_heads_k, group, block_m))
+    acc = torch.zeros((batch, num_heads_k, group, block_m, head_dim), dtype=torch.float32)
+    # Keys outside the window of every row of the block (e.g. in every row's
+    # future when causal) are never visited; blocks stay on the BLOCK_N grid.
+    visible_keys = _key_range(rows, k_heads.shape[2], diagonal, opts)
+    for key_start in range(visible_keys.start // BLOCK_N * BLOCK_N, visible_keys.stop, BLOCK_N):
+        keys = range(key_start, min(key_start + BLOCK_N, visible_keys.stop))
+        k_blk = k_heads[:, :, keys.start : keys.stop].float()  # [B, Hk, bn, D]
+        v_blk = v_heads[:, :, keys.start : keys.stop].float()  # [B, Hk, bn, D]
+        scores, _ = _block_scores(q_rows, k_blk, group, rows, keys, diagonal, opts)  # [B, Hk, G, bm, bn]
+        probs, rescale = softmax.update(scores)  # [B, Hk, G, bm, bn], [B, Hk, G, bm]
+        if opts.dropout_p > 0:
+            # Dropped probabilities still count in the softmax's sum (the LSE is
+            # the undropped one) but not in the output.
+            probs = probs.masked_fill(~_block_keep(rows, keys, batch, num_heads_k, group, opts), 0.0)
+        acc = acc * rescale.unsqueeze(-1) + (probs.flatten(2, 3) @ v_blk).unflatten(2, (group, block_m))
+    out, lse = softmax.finalize(acc)
+    if opts.dropout_p > 0:
+        out = out / (1 - opts.dropout_p)
+    return out, lse
+
+
+def _fwd_padded(q: Tensor, k: Tensor, v: Tensor, opts: _Options) -> tuple[Tensor, Tensor]:
+    """The forward of q [B, Sq, H, D] over k, v [B, Sk, Hk, D]: out [B, Sq, H, D], lse [B, H, Sq]."""
+    batch, seqlen_q, num_heads, head_dim = q.shape
+    seqlen_k, num_heads_k = k.shape[1], k.shape[2]
+    group = num_heads // num_heads_k  # query head h uses KV head h // group
+    out = q.new_empty((batch, seqlen_q, num_heads, head_dim))  # [B, Sq, H, D]
+    softmax_lse = q.new_empty((batch, num_heads, seqlen_q), dtype=torch.float32)  # [B, H, Sq]
+    k_heads = k.transpose(1, 2)  # [B, Hk, Sk, D], a view
+    v_heads = v.transpose(1, 2)  # [B, Hk, Sk, D], a view
+    for first_row in range(0, seqlen_q, BLOCK_M):
+        rows = range(first_row, min(first_row + BLOCK_M, seqlen_q))
+        q_blk = q[:, rows.start : rows.stop].transpose(1, 2).unflatten(1, (num_heads_k, group))  # [B, Hk, G, bm, D]
+        out_blk, lse_blk = _attend_query_block(q_blk, k_heads, v_heads, rows, seqlen_k - seqlen_q, opts)
+        out[:, rows.start : rows.stop] = out_blk.flatten(1, 2).transpose(1, 2)  # cast to q's dtype on copy
+        softmax_lse[:, :, rows.start : rows.stop] = lse_blk.flatten(1, 2)
+    return out, softmax_lse
+
+
+def _sequences(cu_seqlens_q: Tensor, cu_seqlens_k: Tensor) -> list[tuple[slice, slice]]:
+    """(query rows, keys) of each sequence of a variable-length batch (host copies of the offsets)."""
+    starts_q, starts_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    return [
+        (slice(starts_q[b], starts_q[b + 1]), slice(starts_k[b], starts_k[b + 1]))
+        for b in range(len(starts_q) - 1)
+    ]
+
+
+def fwd(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    softmax_scale: float,
+    causal: bool,
+    deterministic: bool = False,
+    window_left: int = -1,
+    window_right: int = -1,
+    softcap: float = 0.0,
+    alibi_slopes: Tensor | None = None,
+    dropout_p: float = 0.0,
+    rng_state: Tensor | None = None,
+    cu_seqlens_q: Tensor | None = None,
+    cu_seqlens_k: Tensor | None = None,
+    max_seqlen_q: int = 0,
+    max_seqlen_k: int = 0,
+) -> tuple[Tensor, Tensor]:
+    """FlashAttention's forward in plain PyTorch: the readable statement of the algorithm.
+
+    Query blocks of BLOCK_M rows attend to key blocks of BLOCK_N keys with an
+    online softmax, computing in fp32 whatever the input dtype (fp16, bf16,
+    fp32), vectorised over batch and heads. The full [Sq, Sk] score matrix
+    never exists; key blocks outside every row's window are skipped, and only
+    blocks that a window edge crosses are masked. A variable-length batch runs
+    each sequence as a batch of one, written into the packed outputs; rows past
+    cu_seqlens_q[-1] belong to no sequence and get out 0, lse -inf.
+    `deterministic` is for the backward; this forward always is.
+    """
+    check_fwd(q, k, v, alibi_slopes, dropout_p, rng_state, cu_seqlens_q, cu_seqlens_k)
+    opts = _Options.of(softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, dropout_p, rng_state)
+    if cu_seqlens_q is None:
+        return _fwd_padded(q, k, v, opts)
+    check_offsets(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    total_q, num_heads, _ = q.shape
+    out = q.new_empty(q.shape)  # [total_q, H, D]
+    softmax_lse = q.new_empty((num_heads, total_q), dtype=torch.float32)  # [H, total_q]
+    sequences = _sequences(cu_seqlens_q, cu_seqlens_k)
+    for b, (rows, keys) in enumerate(sequences):
+        out_b, lse_b = _fwd_padded(q[rows][None], k[keys][None], v[keys][None], opts.for_sequence(b))
+        out[rows] = out_b[0]
+        softmax_lse[:, rows] = lse_b[0]
+    covered = sequences[-1][0].stop if sequences else 0
+    out[covered:] = 0
+    softmax_lse[:, covered:] = -math.inf
+    return out, softmax_lse
+
+
+
+def _key_block_gradients(
+    k_blk: Tensor,  # [B, Hk, bn, D], fp32
+    v_blk: Tensor,  # [B, Hk, bn, D], fp32
+    q_heads: Tensor,  # [B, Hk, G, Sq, D]: the G query heads that share each KV head
+    do_heads: Tensor,  # [B, Hk, G, Sq, D]
+    lse: Tensor,  # [B, Hk, G, Sq], fp32, +inf on rows that saw no key
+    delta: Tensor,  # [B, Hk, G, Sq], fp32: rowsum(dO * O)
+    dq_acc: Tensor,  # [B, Hk, G, Sq, D], fp32, accumulated in place
+    keys: range,
+    diagonal: int,
+    opts: _Options,
+) -> tuple[Tensor, Tensor]:
+    """One block of keys walks every query block that can see it, in fp32.
+
+    Recomputes the probabilities from the scores and the saved LSE, adds the
+    block's share to dQ (unscaled) and returns its dK (unscaled) and dV
+    [B, Hk, bn, D], summed over the query heads of each KV head.
+    """
+    batch, num_heads_k, group, seqlen_q, head_dim = q_heads.shape
+    dk_blk = torch.zeros_like(k_blk)
+    dv_blk = torch.zeros_like(v_blk)
+    # Rows outside the window of every key of the block never visit it.
+    visible_rows = _row_range(keys, seqlen_q, diagonal, opts)
+    for first_row in range(visible_rows.start // BLOCK_M * BLOCK_M, visible_rows.stop, BLOCK_M):
+        rows = range(first_row, min(first_row + BLOCK_M, visible_rows.stop))
+        block_m = len(rows)
+        # As in the forward, the G heads of a group are stacked as rows of one
+        # matrix: each product with the K/V block serves them all without a copy
+        # of K/V, and P^T dO and dS^T Q sum over the group as they multiply.
+        q_rows = q_heads[:, :, :, rows.start : rows.stop].float().flatten(2, 3)  # [B, Hk, G * bm, D]
+        do_rows = do_heads[:, :, :, rows.start : rows.stop].float().flatten(2, 3)  # [B, Hk, G * bm, D]
+        scores, softcap_grad = _block_scores(q_rows, k_blk, group, rows, keys, diagonal, opts)  # [B, Hk, G, bm, bn]
+        probs = torch.exp(scores - lse[:, :, :, rows.start : rows.stop].unsqueeze(-1))  # [B, Hk, G, bm, bn]
+        dprobs = (do_rows @ v_blk.transpose(-1, -2)).unflatten(2, (group, block_m))  # [B, Hk, G, bm, bn]
+        if opts.dropout_p > 0:
+            # out = (P * keep / (1 - p)) V: V and P see the kept, rescaled probabilities.
+            kept = _block_keep(rows, keys, batch, num_heads_k, group, opts) / (1 - opts.dropout_p)
+            dv_blk += (probs * kept).flatten(2, 3).transpose(-1, -2) @ do_rows
+            dprobs = dprobs * kept
+        else:
+            dv_blk += probs.flatten(2, 3).transpose(-1, -2) @ do_rows
+        # The softmax's backward: dS = P * (dP - rowsum(P * dP)), and rowsum(P * dP) = rowsum(dO * O).
+        dscores = probs * (dprobs - delta[:, :, :, rows.start : rows.stop].unsqueeze(-1))
+        if softcap_grad is not None:
+            dscores = dscores * softcap_grad
+        dscores = dscores.flatten(2, 3)  # [B, Hk, G * bm, bn]
+        dq_acc[:, :, :, rows.start : rows.stop] += (dscores @ k_blk).unflatten(2, (group, block_m))
+        dk_blk += dscores.transpose(-1, -2) @ q_rows
+    return dk_blk, dv_blk
+
+
+def _bwd_padded(
+    dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, softmax_lse: Tensor, opts: _Options
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The backward of _fwd_padded: dq [B, Sq, H, D], dk and dv [B, Sk, Hk, D]."""
+    batch, seqlen_q, num_heads, head_dim = q.shape
+    seqlen_k, num_heads_k = k.shape[1], k.shape[2]
+    group = num_heads // num_heads_k  # query head h uses KV head h // group
+
+    def grouped(t: Tensor) -> Tensor:
+        """[B, H, ...] as [B, Hk, G, ...], a view."""
+        return t.unflatten(1, (num_heads_k, group))
+
+    # The preprocess: D = rowsum(dO * O) per query row.
+    delta = grouped((dout.float() * out.float()).sum(dim=-1).transpose(1, 2))  # [B, Hk, G, Sq]
+    # A row that saw no key has lse -inf, which would make exp(S - lse) = inf;
+    # +inf makes its probabilities, hence all its gradients, 0.
+    lse = grouped(softmax_lse.masked_fill(softmax_lse == -math.inf, math.inf))  # [B, Hk, G, Sq]
+    q_heads = grouped(q.transpose(1, 2))  # [B, Hk, G, Sq, D], a view
+    do_heads = grouped(dout.transpose(1, 2))  # [B, Hk, G, Sq, D], a view
+    dq_acc = torch.zeros((batch, num_heads_k, group, seqlen_q, head_dim), dtype=torch.float32)
+    dk = k.new_empty((batch, seqlen_k, num_heads_k, head_dim))  # [B, Sk, Hk, D]
+    dv = v.new_empty((batch, seqlen_k, num_heads_k, head_dim))  # [B, Sk, Hk, D]
+    for key_start in range(0, seqlen_k, BLOCK_N):
+        keys = range(key_start, min(key_start + BLOCK_N, seqlen_k))
+        k_blk = k[:, keys.start : keys.stop].transpose(1, 2).float()  # [B, Hk, bn, D]
+        v_blk = v[:, keys.start : keys.stop].transpose(1, 2).float()  # [B, Hk, bn, D]
+        dk_blk, dv_blk = _key_block_gradients(
+            k_blk, v_blk, q_heads, do_heads, lse, delta, dq_acc, keys, seqlen_k - seqlen_q, opts
+        )
+        # S = scale * Q K^T: dQ and dK take the scale once, on the sums.
+        dk[:, keys.start : keys.stop] = (dk_blk * opts.softmax_scale).transpose(1, 2)  # cast to k's dtype on copy
+        dv[:, keys.start : keys.stop] = dv_blk.transpose(1, 2)
+    dq = q.new_empty((batch, seqlen_q, num_heads, head_dim))  # [B, Sq, H, D]
+    dq.copy_((dq_acc * opts.softmax_scale).flatten(1, 2).transpose(1, 2))
+    return dq, dk, dv
+
+
+def bwd(
+    dout: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    softmax_lse: Tensor,
+    softmax_scale: float,
+    causal: bool,
+    deterministic: bool,
+    window_left: int = -1,
+    window_right: int = -1,
+    softcap: float = 0.0,
+    alibi_slopes: Tensor | None = None,
+    dropout_p: float = 0.0,
+    rng_state: Tensor | None = None,
+    cu_seqlens_q: Tensor | None = None,
+    cu_seqlens_k: Tensor | None = None,
+    max_seqlen_q: int = 0,
+    max_seqlen_k: int = 0,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """FlashAttention-2's backward in plain PyTorch: the readable statement of the algorithm.
+
+    Of the forward it needs only out and the LSE: the probabilities (and the
+    dropout mask) are recomputed block by block, so memory stays linear in the
+    sequence length. Each block of BLOCK_N keys walks the blocks of BLOCK_M
+    queries that can see it, accumulating its dK and dV, while dQ is
+    accumulated over key blocks; all in fp32, converted to the input dtype
+    once. The summation order is fixed, so the result is bitwise reproducible
+    whatever `deterministic` says. A variable-length batch runs each sequence
+    as a batch of one; rows and keys past the last sequence get zero gradients.
+    """
+    check_bwd(dout, q, k, v, out, softmax_lse, alibi_slopes, dropout_p, rng_state, cu_seqlens_q, cu_seqlens_k)
+    opts = _Options.of(softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, dropout_p, rng_state)
+    if cu_seqlens_q is None:
+        return _bwd_padded(dout, q, k, v, out, softmax_lse, opts)
+    check_offsets(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    dq = q.new_empty(q.shape)  # [total_q, H, D]
+    dk = k.new_empty(k.shape)  # [total_k, Hk, D]
+    dv = v.new_empty(v.shape)  # [total_k, Hk, D]
+    sequences = _sequences(cu_seqlens_q, cu_seqlens_k)
+    for b, (rows, keys) in enumerate(sequences):
+        grads = _bwd_padded(
+            dout[rows][None],
+            q[rows][None],
+            k[keys][None],
+            v[keys][None],
+            out[rows][None],
+            softmax_lse[:, rows][None],
+            opts.for_sequence(b),
+        )
+        for grad, grad_b, part in zip((dq, dk, dv), grads, (rows, keys, keys)):
+            grad[part] = grad_b[0]
+    rows_covered, keys_covered = (sequences[-1][0].stop, sequences[-1][1].stop) if sequences else (0, 0)
+    dq[rows_covered:] = 0
+    dk[keys_covered:] = 0
+    dv[keys_covered:] = 0
+    return dq, dk, dv
+
+
+def attention_probs(
+    q: Tensor,
+    k: Tensor,
+    softmax_lse: Tensor,
+    softmax_scale: float,
+    causal: bool,
+    window_left: int = -1,
+    window_right: int = -1,
+    softcap: float = 0.0,
+    alibi_slopes: Tensor | None = None,
+    dropout_p: float = 0.0,
+    rng_state: Tensor | None = None,
+    batch_start: int = 0,
+) -> Tensor:
+    """The probabilities P = exp(score - lse) [B, H, Sq, Sk] in fp32 of padded q [B, Sq, H, D] and
+    k [B, Sk, Hk, D], masked entries 0, with the sign bit set where dropout drops (FlashAttention's
+    S_dmask). Materialises all of Sq x Sk: for return_attn_probs and tests, on any device."""
+    opts = _Options.of(softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, dropout_p, rng_state)
+    opts = replace(opts, batch_start=batch_start)
+    batch, seqlen_q, num_heads, _ = q.shape
+    seqlen_k, num_heads_k = k.shape[1], k.shape[2]
+    group = num_heads // num_heads_k
+    rows, keys = range(seqlen_q), range(seqlen_k)
+    q_rows = q.transpose(1, 2).unflatten(1, (num_heads_k, group)).flatten(2, 3).float()  # [B, Hk, G * Sq, D]
+    k_heads = k.transpose(1, 2).float()  # [B, Hk, Sk, D]
+    scores, _ = _block_scores(q_rows, k_heads, group, rows, keys, seqlen_k - seqlen_q, opts)
+    lse = softmax_lse.masked_fill(softmax_lse == -math.inf, math.inf).unflatten(1, (num_heads_k, group))
+    probs = torch.exp(scores - lse.unsqueeze(-1))  # [B, Hk, G, Sq, Sk]
+    if opts.dropout_p > 0:
+        probs = torch.where(_block_keep(rows, keys, batch, num_heads_k, group, opts), probs, -probs)
+    return probs.flatten(1, 2)
+
