@@ -406,11 +406,14 @@ def _flash_attn_forward(
 def _head_dim_padding(q: Tensor, k: Tensor, v: Tensor) -> int:
     """How many zero columns bring the head dim of CUDA q, k and v to the multiple of 8 the kernels
     read; 0 on CPU, and for inputs that padding would not make valid (head dims that differ or are
-    out of range): those reach the operator as given, whose error then shows the caller's shapes."""
+    out of range, a last dimension that is not contiguous): those reach the operator as given, whose
+    error then shows the caller's shapes and strides."""
     if not q.is_cuda or min(q.dim(), k.dim(), v.dim()) == 0:
         return 0
     head_dim = q.shape[-1]
     if not (k.shape[-1] == head_dim and v.shape[-1] == head_dim and 0 < head_dim <= MAX_HEAD_DIM):
+        return 0
+    if any(t.stride(-1) != 1 and head_dim > 1 for t in (q, k, v)):
         return 0
     return -head_dim % _KERNEL_CHUNK_ELEMS
 

@@ -162,6 +162,10 @@ Layout check_varlen(const at::Tensor& q, const std::optional<at::Tensor>& cu_seq
 // 8 is refused here and zero-padded by flash_attn_func. softmax_scale is the
 // public functions' to check (a Python argument).
 void check_qkv(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const Layout& layout) {
+    // k or v on another device than q first: with q on the CPU and k on the GPU,
+    // the call lands here, and the error names the tensor that differs.
+    check_same_device(k, "k", q);
+    check_same_device(v, "v", q);
     check_tensor(q, "q", q, layout);
     check_tensor(k, "k", q, layout);
     check_tensor(v, "v", q, layout);
@@ -177,8 +181,6 @@ void check_qkv(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, co
                       "); q, k and v must share one headdim");
     TORCH_CHECK_VALUE(head_dim >= 1 && head_dim <= flash::kMaxHeadDim, "flashattn: headdim ", str(head_dim), " (",
                       shapes, ") is not supported; accepted: 1 to ", str(flash::kMaxHeadDim));
-    TORCH_CHECK_VALUE(head_dim % kAlignElems == 0, "flashattn: the kernel needs head_dim to be a multiple of ",
-                      str(kAlignElems), " (got ", str(head_dim), "); flash_attn_func pads it for you");
     const std::string heads_dim = str(layout.rank() - 2);
     TORCH_CHECK_VALUE(num_heads_k > 0 && num_heads % num_heads_k == 0,
                       "flashattn: the number of query heads (q.shape[", heads_dim, "] = ", str(num_heads),
@@ -187,6 +189,9 @@ void check_qkv(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, co
     check_last_dim_contiguous(q, "q");
     check_last_dim_contiguous(k, "k");
     check_last_dim_contiguous(v, "v");
+    // What only the kernels need comes last, so that the checks cpu.py shares come in its order.
+    TORCH_CHECK_VALUE(head_dim % kAlignElems == 0, "flashattn: the kernel needs head_dim to be a multiple of ",
+                      str(kAlignElems), " (got ", str(head_dim), "); flash_attn_func pads it for you");
     TORCH_CHECK_VALUE(num_heads <= 65535 && (layout.varlen || q.size(0) <= 65535), "flashattn: batch and heads (",
                       str(num_heads), ") must each be at most 65535");
     TORCH_CHECK_VALUE(layout.rows(q) <= INT32_MAX && layout.rows(k) <= INT32_MAX,
