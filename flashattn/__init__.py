@@ -11,7 +11,8 @@ algorithm on CPU tensors. The naive reference used by tests and benchmarks is
 """
 
 from . import nn  # the modules: flashattn.nn.MultiheadAttention, MHA, ...
-from ._extension import HAS_CUDA_KERNELS, NOT_BUILT_REASON, cuda_available, cuda_unavailable_reason, kernel_family
+from ._extension import (HAS_CUDA_KERNELS, NOT_BUILT_REASON, check_faults, cuda_available, cuda_unavailable_reason,
+                         kernel_family)
 from .interface import (
     flash_attn_func,
     flash_attn_kvpacked_func,
@@ -31,6 +32,7 @@ __all__ = [
     "NOT_BUILT_REASON",
     "__version__",
     "apply_rotary_emb",
+    "check_faults",
     "cuda_available",
     "cuda_unavailable_reason",
     "flash_attn_func",

@@ -28,6 +28,7 @@ __all__ = [
     "HAS_CUDA_KERNELS",
     "NOT_BUILT_REASON",
     "cuda_available",
+    "check_faults",
     "cuda_unavailable_reason",
     "kernel_family",
     "unsupported_gpu_reason",
@@ -143,3 +144,16 @@ def kernel_family(device: torch.device | int | str | None = None) -> str:
         raise RuntimeError(reason)
     index = torch.cuda.current_device() if device is None else torch.cuda._get_device_index(device)
     return importlib.import_module("flashattn._C").kernel_family(index)
+
+
+def check_faults(device: torch.device | int | str | None = None) -> None:
+    """Raises RuntimeError if a kernel on this CUDA device (default: the current one) met an index
+    out of range (cache_seqlens, cache_leftpad, cache_batch_idx, block_table entries, rotary
+    positions: values only the GPU reads) since the last check. Such a kernel clamps the index, so
+    nothing is read or written out of bounds and the CUDA context stays usable, but that call's
+    outputs and appended cache rows are not valid. The next flashattn call on the device raises the
+    same error; calling this after synchronising tells which request it was. No-op without CUDA."""
+    if not HAS_CUDA_KERNELS or not torch.cuda.is_available():
+        return
+    index = torch.cuda.current_device() if device is None else torch.cuda._get_device_index(device)
+    importlib.import_module("flashattn._C").check_faults(index)

@@ -94,10 +94,11 @@ def flash_attn_with_kvcache(
         k, v: (batch, seqlen_new, nheads_k, headdim) or None: written into the cache at rows
             cache_seqlens[b] .. cache_seqlens[b] + seqlen_new - 1 before attending.
         rotary_cos, rotary_sin: (seqlen_ro, rotary_dim / 2) or None: rotary embedding applied to k
-            (position: its cache row minus cache_leftpad) and to q (positions cache_seqlens - leftpad + i
-            with causal or a window, all at cache_seqlens - leftpad otherwise), interleaved or not
+            (position: its cache row, counted from row 0 whatever cache_leftpad is, as flash-attn does)
+            and to q (positions cache_seqlens + i with causal or a window, all at cache_seqlens
+            otherwise), interleaved or not
             (rotary_interleaved). Rotary positions must stay below seqlen_ro, checked on both: on CPU a
-            ValueError, on CUDA the append kernel traps before reading out of range.
+            ValueError, on CUDA as the other index values are (below).
         cache_seqlens: int or (batch,) int32: the keys already in each sequence's cache; None: the whole
             cache. The attention sees rows cache_leftpad[b] .. cache_seqlens[b] + seqlen_new - 1.
         cache_batch_idx: (batch,) int32: the cache row of each sequence (contiguous caches only).
@@ -118,9 +119,10 @@ def flash_attn_with_kvcache(
     not read on the host (no synchronisation): on CUDA each kernel checks the values it reads where it
     reads them, and a value out of range (cache_seqlens + seqlen_new beyond the cache, cache_leftpad
     beyond cache_seqlens, cache_batch_idx or a used block_table entry outside k_cache, a rotary
-    position at or past seqlen_ro) prints which argument and stops the stream with a device-side
-    trap before anything is read or written out of bounds (the error surfaces at the next
-    synchronisation; the CUDA context is then unusable); on CPU the same checks raise ValueError.
+    position at or past seqlen_ro) is clamped into its range, so nothing is read or written out of
+    bounds, and recorded: the next flashattn call on the device, or flashattn.check_faults(),
+    raises a RuntimeError naming the argument and the value; the bad call's outputs and appended
+    rows are not valid, the CUDA context is unaffected. On CPU the same checks raise ValueError.
     """
     _check_tensors(q=q, k_cache=k_cache, v_cache=v_cache)
     _check_tensors(optional=True, k=k, v=v, rotary_cos=rotary_cos, rotary_sin=rotary_sin,
@@ -232,8 +234,8 @@ def _check_kvcache_values(k_cache, k, cache_seqlens, cache_batch_idx, cache_left
     if cache_batch_idx is not None and bool(((cache_batch_idx < 0) | (cache_batch_idx >= k_cache.shape[0])).any()):
         raise ValueError(f"flashattn: cache_batch_idx entries must be in [0, {k_cache.shape[0]})")
     if rotary_cos is not None:
-        # Key rows rotate at row - leftpad; queries at cache_seqlens - leftpad (+ i when causal or windowed).
-        start = cache_seqlens.long() - (0 if cache_leftpad is None else cache_leftpad.long())
+        # Key rows rotate at their cache row; queries at cache_seqlens (+ i when causal or windowed).
+        start = cache_seqlens.long()
         last = start + max(seqlen_new - 1, q.shape[1] - 1 if positions_per_row else 0, 0)
         if bool((last >= rotary_cos.shape[0]).any()):
             raise ValueError(f"flashattn: rotary positions up to {int(last.max())} need rotary_cos/sin of at least "
@@ -271,7 +273,7 @@ def _fwd_kvcache_cpu(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_se
             new_rows = torch.arange(start, start + seqlen_new)
             k_new = k[b : b + 1]
             if rotary_cos is not None:
-                k_new = apply_rotary_emb(k_new, rotary_cos, rotary_sin, rotary_interleaved, seqlen_offsets=start - leftpad)
+                k_new = apply_rotary_emb(k_new, rotary_cos, rotary_sin, rotary_interleaved, seqlen_offsets=start)
             index = _cache_rows(k_cache, b, new_rows, cache_batch_idx, block_table)
             k_cache[index] = k_new[0]
             v_cache[index] = v[b]
@@ -280,10 +282,9 @@ def _fwd_kvcache_cpu(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_se
         keys, values = k_cache[index].unsqueeze(0), v_cache[index].unsqueeze(0)
         q_b = q[b : b + 1]
         if rotary_cos is not None:
-            # Causal or windowed: query i at position start - leftpad + i; otherwise every query there.
+            # Causal or windowed: query i at position start + i; otherwise every query there.
             rows_as_batch = q_b if positions_per_row else q_b.transpose(0, 1)
-            q_b = apply_rotary_emb(rows_as_batch, rotary_cos, rotary_sin, rotary_interleaved,
-                                   seqlen_offsets=start - leftpad)
+            q_b = apply_rotary_emb(rows_as_batch, rotary_cos, rotary_sin, rotary_interleaved, seqlen_offsets=start)
             q_b = q_b if positions_per_row else q_b.transpose(0, 1)
         slopes = None
         if alibi_slopes is not None:

@@ -92,7 +92,7 @@ def reference(case: dict, causal: bool, window_size, softcap: float, alibi_slope
         if seqlen_new:
             k_new = case["k"][b]
             if rotary:
-                positions = torch.arange(start, start + seqlen_new, device=q.device) - leftpad
+                positions = torch.arange(start, start + seqlen_new, device=q.device)  # the cache rows, as flash-attn
                 k_new = rotate(k_new, case["rotary_cos"], case["rotary_sin"], case["rotary_interleaved"], positions)
             rows = index(torch.arange(start, start + seqlen_new, device=q.device))
             k_cache[rows], v_cache[rows] = k_new, case["v"][b]
@@ -101,7 +101,7 @@ def reference(case: dict, causal: bool, window_size, softcap: float, alibi_slope
         q_b = q[b]
         if rotary:
             per_row = causal or window_size != (-1, -1)
-            positions = start - leftpad + (torch.arange(seqlen_q, device=q.device) if per_row else
+            positions = start + (torch.arange(seqlen_q, device=q.device) if per_row else
                                            torch.zeros(seqlen_q, dtype=torch.long, device=q.device))
             q_b = rotate(q_b, case["rotary_cos"], case["rotary_sin"], case["rotary_interleaved"], positions)
         accurate = torch.float64 if q.dtype == torch.float32 and upcast else torch.float32 if upcast else q.dtype
@@ -366,7 +366,7 @@ def _rotary(c, rows):
     (lambda c: c.update(v=torch.randn(2, 3, 2, 64)), ValueError, "k (2, 1, 2, 64) and v (2, 3, 2, 64)"),
     (lambda c: c.update(rotary_cos=torch.ones(9, 16)), ValueError, "rotary_cos and rotary_sin must be given together"),
     (lambda c: (_rotary(c, 9), c.update(rotary_sin=torch.ones(8, 16))), ValueError, "rotary_cos and rotary_sin"),
-    # values, checked on the host for CPU tensors (on CUDA by the kernels, which trap)
+    # values, checked on the host for CPU tensors (on CUDA by the kernels, which record a fault: test_kvcache_faults.py)
     (lambda c: c.update(cache_seqlens=_int32(-1, 3)), ValueError, "cache_seqlens + seqlen_new must be in [0, 112]"),
     (lambda c: c.update(cache_seqlens=_int32(3, 112)), ValueError, "cache_seqlens + seqlen_new must be in [0, 112]"),
     (lambda c: c.update(cache_seqlens=113), ValueError, "cache_seqlens=113"),
@@ -375,7 +375,7 @@ def _rotary(c, rows):
     (lambda c: (_contiguous(c), c.update(cache_batch_idx=_int32(0, 2))), ValueError,
      "cache_batch_idx entries must be in [0, 2)"),
     (lambda c: c.update(cache_leftpad=_int32(-1, 0)), ValueError, "cache_leftpad must be in [0, cache_seqlens]"),
-    # leftpad past cache_seqlens would put new keys at negative rotary positions (it used to be allowed)
+    # leftpad past cache_seqlens: the padding must lie within the cached rows
     (lambda c: (_rotary(c, 20), c.update(cache_seqlens=_int32(0, 3), cache_leftpad=_int32(1, 0))), ValueError,
      "cache_leftpad must be in [0, cache_seqlens]"),
     (lambda c: (_rotary(c, 9), c.update(cache_seqlens=_int32(5, 9))), ValueError,
@@ -417,7 +417,7 @@ def test_unused_block_table_entries_are_not_read(device):
 
 
 def test_rotary_table_needs_rows_up_to_the_last_position():
-    """Without causal/window every query sits at cache_seqlens - leftpad; with causal, query i at + i."""
+    """Without causal/window every query sits at cache_seqlens; with causal, query i at + i."""
     case = make_case("cpu", torch.float32, 1, 3, 2, 4, 2, 64, None, case_seed("rotary rows"), rotary=(32, False))
     case["cache_seqlens"] = torch.tensor([10], dtype=torch.int32)
     case["rotary_cos"], case["rotary_sin"] = case["rotary_cos"][:12], case["rotary_sin"][:12]  # positions 0 .. 11
@@ -426,9 +426,11 @@ def test_rotary_table_needs_rows_up_to_the_last_position():
         with pytest.raises(ValueError, match=re.escape("rotary positions up to 12 need rotary_cos/sin of at least "
                                                        "13 rows, got 12")):
             flash_attn_with_kvcache(**case, **options)
-    # Positions are relative to cache_leftpad: with 2 rows of padding causal queries reach only 10.
-    check({**case, "k_cache": case["k_cache"].clone(), "v_cache": case["v_cache"].clone(),
-           "cache_leftpad": _int32(2)}, causal=True)
+    # Positions are cache rows whatever cache_leftpad is (flash-attn's convention): 2 rows of padding
+    # move no position, so causal queries still reach 12.
+    with pytest.raises(ValueError, match=re.escape("rotary positions up to 12 need rotary_cos/sin of at least "
+                                                   "13 rows, got 12")):
+        flash_attn_with_kvcache(**case, causal=True, cache_leftpad=_int32(2))
     # The new keys need rows too: 10 and 11, even when every query sits at 10.
     short = {**case, "rotary_cos": case["rotary_cos"][:11], "rotary_sin": case["rotary_sin"][:11]}
     with pytest.raises(ValueError, match=re.escape("rotary positions up to 11 need rotary_cos/sin of at least 12 "

@@ -299,6 +299,13 @@ void check_kvcache(const at::Tensor& q, const at::Tensor& k_cache, const at::Ten
         TORCH_CHECK_VALUE(k_new->sizes() == v_new->sizes(), "flashattn: k ", str(k_new->sizes()), " and v ",
                           str(v_new->sizes()), " must have the same seqlen_new");
     }
+    // The kernels clamp a bad index into its range (common/index_check.cuh): every range must hold a value.
+    const int64_t capacity = block_table.has_value() ? block_table->size(1) * k_cache.size(1) : k_cache.size(1);
+    const int64_t seqlen_new = k_new.has_value() ? k_new->size(1) : 0;
+    TORCH_CHECK_VALUE(seqlen_new <= capacity, "flashattn: k has ", str(seqlen_new), " new rows, more than the "
+                      "cache's ", str(capacity), " rows per sequence", block_table.has_value() ? " (block_table)" : "");
+    TORCH_CHECK_VALUE(batch == 0 || k_cache.size(0) > 0, "flashattn: k_cache holds no ",
+                      block_table.has_value() ? "page" : "sequence");
     TORCH_CHECK_VALUE(rotary_cos.has_value() == rotary_sin.has_value(),
                       "flashattn: rotary_cos and rotary_sin must be given together");
     if (rotary_cos.has_value()) {
@@ -309,6 +316,7 @@ void check_kvcache(const at::Tensor& q, const at::Tensor& k_cache, const at::Ten
                           "flashattn: rotary_cos and rotary_sin must be (seqlen_ro, rotary_dim / 2) with rotary_dim "
                           "<= headdim (", str(head_dim), "), got ", str(rotary_cos->sizes()), " and ",
                           str(rotary_sin->sizes()));
+        TORCH_CHECK_VALUE(rotary_cos->size(0) > 0, "flashattn: rotary_cos and rotary_sin have no rows");
     }
 }
 

@@ -23,6 +23,7 @@
 
 #include "api/checks.h"
 #include "api/family.h"
+#include "api/faults.h"
 #include "common/flash.h"
 
 namespace {
@@ -119,6 +120,7 @@ std::tuple<at::Tensor, at::Tensor> mha_fwd(const at::Tensor& q,  // [B, Sq, H, D
     const Layout layout = check_varlen(q, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k);
     check_qkv(q, k, v, layout);
     const DeviceKernels kernels = device_kernels(q.get_device());
+    raise_recorded_fault(q.get_device(), c10::cuda::getCurrentCUDAStream(q.get_device()).stream());
     const int64_t batch = layout.varlen ? cu_seqlens_q->size(0) - 1 : q.size(0);
     check_options(q, batch, window_left, window_right, alibi_slopes, dropout_p, rng_state);
     const c10::cuda::CUDAGuard device_guard(q.device());
@@ -158,6 +160,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> mha_bwd(
     const Layout layout = check_varlen(q, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k);
     check_qkv(q, k, v, layout);
     const DeviceKernels kernels = device_kernels(q.get_device());
+    raise_recorded_fault(q.get_device(), c10::cuda::getCurrentCUDAStream(q.get_device()).stream());
     const int64_t batch = layout.varlen ? cu_seqlens_q->size(0) - 1 : q.size(0);
     check_options(q, batch, window_left, window_right, alibi_slopes, dropout_p, rng_state);
     check_tensor(dout, "dout", q, layout);
@@ -272,6 +275,8 @@ std::tuple<at::Tensor, at::Tensor> mha_fwd_kvcache(
     const DeviceKernels kernels = device_kernels(q.get_device());
     const c10::cuda::CUDAGuard device_guard(q.device());
     const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
+    raise_recorded_fault(q.get_device(), stream);
+    const flash::FaultSink faults = fault_sink(q.get_device(), stream);
 
     // The index check, the append, and q rotated (where it rotates) into q_attn.
     at::Tensor q_attn = rotary_dim > 0 ? at::empty(q.sizes(), q.options()) : aligned(q);
@@ -293,12 +298,12 @@ std::tuple<at::Tensor, at::Tensor> mha_fwd_kvcache(
         ap.q_rot_ptr = rotary_dim > 0 ? q_attn.data_ptr() : nullptr;
         ap.q_batch_stride = q.stride(0), ap.q_row_stride = q.stride(1), ap.q_head_stride = q.stride(2);
         ap.cache_seqlens = cache_seqlens.data_ptr<int>();
-        ap.leftpad_k = cache_leftpad.has_value() ? cache_leftpad->data_ptr<int>() : nullptr;
         ap.kv_batch_idx = cache_batch_idx.has_value() ? cache_batch_idx->data_ptr<int>() : nullptr;
         ap.block_table = paged ? block_table->data_ptr<int>() : nullptr;
         ap.block_table_batch_stride = paged ? block_table->stride(0) : 0;
         ap.page_size = static_cast<int>(page_size);
         ap.capacity = static_cast<int>(cache_capacity), ap.num_cache_rows = static_cast<int>(k_cache.size(0));
+        ap.faults = faults;
         ap.rotary_cos = rotary_dim > 0 ? cos.data_ptr<float>() : nullptr;
         ap.rotary_sin = rotary_dim > 0 ? sin.data_ptr<float>() : nullptr;
         ap.rotary_rows = rotary_dim > 0 ? static_cast<int>(cos.size(0)) : 0;
@@ -335,6 +340,7 @@ std::tuple<at::Tensor, at::Tensor> mha_fwd_kvcache(
     params.page_size = static_cast<int>(page_size);
     params.kv_capacity = static_cast<int>(cache_capacity);
     params.kv_cache_batch = static_cast<int>(k_cache.size(0));
+    params.faults = faults;
     const flash::KvcacheWorkspace workspace = kernels.family->plan_kvcache(params, num_splits);
     at::Tensor o_accum, lse_accum, counters;
     if (workspace.accum_floats > 0) {
@@ -372,12 +378,28 @@ PyObject* kernel_family(PyObject* /*module*/, PyObject* arg) {
     }
 }
 
+// flashattn._C.check_faults(device_index): raises RuntimeError for an index
+// fault a kernel recorded on that device since the last check (api/faults.h).
+PyObject* check_faults(PyObject* /*module*/, PyObject* arg) {
+    const long device = PyLong_AsLong(arg);
+    if (device == -1 && PyErr_Occurred()) return nullptr;
+    try {
+        flashattn_api::raise_recorded_fault(static_cast<int>(device),
+                                            c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device)).stream());
+    } catch (const c10::Error& e) {
+        PyErr_SetString(PyExc_RuntimeError, e.what_without_backtrace());
+        return nullptr;
+    }
+    Py_RETURN_NONE;
+}
+
 // `import flashattn._C` (after flashattn.ops has defined the schemas) loads
 // this library, which registers the CUDA implementations above; the module
-// itself holds kernel_family.
+// itself holds kernel_family and check_faults.
 PyMODINIT_FUNC PyInit__C(void) {
     static PyMethodDef methods[] = {
         {"kernel_family", kernel_family, METH_O, "The kernel family that serves a CUDA device (its index)."},
+        {"check_faults", check_faults, METH_O, "Raises an index fault recorded on a CUDA device (its index)."},
         {nullptr, nullptr, 0, nullptr}};
     static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, methods};
     return PyModule_Create(&module);

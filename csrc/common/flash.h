@@ -9,6 +9,31 @@ namespace flash {
 
 enum class DType : int { kFloat16 = 0, kBFloat16 = 1 };
 
+// The arguments whose values only the device reads, for the host's message.
+enum class IndexArgument : int {
+    kCacheSeqlens = 1,
+    kCacheLeftpad,
+    kCacheBatchIdx,
+    kBlockTable,
+    kRotaryPosition,
+};
+
+// The first out-of-range index a device met, in host memory the kernels write
+// through (mapped, pinned): `recorded` turns 1 once the other fields are written.
+struct IndexFault {
+    int recorded;
+    int argument;  // IndexArgument
+    int batch, entry;  // argument[batch] or argument[batch][entry] (entry -1: none)
+    int value, lo, hi;
+};
+
+// Where kernels record faults: `claim` (device memory, zero while no fault is
+// pending) elects the one thread that writes `record`.
+struct FaultSink {
+    unsigned int* claim;
+    IndexFault* record;
+};
+
 // Forward attention over q [B, Sq, H, D], k/v [B, Sk, Hk, D] (any strides, last
 // dim contiguous, rows 16-byte aligned), writing out [B, Sq, H, D] and the
 // natural-log log-sum-exp lse [B, H, Sq] (contiguous fp32). Variable-length
@@ -95,6 +120,8 @@ struct FwdParams {
     // block table's pages x page_size) and k_cache.size(0) (sequences or pages).
     int kv_capacity;
     int kv_cache_batch;
+    // Where an index out of those ranges is recorded (index_check.cuh).
+    FaultSink faults;
     // The rest of the KV-cache fields are the family's plan (its plan_kvcache
     // sets them from the fields above; the binding only allocates the
     // KvcacheWorkspace the plan asks for and fills in its pointers).
@@ -149,7 +176,8 @@ struct BwdParams : FwdParams {
 // Writes the new keys and values of flash_attn_with_kvcache into the cache
 // (rotary applied to the keys when rotary_dim > 0) and the rotated queries into
 // q_rot. Layouts as FwdParams' KV cache; the new rows of batch b go to cache
-// rows cache_seqlens[b] + j, at rotary position cache_seqlens[b] + j - leftpad.
+// rows cache_seqlens[b] + j, at rotary position cache_seqlens[b] + j (the cache row,
+// whatever the leftpad: flash-attn's convention).
 struct AppendParams {
     const void* __restrict__ k_new_ptr;  // [B, Snew, Hk, D]
     const void* __restrict__ v_new_ptr;
@@ -163,12 +191,12 @@ struct AppendParams {
     void* __restrict__ q_rot_ptr;    // [B, Sq, H, D] contiguous, or nullptr: q needs no rotation
     int64_t q_batch_stride, q_row_stride, q_head_stride;
     const int* __restrict__ cache_seqlens;
-    const int* __restrict__ leftpad_k;
     const int* __restrict__ kv_batch_idx;
     const int* __restrict__ block_table;
     int64_t block_table_batch_stride;
     int page_size;
     int capacity, num_cache_rows;  // as FwdParams' kv_capacity and kv_cache_batch
+    FaultSink faults;              // as FwdParams' faults
     const float* __restrict__ rotary_cos;  // [rotary_rows, rotary_dim / 2] fp32, or nullptr
     const float* __restrict__ rotary_sin;
     int rotary_rows;

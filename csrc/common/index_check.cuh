@@ -1,32 +1,37 @@
 // Range checks on index values that live on the GPU (cache_seqlens, a block
 // table, ...), made by the kernel that reads them, right before the read they
-// guard: a value out of range prints which argument it was and traps, so the
-// stream stops before anything is read or written out of bounds (the error then
-// surfaces at the next synchronisation, and the CUDA context is unusable).
+// guard. A value out of range never traps (a trap would take the user's whole
+// CUDA context down): the kernel records the first such value of the device in
+// an IndexFault and goes on with the value clamped into range, so nothing is
+// read or written out of bounds (the call's results are then meaningless).
+// The binding raises the recorded fault, naming the argument, at the next call
+// into flashattn or at flashattn.check_faults() (csrc/api/faults.h).
 #pragma once
 
-#include <cstdio>
+#include <cstdint>
+
+#include "common/flash.h"
 
 namespace flash {
 
-// Out of line, so that the printf's arguments and call stay out of the
-// callers' registers.
-static __device__ __noinline__ void index_out_of_range(const char* name, int batch, int entry, int value, int lo,
-                                                       int hi) {
-    if (entry < 0) {
-        printf("flashattn: %s[%d] = %d is outside [%d, %d]\n", name, batch, value, lo, hi);
-    } else {
-        printf("flashattn: %s[%d][%d] = %d is outside [%d, %d]\n", name, batch, entry, value, lo, hi);
-    }
-    __trap();
+// Inline: a call (ABI) would make the callers save the registers live across it.
+__device__ __forceinline__ void record_index_fault(const FaultSink& sink, IndexArgument argument, int batch,
+                                                       int entry, int value, int lo, int hi) {
+    if (sink.record == nullptr || atomicCAS(sink.claim, 0u, 1u) != 0u) return;
+    volatile IndexFault* record = sink.record;
+    record->argument = static_cast<int>(argument);
+    record->batch = batch, record->entry = entry;
+    record->value = value, record->lo = lo, record->hi = hi;
+    __threadfence_system();  // the fields reach host memory before the flag that says they are there
+    record->recorded = 1;
 }
 
-// `value` if lo <= value <= hi; otherwise reports name[batch] (or
-// name[batch][entry] for entry >= 0) and traps.
-__device__ __forceinline__ int checked_index(int value, int lo, int hi, const char* name, int batch,
-                                             int entry = -1) {
-    if (value < lo || value > hi) index_out_of_range(name, batch, entry, value, lo, hi);
-    return value;
+// `value` if lo <= value <= hi (the binding makes sure lo <= hi); otherwise the
+// fault is recorded and the nearest bound returned.
+__device__ __forceinline__ int checked_index(int value, int lo, int hi, const FaultSink& sink,
+                                             IndexArgument argument, int batch, int entry = -1) {
+    if (value >= lo && value <= hi) return value;
+    record_index_fault(sink, argument, batch, entry, value, lo, hi);
+    return value < lo ? lo : hi;
 }
-
 }  // namespace flash

@@ -28,14 +28,15 @@ template <bool Is_kvcache>
 __device__ __forceinline__ Sequence sequence_of(const FwdParams& params, int batch) {
     if constexpr (Is_kvcache) {
         const int cached = checked_index(params.cache_seqlens[batch], 0, params.kv_capacity - params.seqlen_knew,
-                                         "cache_seqlens", batch);
+                                         params.faults, IndexArgument::kCacheSeqlens, batch);
         const int k_start = params.leftpad_k == nullptr
                                 ? 0
-                                : checked_index(params.leftpad_k[batch], 0, cached, "cache_leftpad", batch);
+                                : checked_index(params.leftpad_k[batch], 0, cached, params.faults,
+                                                IndexArgument::kCacheLeftpad, batch);
         const int kv_batch = params.kv_batch_idx == nullptr
                                  ? batch
                                  : checked_index(params.kv_batch_idx[batch], 0, params.kv_cache_batch - 1,
-                                                 "cache_batch_idx", batch);
+                                                 params.faults, IndexArgument::kCacheBatchIdx, batch);
         return {params.seqlen_q, cached + params.seqlen_knew - k_start, 0, k_start, kv_batch};
     }
     if (params.cu_seqlens_q == nullptr) return {params.seqlen_q, params.seqlen_k, 0, 0, batch};

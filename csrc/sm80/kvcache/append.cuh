@@ -47,19 +47,16 @@ __device__ __forceinline__ void rotate_pair(const Element* src, Element* dst, co
     dst[pair.b] = from_float<Element>(__fadd_rn(__fmul_rn(x, s), __fmul_rn(y, c)));
 }
 
-// Batch b's cache_seqlens, its leftpad and a rotary position, each checked
-// before it is used (index_check.cuh): the new rows must fit the cache, the
-// padding lies within the cached rows, and the tables hold the position.
+// Batch b's cache_seqlens and a rotary position, each checked before it is
+// used (index_check.cuh): the new rows must fit the cache, and the tables hold
+// the position.
 __device__ __forceinline__ int cached_rows(const AppendParams& p, int b) {
-    return checked_index(p.cache_seqlens[b], 0, p.capacity - p.seqlen_knew, "cache_seqlens", b);
-}
-
-__device__ __forceinline__ int leftpad(const AppendParams& p, int b, int cached) {
-    return p.leftpad_k == nullptr ? 0 : checked_index(p.leftpad_k[b], 0, cached, "cache_leftpad", b);
+    return checked_index(p.cache_seqlens[b], 0, p.capacity - p.seqlen_knew, p.faults, IndexArgument::kCacheSeqlens, b);
 }
 
 __device__ __forceinline__ int rotary_position(const AppendParams& p, int b, int position) {
-    return p.rotary_dim == 0 ? 0 : checked_index(position, 0, p.rotary_rows - 1, "rotary_cos/rotary_sin row of sequence", b);
+    return p.rotary_dim == 0 ? 0
+                             : checked_index(position, 0, p.rotary_rows - 1, p.faults, IndexArgument::kRotaryPosition, b);
 }
 
 // One thread per pair of elements: first the new keys and values (written into
@@ -85,14 +82,15 @@ __global__ void __launch_bounds__(256) kvcache_append_kernel(const AppendParams 
         if (p.block_table != nullptr) {
             const int entry = cache_row / p.page_size;
             const int page = checked_index(p.block_table[b * p.block_table_batch_stride + entry], 0,
-                                           p.num_cache_rows - 1, "block_table", b, entry);
+                                           p.num_cache_rows - 1, p.faults, IndexArgument::kBlockTable, b, entry);
             const int row = cache_row % p.page_size;
             kc = page * p.kc_batch_stride + row * p.kc_row_stride;
             vc = page * p.vc_batch_stride + row * p.vc_row_stride;
         } else {
             const int cache_b = p.kv_batch_idx == nullptr
                                     ? b
-                                    : checked_index(p.kv_batch_idx[b], 0, p.num_cache_rows - 1, "cache_batch_idx", b);
+                                    : checked_index(p.kv_batch_idx[b], 0, p.num_cache_rows - 1, p.faults,
+                                                    IndexArgument::kCacheBatchIdx, b);
             kc = cache_b * p.kc_batch_stride + static_cast<int64_t>(cache_row) * p.kc_row_stride;
             vc = cache_b * p.vc_batch_stride + static_cast<int64_t>(cache_row) * p.vc_row_stride;
         }
@@ -103,7 +101,7 @@ __global__ void __launch_bounds__(256) kvcache_append_kernel(const AppendParams 
         Element* k_dst = static_cast<Element*>(p.k_cache_ptr) + kc + h * p.kc_head_stride;
         Element* v_dst = static_cast<Element*>(p.v_cache_ptr) + vc + h * p.vc_head_stride;
         const RotaryPair pair = rotary_pair(t, rotary ? p.rotary_dim : 0, p.rotary_interleaved);
-        rotate_pair(k_src, k_dst, pair, p.rotary_cos, p.rotary_sin, rotary_position(p, b, cache_row - leftpad(p, b, cached)),
+        rotate_pair(k_src, k_dst, pair, p.rotary_cos, p.rotary_sin, rotary_position(p, b, cache_row),
                     p.rotary_dim);
         v_dst[2 * t] = v_src[2 * t];
         v_dst[2 * t + 1] = v_src[2 * t + 1];
@@ -118,7 +116,7 @@ __global__ void __launch_bounds__(256) kvcache_append_kernel(const AppendParams 
     const int i = static_cast<int>(idx % p.seqlen_q);
     const int b = static_cast<int>(idx / p.seqlen_q);
     const int cached = cached_rows(p, b);
-    const int position = rotary_position(p, b, cached - leftpad(p, b, cached) + (p.q_positions_per_row ? i : 0));
+    const int position = rotary_position(p, b, cached + (p.q_positions_per_row ? i : 0));
     const Element* src = static_cast<const Element*>(p.q_ptr) + b * p.q_batch_stride + i * p.q_row_stride +
                          h * p.q_head_stride;
     Element* dst = static_cast<Element*>(p.q_rot_ptr) + ((static_cast<int64_t>(b) * p.seqlen_q + i) * p.num_heads + h) *

@@ -48,6 +48,7 @@ struct PageLookup {
     int first_entry, last_entry;  // this split's entries: window w holds first_entry + w * kWindow + [0, kWindow)
     int next_window = 2;          // the window that entering window next_window - 1 copies
     int pages[KVCopy::kPasses], in_page[KVCopy::kPasses];
+    bool faulted = false;  // a page this thread looked up was out of range
 
     __device__ __forceinline__ PageLookup(const FwdParams& params_, char* smem, int batch, const Sequence& seq,
                                           int first_key, int page_shift_)
@@ -95,14 +96,28 @@ struct PageLookup {
     }
 
     // The pages' range check, where they are used (at the lookup it would wait
-    // for the table's load).
-    __device__ __forceinline__ void check(int n0, int copy_row0, int batch) const {
+    // for the table's load): a page out of range is clamped, and only flagged
+    // here; report_fault finds and records it after the loop, off the hot path.
+    __device__ __forceinline__ void check(int n0, int copy_row0) {
 #pragma unroll
         for (int pass = 0; pass < KVCopy::kPasses; ++pass) {
             const int row = n0 + copy_row0 + pass * KVCopy::kRowsPerPass;
-            if (row < seqlen_k && (pages[pass] < 0 || pages[pass] >= params.kv_cache_batch)) {
-                index_out_of_range("block_table", batch, (k_start + row) / params.page_size, pages[pass], 0,
+            if (row < seqlen_k) {
+                const int page = pages[pass];
+                pages[pass] = min(max(page, 0), params.kv_cache_batch - 1);
+                faulted |= page != pages[pass];
+            }
+        }
+    }
+
+    // Records the first of this split's block-table entries that is out of range.
+    __device__ __forceinline__ void report_fault(int batch) const {
+        for (int entry = first_entry; entry <= last_entry; ++entry) {
+            const int page = table[entry];
+            if (page < 0 || page >= params.kv_cache_batch) {
+                record_index_fault(params.faults, IndexArgument::kBlockTable, batch, entry, page, 0,
                                    params.kv_cache_batch - 1);
+                return;
             }
         }
     }
@@ -214,7 +229,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) de
     auto load_tile = [&](int stage, int n_block) {
         const int n0 = n_block * kBlockN;
         if (paged) {
-            pages.check(n0, kv_copy.row0, batch);
+            pages.check(n0, kv_copy.row0);
             kv_copy.load_async_pages(k_stage(stage), k, params.k_batch_stride, params.k_row_stride, pages.pages,
                                      pages.in_page, seqlen_k - n0, params.head_dim);
             kv_copy.load_async_pages(v_stage(stage), v, params.v_batch_stride, params.v_row_stride, pages.pages,
@@ -280,6 +295,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) de
             o, s, v_stage(stage) + warp * 16 * KVTile::kBlockRowBytes, lane);
     }
 
+    if (paged && pages.faulted) pages.report_fault(batch);
     float lse[2];
     softmax.finalize(o, lse);
     cp_async_wait<0>();

@@ -17,7 +17,7 @@ namespace flash::sm80 {
 // The rows of one head of a paged KV cache, for TileCopy::load_async_rows: row
 // r of the sequence (counted from its first cache row `start`) lives in page
 // table[(start + r) / page_size] at row (start + r) % page_size. A page index
-// outside [0, num_pages) traps before it is used (index_check.cuh).
+// outside [0, num_pages) is recorded as a fault and clamped (index_check.cuh).
 template <typename Element>
 struct PagedRows {
     const Element* base;  // the cache, at this head
@@ -27,11 +27,12 @@ struct PagedRows {
     int start;
     int num_pages;
     int batch;  // the sequence, for the error message
+    FaultSink faults;
 
     __device__ __forceinline__ const Element* row(int r) const {
         const int cache_row = start + r;
         const int entry = cache_row / page_size;
-        const int page = checked_index(table[entry], 0, num_pages - 1, "block_table", batch, entry);
+        const int page = checked_index(table[entry], 0, num_pages - 1, faults, IndexArgument::kBlockTable, batch, entry);
         return base + page * page_stride + (cache_row % page_size) * row_stride;
     }
 };
@@ -60,9 +61,9 @@ struct KeyValueRows {
         if constexpr (Is_kvcache) {
             const int* table = paged ? params.block_table + batch * params.block_table_batch_stride : nullptr;
             k_pages = PagedRows<Element>{k_head, table, params.k_batch_stride, params.k_row_stride,
-                                         params.page_size, seq.k_start, params.kv_cache_batch, batch};
+                                         params.page_size, seq.k_start, params.kv_cache_batch, batch, params.faults};
             v_pages = PagedRows<Element>{v_head, table, params.v_batch_stride, params.v_row_stride,
-                                         params.page_size, seq.k_start, params.kv_cache_batch, batch};
+                                         params.page_size, seq.k_start, params.kv_cache_batch, batch, params.faults};
         }
     }
 
