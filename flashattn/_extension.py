@@ -90,7 +90,8 @@ def _not_built_reason() -> str:
         )
     return (
         "flashattn was installed without its CUDA kernels (pip install -v shows why: no CUDA toolkit, no GPU "
-        "and no TORCH_CUDA_ARCH_LIST, or no torch yet at install time); CPU tensors work. Build them against "
+        "and no TORCH_CUDA_ARCH_LIST, no torch yet at install time, or FLASHATTN_SKIP_CUDA_BUILD=1); CPU tensors "
+        "work. Build them against "
         f"torch {torch.__version__} with: {build_command()} (CUDA_HOME: the toolkit; TORCH_CUDA_ARCH_LIST: "
         f"the GPU architectures, default {DEFAULT_ARCH_LIST!r})"
     )
