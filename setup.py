@@ -1,28 +1,60 @@
 """Build flashattn: one torch extension, ``flashattn._C``, holding every CUDA kernel.
 
-The extension is built only when a CUDA toolkit and a CUDA build of torch are
-present. Otherwise the package installs without it and runs on CPU tensors;
-CUDA tensors then get an error that says how to build the kernels.
+The kernels are compiled against the torch that will import them: the one this
+build imports, or, in pip's isolated build environment (which hides the target
+environment's packages), the torch of the interpreter pip installs into
+(sys.executable), found by a subprocess and appended to sys.path. The build
+never installs a torch of its own (pyproject.toml does not require one).
+
+They are compiled only when it can help (`kernel_plan`): a CUDA build of torch,
+a CUDA toolkit, and a GPU to build for (a visible one, or TORCH_CUDA_ARCH_LIST
+set, e.g. on a login node). Otherwise the package installs without them, in
+seconds, works on CPU tensors, and the build says why and the one command that
+gets the kernels (`pip install -v` shows it; so does the error a CUDA tensor
+gets).
 
 Each kernel family (csrc/sm80/, later csrc/sm90/) is compiled only for the
 archs of TORCH_CUDA_ARCH_LIST that it targets (FAMILY_ARCHS below); the
 binding (csrc/api/) is host code.
 
+What the extension was built against is written next to it, as
+``_C.<python tag>.json`` (in the wheel, or beside the .so of an editable
+install), never into the package's sources. The compiler's full output (ptxas
+register-spill warnings included) goes to a new log per build under
+build/logs/; the terminal (pip -v) gets one line per compiled file (k of n,
+elapsed, an estimate of what is left) and a summary that lists the spills.
+
 Environment:
   CUDA_HOME                 the toolkit (default: /usr/local/cuda if it exists)
-  TORCH_CUDA_ARCH_LIST      archs to compile for (default "8.0+PTX;9.0a")
+  TORCH_CUDA_ARCH_LIST      archs to compile for (default "8.0+PTX;9.0a" when a GPU is
+                            visible; without a GPU the kernels are built only when it is set)
   MAX_JOBS                  parallel compile jobs for ninja (default: all cores)
   FLASHATTN_SKIP_CUDA_BUILD=1  install the Python package only
+  FLASHATTN_LOG_DIR         where the compiler log goes (default: build/logs next to setup.py)
 """
+import json
 import os
+import re
 import shutil
+import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 from setuptools import setup
 
 ROOT = Path(__file__).resolve().parent
 DEFAULT_ARCH_LIST = "8.0+PTX;9.0a"
+PREFIX = "flashattn build:"  # every line this build prints for the terminal starts with it
+# The one command that (re)builds the kernels against the torch installed where
+# pip installs; SOURCE is what was installed (this checkout, or git+URL).
+REINSTALL = "pip install -v --force-reinstall --no-deps --no-cache-dir SOURCE"
+
+
+def say(message: str) -> None:
+    """A line for the terminal (pip shows the build's output with -v; scripts/env.sh shows these lines)."""
+    print(f"{PREFIX} {message}", flush=True)
 
 
 def _find_cuda_home():
@@ -37,6 +69,57 @@ def _find_cuda_home():
     if nvcc:
         return str(Path(os.path.realpath(nvcc)).parent.parent)
     return None
+
+
+def _find_torch():
+    """(torch, None) for the torch the kernels must be built against, or (None, why there is none).
+
+    With --no-build-isolation torch imports here. In pip's isolated build
+    environment it does not (pyproject.toml requires no torch, so pip never
+    downloads one): the torch that will import the kernels is the one of the
+    environment pip installs into, whose interpreter runs this build. A
+    subprocess of that interpreter, without pip's overlay, finds it; its
+    directory goes to the end of sys.path, behind the isolated packages.
+    """
+    try:
+        import torch
+        return torch, None
+    except ImportError:
+        pass
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and "pip-build-env" not in p)
+    env.pop("PYTHONNOUSERSITE", None)
+    probe = subprocess.run(
+        [sys.executable, "-c", "import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))"],
+        capture_output=True, text=True, env=env, cwd="/")
+    if probe.returncode != 0:
+        return None, f"no torch in {sys.executable}'s environment at build time"
+    sys.path.append(probe.stdout.strip().splitlines()[-1])
+    try:
+        import torch
+    except ImportError as err:
+        return None, f"the torch of {sys.executable} does not import in the build environment ({err})"
+    return torch, None
+
+
+def kernel_plan(*, skip: bool, torch_version: str | None, torch_cuda: str | None, cuda_home: str | None,
+                arch_list: str | None, gpu_count: int) -> tuple[bool, str]:
+    """(build the kernels?, why not and how to get them). Pure, for tests."""
+    if skip:
+        return False, "FLASHATTN_SKIP_CUDA_BUILD=1"
+    if torch_version is None:
+        return False, ("no torch was installed when flashattn was built (pip installs it afterwards, as a "
+                       f"dependency); build the kernels against it with: {REINSTALL}")
+    if torch_cuda is None:
+        return False, (f"torch {torch_version} is a CPU-only build (no CUDA tensors, so no kernels to run); "
+                       f"for CUDA tensors install a CUDA build of torch, then: {REINSTALL}")
+    if cuda_home is None:
+        return False, f"no CUDA toolkit found (nvcc); with one: CUDA_HOME=/path/to/cuda {REINSTALL}"
+    if not arch_list and gpu_count == 0:
+        return False, ("no GPU visible and TORCH_CUDA_ARCH_LIST unset; to build for a GPU from here: "
+                       f"TORCH_CUDA_ARCH_LIST=9.0a {REINSTALL}  (8.0 for A100, 8.6 / 8.9 for RTX 30xx / 40xx)")
+    return True, ""
 
 
 # Which entries of TORCH_CUDA_ARCH_LIST each kernel family is compiled for
@@ -71,16 +154,96 @@ def gencode_flags(arch_list: str, family: str) -> list[str]:
     return flags
 
 
+def _build_info_path(extension_path: str) -> Path:
+    """flashattn/_C.cpython-311-x86_64-linux-gnu.so -> flashattn/_C.cpython-311-x86_64-linux-gnu.json:
+    the build facts live with the binary they describe, one file per Python ABI."""
+    return Path(extension_path).with_suffix(".json")
+
+
+SPILL = re.compile(r"Registers are spilled to local memory in function '([^']+)'")
+NINJA_STATUS = re.compile(r"^\[(\d+)/(\d+)\] ")
+SOURCE_ARG = re.compile(r"(\S+\.(?:cu|cpp))(?:\s|$)")
+
+
+def _minutes(seconds: float) -> str:
+    return f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
+
+
+class CompileMonitor:
+    """Reads what ninja prints (ninja writes to this process's fd 1, as torch runs it) while a
+    compile step runs: every line goes to the log; the terminal gets a line per compiled file,
+    "[k/n] file, elapsed, about ... left", and compiler errors. Spill warnings are counted per
+    file for the summary."""
+
+    def __init__(self, log, label: str):
+        self.log, self.label = log, label
+        self.compiled = 0
+        self.spills: dict[str, list[str]] = {}  # source file -> spilling kernels (mangled names)
+
+    def __enter__(self):
+        sys.stdout.flush()
+        self.terminal = os.dup(1)
+        read_end, write_end = os.pipe()
+        os.dup2(write_end, 1)
+        os.close(write_end)
+        self.started = time.monotonic()
+        self.thread = threading.Thread(target=self._pump, args=(read_end,), daemon=True)
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        sys.stdout.flush()
+        os.dup2(self.terminal, 1)  # the pipe's last writer closes: the reader sees its end
+        self.thread.join()
+        os.close(self.terminal)
+        return False
+
+    def _print(self, line: str) -> None:
+        os.write(self.terminal, (line + "\n").encode())
+
+    def _pump(self, read_end: int) -> None:
+        current = "?"
+        with os.fdopen(read_end, "r", errors="replace") as stream:
+            for line in stream:
+                self.log.write(line)
+                self.log.flush()
+                status = NINJA_STATUS.match(line)
+                if status:
+                    done, total = int(status[1]), int(status[2])
+                    sources = SOURCE_ARG.findall(line)
+                    current = os.path.relpath(sources[-1], ROOT) if sources else "?"
+                    self.compiled += 1
+                    elapsed = time.monotonic() - self.started
+                    left = elapsed / done * (total - done)
+                    self._print(f"{PREFIX} {self.label} [{done}/{total}] {current}, {_minutes(elapsed)} elapsed"
+                                + (f", about {_minutes(left)} left" if done < total else ""))
+                elif (spill := SPILL.search(line)):
+                    self.spills.setdefault(current, []).append(spill[1])
+                elif re.search(r"\berror\b|FAILED", line):
+                    self._print(line.rstrip("\n"))
+
+
 def _family_build_ext(base):
     """BuildExtension whose compile step runs once per family, each with that
-    family's -gencode flags (torch adds its own only when none are given)."""
+    family's -gencode flags (torch adds its own only when none are given), that
+    reports progress, keeps the compiler's output in a log and writes the build
+    facts next to the extension."""
 
     class FamilyBuildExtension(base):
         def build_extension(self, ext):
+            import torch
+
             compile_all = self.compiler.compile  # BuildExtension's ninja compile
+            log_dir = Path(os.environ.get("FLASHATTN_LOG_DIR") or ROOT / "build" / "logs")
+            log_dir.mkdir(parents=True, exist_ok=True)
+            log_path = log_dir / time.strftime("compile-%Y%m%d-%H%M%S.log")
+            spills: dict[str, list[str]] = {}
+            compiled = 0
+            started = time.monotonic()
 
             def compile_by_family(sources, output_dir=None, macros=None, include_dirs=None, debug=0,
                                   extra_preargs=None, extra_postargs=None, depends=None):
+                nonlocal compiled
                 objects = []
                 for family in [None, *FAMILY_ARCHS]:
                     group = [src for src in sources if source_family(src) == family]
@@ -90,38 +253,80 @@ def _family_build_ext(base):
                     if family is not None:
                         postargs["nvcc"] = list(postargs["nvcc"]) + gencode_flags(
                             os.environ["TORCH_CUDA_ARCH_LIST"], family)
-                    objects += compile_all(group, output_dir, macros, include_dirs, debug, extra_preargs, postargs,
-                                           depends)
+                    label = f"{family} kernels" if family else "binding"
+                    with CompileMonitor(log, label) as monitor:
+                        objects += compile_all(group, output_dir, macros, include_dirs, debug, extra_preargs,
+                                               postargs, depends)
+                    compiled += monitor.compiled
+                    for source, kernels in monitor.spills.items():
+                        spills.setdefault(source, []).extend(kernels)
                 return objects
 
+            say(f"compiling against torch {torch.__version__} (CUDA {torch.version.cuda}) for "
+                f"TORCH_CUDA_ARCH_LIST={os.environ['TORCH_CUDA_ARCH_LIST']} with MAX_JOBS={os.environ['MAX_JOBS']}; "
+                f"compiler output: {log_path}")
             self.compiler.compile = compile_by_family
             try:
-                super().build_extension(ext)
+                with open(log_path, "w") as log:
+                    super().build_extension(ext)
+            except Exception:
+                say(f"FAILED after {_minutes(time.monotonic() - started)}; the compiler's output: {log_path}")
+                raise
             finally:
                 self.compiler.compile = compile_all
+            summary = f"compiled {compiled} files in {_minutes(time.monotonic() - started)}; "
+            if spills:
+                count = sum(len(kernels) for kernels in spills.values())
+                summary += (f"ptxas: {count} register-spill warnings in {len(spills)} files "
+                            f"({', '.join(Path(s).stem for s in sorted(spills))}); details: {log_path}")
+            else:
+                summary += f"no register spills; compiler output: {log_path}"
+            say(summary)
+            info = {"torch_version": torch.__version__, "cuda_version": torch.version.cuda,
+                    "arch_list": os.environ["TORCH_CUDA_ARCH_LIST"], "python": sys.version.split()[0],
+                    "spills": summary}
+            _build_info_path(self.get_ext_fullpath(ext.name)).write_text(json.dumps(info, indent=1) + "\n")
+
+        def copy_extensions_to_source(self):
+            """Editable installs: the build facts go beside the .so in the source tree, as the .so does."""
+            super().copy_extensions_to_source()
+            build_py = self.get_finalized_command("build_py")
+            for ext in self.extensions:
+                inplace, regular = self._get_inplace_equivalent(build_py, ext)
+                if _build_info_path(regular).exists():
+                    shutil.copyfile(_build_info_path(regular), _build_info_path(inplace))
 
     return FamilyBuildExtension
 
 
-def _write_build_info(**info):
-    lines = ['"""Written by setup.py at build time: what the extension was built against."""']
-    lines += [f"{key} = {value!r}" for key, value in info.items()]
-    (ROOT / "flashattn" / "_build_info.py").write_text("\n".join(lines) + "\n")
+def _license_kwargs() -> dict:
+    """The license as the installed setuptools accepts it without a deprecation warning: an
+    SPDX expression from setuptools 77 on (PEP 639), the License field before (the build
+    environment's setuptools is the user's own with --no-build-isolation)."""
+    import setuptools
+    major = int(setuptools.__version__.split(".")[0])
+    return {"license_expression": "BSD-3-Clause"} if major >= 77 else {"license": "BSD-3-Clause"}
 
 
 def _extension_kwargs():
-    import torch
-
+    """setup() arguments: the extension and its build command, or none, with the reason said."""
     skip = os.environ.get("FLASHATTN_SKIP_CUDA_BUILD", "0") == "1"
-    cuda_home = None if skip else _find_cuda_home()
-    if skip or cuda_home is None or torch.version.cuda is None:
-        reason = ("FLASHATTN_SKIP_CUDA_BUILD=1" if skip else
-                  "no CUDA toolkit found" if cuda_home is None else
-                  f"torch {torch.__version__} is a CPU-only build")
-        print(f"flashattn: building without CUDA kernels ({reason})", file=sys.stderr)
-        _write_build_info(WITH_CUDA=False, TORCH_VERSION=torch.__version__,
-                          CUDA_VERSION=None, ARCH_LIST=None, REASON=reason)
-        return {}
+    torch, no_torch = (None, None) if skip else _find_torch()
+    cuda_home = None if skip or torch is None else _find_cuda_home()
+    gpu_count = torch.cuda.device_count() if torch is not None and torch.version.cuda and cuda_home else 0
+    build, why_not = kernel_plan(
+        skip=skip, torch_version=None if torch is None else torch.__version__,
+        torch_cuda=None if torch is None else torch.version.cuda, cuda_home=cuda_home,
+        arch_list=os.environ.get("TORCH_CUDA_ARCH_LIST"), gpu_count=gpu_count)
+    tag = f"py{sys.version_info.major}{sys.version_info.minor}"
+    if not build:
+        if no_torch and not why_not.startswith("no torch"):
+            why_not = f"{no_torch}; {why_not}"
+        if not {"egg_info", "dist_info"} & set(sys.argv):  # said once, by the step that builds
+            say(f"installing the Python package without CUDA kernels (CPU tensors work): {why_not}")
+        # Its own build directory: setuptools packs whatever lies in build/lib*, and a
+        # kernel build's _C*.so left there must not ride along.
+        return {"options": {"build": {"build_base": f"build/{tag}-python-only"}}}
 
     os.environ["CUDA_HOME"] = cuda_home  # read by cpp_extension at import
     os.environ.setdefault("TORCH_CUDA_ARCH_LIST", DEFAULT_ARCH_LIST)
@@ -140,18 +345,18 @@ def _extension_kwargs():
         "-Xptxas=-warn-spills",      # a spill in the main loop is a bug: make it loud
         "-DNDEBUG",
     ]
-    _write_build_info(WITH_CUDA=True, TORCH_VERSION=torch.__version__,
-                      CUDA_VERSION=torch.version.cuda,
-                      ARCH_LIST=os.environ["TORCH_CUDA_ARCH_LIST"], REASON=None)
     ext = CUDAExtension(
         name="flashattn._C",
         sources=sources,
         include_dirs=[str(csrc)],
         extra_compile_args={"cxx": ["-O3"], "nvcc": nvcc_flags},
     )
+    # One build directory per torch: ninja's objects of one torch never meet another's.
+    build_base = f"build/{tag}-torch{torch.__version__}"
     return {"ext_modules": [ext],
-            "cmdclass": {"build_ext": _family_build_ext(BuildExtension).with_options(use_ninja=True)}}
+            "cmdclass": {"build_ext": _family_build_ext(BuildExtension).with_options(use_ninja=True)},
+            "options": {"build": {"build_base": build_base}}}
 
 
 if __name__ == "__main__":
-    setup(**_extension_kwargs())
+    setup(**_license_kwargs(), **_extension_kwargs())

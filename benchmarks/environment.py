@@ -26,10 +26,8 @@ def pick_device(requested, prog):
     if has_gpu and has_kernels:
         return "cuda", ""
     if has_gpu:
-        sys.exit(f"{prog}: a GPU is present but flashattn's CUDA kernels were not built "
-                 "(flashattn._extension.HAS_CUDA_KERNELS is False). Build them with "
-                 "`bash scripts/env.sh` (or pip install --no-build-isolation --no-deps -e .), "
-                 "or pass --device cpu for the CPU run.")
+        sys.exit(f"{prog}: a GPU is present but flashattn's CUDA kernels are not loaded "
+                 f"({_extension.NOT_BUILT_REASON}); or pass --device cpu for the CPU run.")
     if requested == "cuda":
         sys.exit(f"{prog}: --device cuda, but torch sees no CUDA GPU here.")
     return "cpu", "no CUDA GPU visible to torch"
@@ -88,11 +86,11 @@ def header_lines(header):
 
 
 def build_info():
-    try:
-        from flashattn import _build_info as info
-        return f"arch list {getattr(info, 'ARCH_LIST', None)}, CUDA {getattr(info, 'CUDA_VERSION', None)}"
-    except ImportError:
-        return "unknown"
+    from flashattn import _extension
+    info = _extension.BUILD_INFO
+    if info is None:
+        return "no CUDA kernels"
+    return f"arch list {info['arch_list']}, CUDA {info['cuda_version']}"
 
 
 def git_commit():

@@ -2,29 +2,33 @@
 
 Importing ``flashattn._C`` registers the CUDA implementations of the operators
 (``TORCH_LIBRARY_IMPL`` in csrc/api/flash_api.cpp) for the schemas that
-flashattn.ops defines, so flashattn.ops is imported first. Three outcomes, none
-silent:
+flashattn.ops defines, so flashattn.ops is imported first. ``import flashattn``
+always succeeds and CPU tensors always work; the kernels are loaded only when
+they can be, and otherwise ``NOT_BUILT_REASON`` says why and gives the one
+command that builds them (it is the error a CUDA tensor gets):
 
-* no ``_C`` at all: the package was installed without a CUDA toolkit or with a
-  CPU-only torch. Everything works on CPU tensors; ``NOT_BUILT_REASON`` says
-  how to build the kernels and is the error a CUDA tensor gets.
-* ``_C`` built against another torch than the installed one: ImportError. A
-  C++ extension is tied to the exact torch ABI, and loading it anyway fails
-  later with an undefined symbol or, worse, a crash.
-* ``_C`` present but failing to load: ImportError with the same build facts
-  and the original error chained.
+* no ``_C``: installed without kernels (a CPU-only torch, no torch, no CUDA
+  toolkit, no GPU to build for: setup.py's ``kernel_plan``);
+* ``_C`` built against another torch than the installed one (the build facts
+  setup.py writes next to it, ``_C.<python tag>.json``, say which): not loaded,
+  since a C++ extension is tied to the exact torch ABI and loading it anyway
+  fails with an undefined symbol or, worse, a crash;
+* ``_C`` present but failing to load: the error, chained in the reason.
 """
 
 import importlib
+import importlib.metadata
 import importlib.util
-import sys
-from types import ModuleType
+import json
+import urllib.parse
+from pathlib import Path
 
 import torch
 
 from . import ops  # noqa: F401  defines the schemas that flashattn._C registers CUDA kernels for
 
 __all__ = [
+    "BUILD_INFO",
     "HAS_CUDA_KERNELS",
     "NOT_BUILT_REASON",
     "cuda_available",
@@ -34,74 +38,90 @@ __all__ = [
     "unsupported_gpu_reason",
 ]
 
-BUILD_COMMAND = "CUDA_HOME=/usr/local/cuda pip install --no-build-isolation -e ."
 DEFAULT_ARCH_LIST = "8.0+PTX;9.0a"
 MIN_COMPUTE_CAPABILITY = (8, 0)  # the kernels use Ampere instructions (mma.sync, ldmatrix, cp.async)
 
-_BUILD_HINT = (
-    f"{BUILD_COMMAND} (TORCH_CUDA_ARCH_LIST picks the GPU architectures, default {DEFAULT_ARCH_LIST!r})"
-)
 
-
-def _read_build_info() -> ModuleType | None:
-    """flashattn/_build_info.py, written by setup.py, or None when it is missing."""
+def _installed_from() -> tuple[str, bool]:
+    """(what flashattn was installed from, editable?): a path or git+URL from pip's
+    direct_url.json (PEP 610), else a placeholder."""
     try:
-        return importlib.import_module("flashattn._build_info")
-    except ImportError:
+        direct = json.loads(importlib.metadata.distribution("flashattn").read_text("direct_url.json") or "")
+    except (importlib.metadata.PackageNotFoundError, ValueError):
+        return "<the flashattn checkout or git+URL>", False
+    url = direct.get("url", "")
+    if "vcs_info" in direct:
+        vcs = direct["vcs_info"]
+        return f"{vcs.get('vcs', 'git')}+{url}@{vcs.get('commit_id', '')}".rstrip("@"), False
+    if url.startswith("file://"):
+        url = urllib.parse.unquote(urllib.parse.urlparse(url).path)
+    return url, bool(direct.get("dir_info", {}).get("editable"))
+
+
+def build_command() -> str:
+    """The one command that builds the kernels against the installed torch (setup.py picks
+    the archs of the visible GPU's default list; TORCH_CUDA_ARCH_LIST chooses others)."""
+    source, editable = _installed_from()
+    if editable:  # a checkout: its own tools, no download (scripts/env.sh builds the same way)
+        return f"pip install -v --no-build-isolation --no-deps -e {source}"
+    return f"pip install -v --force-reinstall --no-deps --no-cache-dir {source}"
+
+
+def _describe_build(info: dict | None) -> str:
+    if info is None:
+        return "an unknown torch (no build record beside flashattn._C)"
+    return f"torch {info['torch_version']} (CUDA {info['cuda_version']}, archs {info['arch_list']})"
+
+
+def _read_build_info(origin: str | None) -> dict | None:
+    """The build facts setup.py wrote beside the extension, or None."""
+    if origin is None:
+        return None
+    try:
+        return json.loads(Path(origin).with_suffix(".json").read_text())
+    except (OSError, ValueError):
         return None
 
 
-def _describe_build(info: ModuleType | None) -> str:
-    if info is None:
-        return "an unknown torch (flashattn/_build_info.py is missing)"
-    if not info.WITH_CUDA:
-        return f"torch {info.TORCH_VERSION} without CUDA"
-    return f"torch {info.TORCH_VERSION} (CUDA {info.CUDA_VERSION}, archs {info.ARCH_LIST})"
-
-
-def _not_built_reason(info: ModuleType | None) -> str:
-    if info is not None and info.WITH_CUDA:
-        python = f"{sys.version_info.major}.{sys.version_info.minor}"
-        problem = (
-            f"flashattn's CUDA kernels are missing (flashattn/_build_info.py records a build against "
-            f"{_describe_build(info)}, but there is no flashattn._C for this Python {python}: a build "
-            "for another Python, or a build that failed)"
+def _not_built_reason() -> str:
+    if torch.version.cuda is None:
+        return (
+            f"torch {torch.__version__} is a CPU-only build, so flashattn has no CUDA kernels (CPU tensors "
+            f"work); for CUDA tensors install a CUDA build of torch, then build them with: {build_command()}"
         )
-    else:
-        why = getattr(info, "REASON", None) or "no CUDA toolkit or a CPU-only torch at install time"
-        problem = f"flashattn's CUDA kernels were not built ({why})"
-    return f"{problem}; CPU tensors work, CUDA tensors need the kernels; build them with: {_BUILD_HINT}"
-
-
-def _matches_installed_torch(info: ModuleType | None) -> bool:
-    """Whether the build info describes a CUDA build against exactly the installed torch."""
     return (
-        info is not None
-        and info.WITH_CUDA
-        and (info.TORCH_VERSION, info.CUDA_VERSION) == (torch.__version__, torch.version.cuda)
+        "flashattn was installed without its CUDA kernels (pip install -v shows why: no CUDA toolkit, no GPU "
+        "and no TORCH_CUDA_ARCH_LIST, no torch yet at install time, or FLASHATTN_SKIP_CUDA_BUILD=1); CPU tensors "
+        "work. Build them against "
+        f"torch {torch.__version__} with: {build_command()} (CUDA_HOME: the toolkit; TORCH_CUDA_ARCH_LIST: "
+        f"the GPU architectures, default {DEFAULT_ARCH_LIST!r})"
     )
 
 
-def _load_extension() -> str | None:
-    """Imports ``flashattn._C``. Returns None once loaded, or why the kernels were not built."""
-    if importlib.util.find_spec("flashattn._C") is None:
-        return _not_built_reason(_read_build_info())
-    info = _read_build_info()
+def _load_extension() -> tuple[str | None, dict | None]:
+    """Imports ``flashattn._C`` when it matches the installed torch. Returns (None, build facts)
+    once loaded, else (why the kernels are unavailable, build facts or None)."""
+    spec = importlib.util.find_spec("flashattn._C")
+    if spec is None:
+        return _not_built_reason(), None
+    info = _read_build_info(getattr(spec, "origin", None))
     installed = f"torch {torch.__version__} (CUDA {torch.version.cuda})"
-    mismatch = (
-        f"flashattn's CUDA extension was built against {_describe_build(info)} but {installed} "
-        f"is installed; rebuild with: {_BUILD_HINT}"
-    )
-    if not _matches_installed_torch(info):
-        raise ImportError(mismatch)
+    rebuild = f"CPU tensors work; rebuild the kernels with: {build_command()}"
+    if info is None or (info["torch_version"], info["cuda_version"]) != (torch.__version__, torch.version.cuda):
+        return (
+            f"flashattn's CUDA kernels were built against {_describe_build(info)} but {installed} is "
+            f"installed, so they are not loaded; {rebuild}"
+        ), info
     try:
         importlib.import_module("flashattn._C")
     except (ImportError, OSError) as err:
-        raise ImportError(f"flashattn's CUDA extension failed to load ({err}). {mismatch}") from err
-    return None
+        return f"flashattn's CUDA kernels (built against {_describe_build(info)}) failed to load ({err}); {rebuild}", info
+    return None, info
 
 
-NOT_BUILT_REASON: str | None = _load_extension()
+NOT_BUILT_REASON: str | None
+BUILD_INFO: dict | None  # what the kernels were built against (setup.py's record), or None
+NOT_BUILT_REASON, BUILD_INFO = _load_extension()
 HAS_CUDA_KERNELS: bool = NOT_BUILT_REASON is None
 
 

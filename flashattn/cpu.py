@@ -99,6 +99,17 @@ def _check_cu_seqlens(q: Tensor, cu_seqlens_q: Tensor | None, cu_seqlens_k: Tens
     return True
 
 
+def _sdpa_layout_hint(q: Tensor, k: Tensor, varlen: bool) -> str:
+    """When the heads disagree but would agree read as SDPA's (batch, nheads, seqlen, headdim),
+    the likely mistake, said (the same words as csrc/api/checks.h)."""
+    if varlen or k.shape[1] == 0 or q.shape[1] % k.shape[1] != 0:
+        return ""
+    return (
+        f"; q looks like SDPA's (batch, nheads, seqlen, headdim) layout (q.shape[1] = {q.shape[1]} heads, "
+        f"k.shape[1] = {k.shape[1]}): flashattn takes (batch, seqlen, nheads, headdim), e.g. q.transpose(1, 2)"
+    )
+
+
 def _check_qkv(q: Tensor, k: Tensor, v: Tensor, varlen: bool) -> None:
     rank = 3 if varlen else 4
     q_layout = "(total_q, nheads, headdim)" if varlen else "(batch, seqlen_q, nheads, headdim)"
@@ -120,7 +131,7 @@ def _check_qkv(q: Tensor, k: Tensor, v: Tensor, varlen: bool) -> None:
         heads_dim = rank - 2
         raise ValueError(
             f"flashattn: the number of query heads (q.shape[{heads_dim}] = {num_heads}) must be a multiple "
-            f"of the number of key/value heads (k.shape[{heads_dim}] = {num_heads_k})"
+            f"of the number of key/value heads (k.shape[{heads_dim}] = {num_heads_k})" + _sdpa_layout_hint(q, k, varlen)
         )
     for name, t in (("q", q), ("k", k), ("v", v)):
         check_last_dim_contiguous(name, t)

@@ -205,8 +205,9 @@ def flash_attn_varlen_func(
         cu_seqlens_q, cu_seqlens_k: int32 (batch + 1,) on q's device: sequence b is
             q[cu_seqlens_q[b]:cu_seqlens_q[b + 1]] attending to the keys
             k[cu_seqlens_k[b]:cu_seqlens_k[b + 1]]. Nondecreasing from 0; lengths 0 and 1 are
-            fine. Rows past cu_seqlens_q[-1] belong to no sequence (their out is unspecified
-            on CUDA, 0 on CPU; their gradients are 0).
+            fine. Rows past cu_seqlens_q[-1] (a batch padded to a fixed size, e.g. for CUDA
+            graphs) belong to no sequence: their out is 0 and their gradients are 0, on CUDA
+            and CPU; keys past cu_seqlens_k[-1] get zero gradients.
         max_seqlen_q, max_seqlen_k: at least the longest query (key) sequence: a Python int
             (a SymInt under torch.compile(dynamic=True)), or a 0-d integer tensor: read with
             int() (a host sync on CUDA), or under torch.compile replaced by the row count of q
@@ -327,6 +328,7 @@ def _attention(
     """Checks the options and runs the forward: out, or (out, lse, S_dmask). The tensors are the
     operator's to check; its errors name them as the caller passed them (`names`)."""
     _check_implementation(q, names["q"])
+    _check_bool(causal=causal, deterministic=deterministic, return_attn_probs=return_attn_probs)
     _check_dropout_p(dropout_p)
     _check_window_size(window_size)
     _check_softcap(softcap)
@@ -521,6 +523,14 @@ def _check_packed(name: str, packed: object, rank: int, count: int, layout: str)
 def _is_real(x: object) -> bool:
     """A Python or NumPy real number, not a bool."""
     return isinstance(x, Real) and not isinstance(x, bool)
+
+
+def _check_bool(**flags: object) -> None:
+    """Flags are bools (or the ints 0 and 1): FlashAttention-2 hands them to C++ as bool, and a
+    truthy string or tensor taken as True would hide a mistake."""
+    for name, value in flags.items():
+        if not (isinstance(value, bool) or (isinstance(value, Integral) and value in (0, 1))):
+            raise TypeError(f"flashattn: {name} must be a bool (True or False), got {type(value).__name__} {value!r}")
 
 
 def _check_dropout_p(dropout_p: object) -> None:

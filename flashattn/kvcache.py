@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from .cpu import MAX_HEAD_DIM, check_alibi_slopes, check_index_tensor, check_same_device, check_tensor
-from .interface import _check_implementation, _check_softcap, _check_tensors, _check_window_size
+from .interface import _check_bool, _check_implementation, _check_softcap, _check_tensors, _check_window_size
 from .interface import _resolve_softmax_scale, _window_sides
 from .ops import KVCACHE_SCHEMA
 
@@ -129,6 +129,7 @@ def flash_attn_with_kvcache(
                    cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad, block_table=block_table,
                    alibi_slopes=alibi_slopes)
     _check_implementation(q, "q")
+    _check_bool(causal=causal, rotary_interleaved=rotary_interleaved)
     _check_window_size(window_size)
     _check_softcap(softcap)
     if not isinstance(num_splits, Integral) or isinstance(num_splits, bool) or num_splits < 0:

@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# Sourced by scripts/test.sh, scripts/bench.sh and scripts/gpu_round.sh:
+# Sourced by scripts/test.sh, scripts/suite.sh, scripts/bench.sh and scripts/gpu_round.sh:
 # picks the Python, makes sure the build and test tools are there, builds and
 # installs flashattn (editable), and exports what the callers need.
 #
@@ -16,15 +16,24 @@
 #   TORCH_CUDA_ARCH_LIST       archs to compile (default "8.0+PTX;9.0a")
 #   MAX_JOBS                   parallel compile jobs (default: nproc)
 #   FLASHATTN_SKIP_CUDA_BUILD  1: install the Python package without compiling the kernels
-#   FLASHATTN_BUILD_LOG        build output (default build/flashattn-build.log)
+#   FLASHATTN_KERNELS_WANTED   always (default: CI compiles them without a GPU); if-gpu: compile
+#                              them only where torch sees a GPU (suite.sh: a CPU run needs none);
+#                              no: never compile (suite.sh --help)
+#   FLASHATTN_EXTRA_PACKAGES   packages the caller needs besides the tools (suite.sh: matplotlib);
+#                              installed with pip when missing, else reported
+#   FLASHATTN_BUILD_LOG        pip's output of this build (default build/logs/env-DATE.log, a new
+#                              file per build; the compiler's own log is beside it, compile-DATE.log)
 #   FLASHATTN_FORCE_BUILD      1: rebuild even when the sources are unchanged
 # Exported: PY (absolute path of the interpreter), CUDA_HOME (when found),
-# TORCH_CUDA_ARCH_LIST, MAX_JOBS; FLASHATTN_KERNELS ("built", "not built: why").
+# TORCH_CUDA_ARCH_LIST, MAX_JOBS; FLASHATTN_KERNELS ("built", "not built: why");
+# FLASHATTN_BUILD ("skipped", "built in N s"); FLASHATTN_BUILD_SUMMARY (the last
+# kernel build's summary line: files, time, register spills, log).
 #
 # The build is skipped when build/.stamp holds the hash of csrc/, setup.py,
 # pyproject.toml, the interpreter, torch version, CUDA_HOME, arch list and
 # FLASHATTN_SKIP_CUDA_BUILD of the last successful build, and that install
 # still imports from this tree (with its compiled extension, if it had one).
+# The terminal shows the build's progress (setup.py's "flashattn build:" lines).
 
 _fa_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
@@ -107,6 +116,14 @@ EOF
     fi
     "$PY" -c "import hypothesis" >/dev/null 2>&1 ||
         _fa_log "note: hypothesis is not installed for $PY; tests that need it will skip"
+    local package
+    for package in ${FLASHATTN_EXTRA_PACKAGES:-}; do
+        "$PY" -c "import $package" >/dev/null 2>&1 && continue
+        _fa_log "installing $package into $PY's environment"
+        # shellcheck disable=SC2046
+        "$PY" -m pip install $(_fa_pip_flags) "$package" ||
+            _fa_log "note: could not install $package for $PY (offline?); what needs it is skipped"
+    done
 }
 
 _fa_cuda_env() {
@@ -139,31 +156,51 @@ import flashattn
 where = os.path.realpath(os.path.dirname(flashattn.__file__))
 if where != os.path.realpath(sys.argv[1]):
     sys.exit(f"flashattn imports from {where}, not from {sys.argv[1]}")
-from flashattn import _build_info as info
-print("built" if info.WITH_CUDA else f"not built: {info.REASON}")
+print("built" if flashattn.HAS_CUDA_KERNELS else f"not built: {flashattn.NOT_BUILT_REASON}")
 EOF
     )
 }
 
+# Whether torch sees a GPU (for FLASHATTN_KERNELS_WANTED=if-gpu).
+_fa_has_gpu() {
+    "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' >/dev/null 2>&1
+}
+
 _fa_build() {
-    local stamp="$_fa_root/build/.stamp" log hash kernels started flags
-    log="${FLASHATTN_BUILD_LOG:-$_fa_root/build/flashattn-build.log}"
-    mkdir -p "$_fa_root/build" "$(dirname "$log")"
+    local stamp="$_fa_root/build/.stamp" log hash kernels started flags rc wanted="${FLASHATTN_KERNELS_WANTED:-always}"
+    mkdir -p "$_fa_root/build/logs"
+    FLASHATTN_BUILD_SUMMARY="$(sed -n 2p "$stamp" 2>/dev/null)"
+    if [ "$wanted" != always ] && { [ "$wanted" = no ] || ! _fa_has_gpu; }; then
+        if kernels="$(_fa_installed_kernels 2>/dev/null)"; then
+            # Installed (editable: the Python code is current) and no kernel can run here or
+            # none is wanted: nothing to compile.
+            FLASHATTN_KERNELS="$kernels" FLASHATTN_BUILD=skipped
+            _fa_log "build skipped: flashattn is installed from this tree and this run needs no kernels ($([ "$wanted" = no ] && echo "FLASHATTN_KERNELS_WANTED=no" || echo "no GPU"))"
+            return 0
+        fi
+        export FLASHATTN_SKIP_CUDA_BUILD=1  # the Python package only: seconds
+    fi
     hash="$(_fa_build_hash "$_fa_torch")"
     if [ "${FLASHATTN_FORCE_BUILD:-0}" != 1 ] && [ -f "$stamp" ] &&
        [ "$(head -n 1 "$stamp")" = "$hash" ] && kernels="$(_fa_installed_kernels 2>/dev/null)" &&
        { [ "$kernels" != built ] || compgen -G "$_fa_root/flashattn/_C*.so" >/dev/null; }; then
-        FLASHATTN_KERNELS="$kernels"
-        _fa_log "build skipped: csrc/, setup.py and the toolchain are unchanged since the last build"
-        printf 'build skipped: sources unchanged since the last successful build (%s)\n' "$hash" >"$log"
+        FLASHATTN_KERNELS="$kernels" FLASHATTN_BUILD=skipped
+        _fa_log "build skipped: csrc/, setup.py and the toolchain are unchanged since the last build${FLASHATTN_BUILD_SUMMARY:+ (which $FLASHATTN_BUILD_SUMMARY)}"
         return 0
     fi
+    log="${FLASHATTN_BUILD_LOG:-$_fa_root/build/logs/env-$(date +%Y%m%d-%H%M%S).log}"
+    mkdir -p "$(dirname "$log")"
     rm -f "$stamp"
     flags="$(_fa_pip_flags)"
     _fa_log "building flashattn (MAX_JOBS=$MAX_JOBS, TORCH_CUDA_ARCH_LIST=$TORCH_CUDA_ARCH_LIST${FLASHATTN_SKIP_CUDA_BUILD:+, FLASHATTN_SKIP_CUDA_BUILD=$FLASHATTN_SKIP_CUDA_BUILD}); log: $log"
     started=$SECONDS
+    # pip -v streams the build's output: all of it to the log, setup.py's own lines
+    # (progress, summary) to the terminal.
     # shellcheck disable=SC2086
-    if ! (cd "$_fa_root" && "$PY" -m pip install -v --no-build-isolation --no-deps $flags -e .) >"$log" 2>&1; then
+    (cd "$_fa_root" && "$PY" -m pip install -v --no-build-isolation --no-deps $flags -e .) 2>&1 |
+        tee "$log" | sed -un 's/^ *\(flashattn build: \)/  \1/p'
+    rc=${PIPESTATUS[0]}
+    if [ "$rc" -ne 0 ]; then
         _fa_err "build failed after $((SECONDS - started)) s; last lines of $log:"
         tail -n 40 "$log" >&2
         return 1
@@ -173,8 +210,9 @@ _fa_build() {
         tail -n 20 "$log" >&2
         return 1
     fi
-    FLASHATTN_KERNELS="$kernels"
-    printf '%s\n' "$hash" >"$stamp"
+    FLASHATTN_KERNELS="$kernels" FLASHATTN_BUILD="built in $((SECONDS - started)) s"
+    FLASHATTN_BUILD_SUMMARY="$(sed -n 's/^ *flashattn build: \(compiled .*\)/\1/p' "$log" | tail -n 1)"
+    printf '%s\n%s\n' "$hash" "$FLASHATTN_BUILD_SUMMARY" >"$stamp"
     _fa_log "built in $((SECONDS - started)) s"
 }
 
@@ -185,14 +223,14 @@ _fa_main() {
         { _fa_err "$PY cannot import torch"; return 1; }
     _fa_cuda_env
     _fa_build || return 1
-    export PY FLASHATTN_KERNELS
+    export PY FLASHATTN_KERNELS FLASHATTN_BUILD FLASHATTN_BUILD_SUMMARY
     _fa_log "python $PY, torch $_fa_torch, CUDA_HOME=${CUDA_HOME:-none}, TORCH_CUDA_ARCH_LIST=$TORCH_CUDA_ARCH_LIST, MAX_JOBS=$MAX_JOBS, CUDA kernels: $FLASHATTN_KERNELS"
 }
 
 _fa_rc=0
 _fa_main || _fa_rc=$?
 unset -f _fa_log _fa_err _fa_pip_flags _fa_pick_python _fa_ensure_tools _fa_cuda_env \
-    _fa_build_hash _fa_installed_kernels _fa_build _fa_main
+    _fa_build_hash _fa_installed_kernels _fa_has_gpu _fa_build _fa_main
 unset _fa_root _fa_torch
 if [ "$_fa_rc" -ne 0 ]; then
     unset _fa_rc

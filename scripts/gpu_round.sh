@@ -60,10 +60,10 @@ build_rc=0
 source scripts/env.sh || build_rc=$?
 build_s=$((SECONDS - build_started))
 if [ "$build_rc" -eq 0 ]; then
-    if grep -q '^build skipped' "$FLASHATTN_BUILD_LOG" 2>/dev/null; then
+    if [ "${FLASHATTN_BUILD:-}" = skipped ]; then
         build_summary="ok, skipped (sources unchanged), set-up ${build_s} s"
     else
-        build_summary="ok in ${build_s} s (CUDA kernels: ${FLASHATTN_KERNELS:-?})"
+        build_summary="ok in ${build_s} s (CUDA kernels: ${FLASHATTN_KERNELS:-?}; ${FLASHATTN_BUILD_SUMMARY:-})"
     fi
 else
     build_summary="FAILED after ${build_s} s (see build.log)"

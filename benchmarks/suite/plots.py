@@ -1,5 +1,6 @@
 """The suite's PNG plots. matplotlib is optional: without it the report says the plots were skipped."""
 import importlib.util
+import sys
 
 from benchmarks.shapes import BACKEND_LABELS, GPU_BACKENDS
 
@@ -11,7 +12,7 @@ PASS_NAMES = {"fwd": "one forward", "fwdbwd": "a training step (forward + backwa
 def missing():
     """Why plots cannot be drawn here, or None."""
     if importlib.util.find_spec("matplotlib") is None:
-        return "matplotlib is not installed for this Python (pip install matplotlib)"
+        return f"matplotlib is not installed for this Python ({sys.executable} -m pip install matplotlib)"
     return None
 
 

@@ -182,10 +182,18 @@ void check_qkv(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, co
     TORCH_CHECK_VALUE(head_dim >= 1 && head_dim <= flash::kMaxHeadDim, "flashattn: headdim ", str(head_dim), " (",
                       shapes, ") is not supported; accepted: 1 to ", str(flash::kMaxHeadDim));
     const std::string heads_dim = str(layout.rank() - 2);
+    // Heads that disagree but agree read as SDPA's (batch, nheads, seqlen, headdim): say so
+    // (the same words as flashattn/cpu.py's _sdpa_layout_hint).
+    const bool sdpa_layout = !layout.varlen && k.size(1) > 0 && q.size(1) % k.size(1) == 0;
+    const std::string sdpa_hint =
+        sdpa_layout ? "; q looks like SDPA's (batch, nheads, seqlen, headdim) layout (q.shape[1] = " +
+                          str(q.size(1)) + " heads, k.shape[1] = " + str(k.size(1)) +
+                          "): flashattn takes (batch, seqlen, nheads, headdim), e.g. q.transpose(1, 2)"
+                    : std::string();
     TORCH_CHECK_VALUE(num_heads_k > 0 && num_heads % num_heads_k == 0,
                       "flashattn: the number of query heads (q.shape[", heads_dim, "] = ", str(num_heads),
                       ") must be a multiple of the number of key/value heads (k.shape[", heads_dim,
-                      "] = ", str(num_heads_k), ")");
+                      "] = ", str(num_heads_k), ")", sdpa_hint);
     check_last_dim_contiguous(q, "q");
     check_last_dim_contiguous(k, "k");
     check_last_dim_contiguous(v, "v");

@@ -125,7 +125,9 @@ std::tuple<at::Tensor, at::Tensor> mha_fwd(const at::Tensor& q,  // [B, Sq, H, D
     check_options(q, batch, window_left, window_right, alibi_slopes, dropout_p, rng_state);
     const c10::cuda::CUDAGuard device_guard(q.device());
     const int64_t rows = layout.rows(q), num_heads = q.size(-2);
-    at::Tensor out = at::empty(q.sizes(), q.options());
+    // Rows past cu_seqlens_q[-1] belong to no sequence and no block writes them: zeros
+    // (batches padded for CUDA graphs carry such rows), as on CPU.
+    at::Tensor out = layout.varlen ? at::zeros(q.sizes(), q.options()) : at::empty(q.sizes(), q.options());
     at::Tensor lse = layout.varlen ? at::empty({num_heads, rows}, q.options().dtype(at::kFloat))
                                    : at::empty({batch, num_heads, rows}, q.options().dtype(at::kFloat));
     if (batch == 0 || rows == 0 || num_heads == 0) return {out, lse};
@@ -186,8 +188,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> mha_bwd(
     }
     if (rows == 0) return {dq, dk.zero_(), dv.zero_()};
     // A key no query sees gets no block's attention in a variable-length batch
-    // whose sequences leave rows unassigned; zeroing first covers them.
+    // whose sequences leave rows unassigned, nor does a query row past
+    // cu_seqlens_q[-1]; zeroing first covers them.
     if (layout.varlen) {
+        dq.zero_();
         dk.zero_();
         dv.zero_();
     }
