@@ -83,7 +83,9 @@ def flash_attn_func(
             j <= i + seqlen_k - seqlen_q. A query row that sees no key outputs 0
             (and gets zero gradients).
         window_size: (left, right): query i sees keys j in [i + seqlen_k - seqlen_q - left,
-            i + seqlen_k - seqlen_q + right]; -1 leaves a side unbounded. causal sets right to 0.
+            i + seqlen_k - seqlen_q + right]; -1 (any negative) leaves a side unbounded. causal sets
+            right to 0. A tuple or list of ints (or 0-d integer tensors), or a 1-D integer tensor of
+            two, whose values are read with int() (a host sync for a CUDA tensor).
         softcap: if > 0, scores become softcap * tanh(scores / softcap) (before ALiBi and masking).
         alibi_slopes: fp32 (nheads,) or (batch, nheads) on q's device: adds
             -slope * |i + seqlen_k - seqlen_q - j| to the score of query i and key j.
@@ -93,7 +95,7 @@ def flash_attn_func(
 
     Bad option values raise ValueError or TypeError (RuntimeError for a tensor
     on another device) naming the option: dropout_p outside [0, 1), a
-    window_size that is not two ints >= -1, a negative or non-finite softcap,
+    window_size that is not two ints, a negative or non-finite softcap,
     alibi_slopes that are not an fp32 (nheads,) or (batch, nheads) tensor.
 
     Returns:
@@ -328,13 +330,13 @@ def _attention(
     operator's to check; its errors name them as the caller passed them (`names`)."""
     _check_implementation(q, names["q"])
     _check_dropout_p(dropout_p)
-    _check_window_size(window_size)
+    window = _window_sides(window_size)
     _check_softcap(softcap)
     _check_tensors(alibi_slopes=alibi_slopes, optional=True)
     scale = _resolve_softmax_scale(softmax_scale, q.shape[-1] if q.dim() else 1)
     rng_state = _new_rng_state(q.device) if dropout_p > 0 else None
     options = {
-        "window_size": _window_sides(window_size),
+        "window_size": window,
         "softcap": float(softcap),
         "alibi_slopes": alibi_slopes,
         "dropout_p": float(dropout_p),
@@ -353,11 +355,33 @@ def _new_rng_state(device: torch.device) -> Tensor:
     return torch.randint(0, _RNG_STATE_HIGH, (2,), dtype=torch.int64, device=device)
 
 
-def _window_sides(window_size: tuple[int, int]) -> tuple[int, int]:
-    """(left, right) as the operator takes them: Python ints, -1 for an unbounded side. A side at
-    least _MAX_WINDOW wide is unbounded for any sequence the kernels take (the kernels bound every
-    side by the sequence, csrc/common/mask.cuh)."""
-    return tuple(-1 if side >= _MAX_WINDOW else int(side) for side in window_size)
+def _window_sides(window_size: object) -> tuple[int, int]:
+    """window_size checked and read as the operator takes it: (left, right) Python ints, -1 for an
+    unbounded side. Accepted as FlashAttention-2 accepts it (it reads window_size[0] and [1]): a tuple
+    or list of two ints or 0-d integer tensors, or a 1-D integer tensor of two; any negative side is
+    unbounded. A tensor's values are read with int() (a host sync on CUDA, a graph break under
+    torch.compile), as FlashAttention-2 does. A side at least _MAX_WINDOW wide is unbounded for any
+    sequence the kernels take (the kernels bound every side by the sequence, csrc/common/mask.cuh)."""
+    accepted = "a pair (left, right) of ints (a tuple, a list or a 1-D integer tensor of 2), negative meaning unbounded"
+    if isinstance(window_size, Tensor):
+        if not _is_integer_tensor(window_size):
+            raise TypeError(f"flashattn: window_size must be {accepted}, got a {window_size.dtype} tensor")
+        if window_size.dim() != 1:
+            raise ValueError(f"flashattn: window_size must be {accepted}, got a tensor of shape "
+                             f"{tuple(window_size.shape)}")
+    elif not isinstance(window_size, (tuple, list)):
+        raise TypeError(f"flashattn: window_size must be {accepted}, got {type(window_size).__name__}")
+    if len(window_size) != 2:
+        raise ValueError(f"flashattn: window_size must be {accepted}, got {window_size!r}")
+    for side in window_size:
+        is_int = isinstance(side, Integral) and not isinstance(side, bool)
+        if not (is_int or (isinstance(side, Tensor) and side.dim() == 0 and _is_integer_tensor(side))):
+            raise TypeError(f"flashattn: window_size must be {accepted}, got {window_size!r}")
+    return tuple(-1 if side < 0 or side >= _MAX_WINDOW else side for side in map(int, window_size))
+
+
+def _is_integer_tensor(t: Tensor) -> bool:
+    return not (t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool)
 
 
 def _flash_attn_forward(
@@ -530,18 +554,6 @@ def _check_dropout_p(dropout_p: object) -> None:
         raise ValueError(f"flashattn: dropout_p must be in [0, 1), got {dropout_p}")
 
 
-def _check_window_size(window_size: object) -> None:
-    accepted = "a pair (left, right) of ints >= -1, -1 meaning unbounded on that side"
-    if not isinstance(window_size, (tuple, list)):
-        raise TypeError(f"flashattn: window_size must be {accepted}, got {type(window_size).__name__}")
-    if len(window_size) != 2:
-        raise ValueError(f"flashattn: window_size must be {accepted}, got {window_size!r}")
-    if not all(isinstance(side, Integral) and not isinstance(side, bool) for side in window_size):
-        raise TypeError(f"flashattn: window_size must be {accepted}, got {window_size!r}")
-    if min(window_size) < -1:
-        raise ValueError(f"flashattn: window_size must be {accepted}, got {window_size!r}")
-
-
 def _check_softcap(softcap: object) -> None:
     if not _is_real(softcap):
         raise TypeError(f"flashattn: softcap must be a finite number >= 0, got {type(softcap).__name__}")
@@ -587,7 +599,7 @@ def _check_max_seqlen(name: str, value: object, rows: int) -> int:
     grid from it and the blocks past a sequence's end exit at once."""
     accepted = "a non-negative Python int (or a 0-d integer tensor)"
     if isinstance(value, Tensor):
-        if value.dim() != 0 or value.dtype.is_floating_point or value.dtype.is_complex or value.dtype == torch.bool:
+        if value.dim() != 0 or not _is_integer_tensor(value):
             raise TypeError(
                 f"flashattn: {name} must be {accepted}, got a {value.dtype} tensor of shape {tuple(value.shape)}"
             )

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from .cpu import MAX_HEAD_DIM, check_alibi_slopes, check_index_tensor, check_same_device, check_tensor
-from .interface import _check_implementation, _check_softcap, _check_tensors, _check_window_size
+from .interface import _check_implementation, _check_softcap, _check_tensors
 from .interface import _resolve_softmax_scale, _window_sides
 from .ops import KVCACHE_SCHEMA
 
@@ -127,13 +127,12 @@ def flash_attn_with_kvcache(
                    cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad, block_table=block_table,
                    alibi_slopes=alibi_slopes)
     _check_implementation(q, "q")
-    _check_window_size(window_size)
+    window_left, window_right = _window_sides(window_size)
     _check_softcap(softcap)
     if not isinstance(num_splits, Integral) or isinstance(num_splits, bool) or num_splits < 0:
         raise ValueError(f"flashattn: num_splits must be an int >= 0 (0: automatic), got {num_splits!r}")
     scale = _resolve_softmax_scale(softmax_scale, q.shape[-1] if q.dim() else 1)
     cache_seqlens = _seqlens_tensor(cache_seqlens, q, k_cache, block_table)
-    window_left, window_right = _window_sides(window_size)
     out, lse = torch.ops.flashattn.fwd_kvcache(
         q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
         block_table, scale, bool(causal), window_left, window_right, float(softcap), bool(rotary_interleaved),
