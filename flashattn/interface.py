@@ -45,6 +45,8 @@ _MAX_WINDOW = 2**31 - 1
 # Dropout's Philox seed and offset: drawn from torch's generator, so torch.manual_seed
 # reproduces them and a CUDA graph's replay draws fresh ones.
 _RNG_STATE_HIGH = 2**62
+# S_dmask's sequence dimensions are rounded up to this, as FlashAttention-2's (its kernel writes whole tiles).
+_S_DMASK_ROUND = 128
 
 _Result = TypeVar("_Result")
 
@@ -102,13 +104,18 @@ def flash_attn_func(
         out: (batch, seqlen_q, nheads, headdim) in the dtype of q. It is
         differentiable with respect to q, k and v; the backward pass keeps
         nothing of size seqlen_q x seqlen_k. With return_attn_probs=True,
-        (out, softmax_lse, S_dmask): softmax_lse (batch, nheads, seqlen_q)
-        fp32, the natural-log log-sum-exp of the scores (undropped); S_dmask
-        (batch, nheads, seqlen_q, seqlen_k) fp32, the attention probabilities
-        (undropped, after softcap, ALiBi and masking: 0 where masked), negated
-        (sign bit set) where dropout dropped them. S_dmask is recomputed in
-        PyTorch from q, k and the LSE and materialises seqlen_q x seqlen_k per
-        head: it is for tests and inspection, not for long sequences.
+        (out, softmax_lse, S_dmask), as FlashAttention-2 returns them:
+        softmax_lse (batch, nheads, seqlen_q) fp32, the natural-log log-sum-exp
+        of the scores (undropped). S_dmask only with dropout_p > 0 (otherwise an
+        empty tensor of shape (0,), so that asking for the LSE stays linear in
+        memory): (batch, nheads, seqlen_q rounded up to 128, seqlen_k rounded
+        up to 128) in q's dtype, FlashAttention-2's encoding: per block of
+        flashattn.cpu.s_dmask_block_n(headdim) keys, exp(score - m) with m the
+        row max over that block and the blocks right of it (multiply by
+        exp(m - softmax_lse) for the probabilities), 0 where masked and in the
+        rounding, negated (sign bit set) where dropout dropped. It is recomputed
+        in PyTorch from q and k and materialises seqlen_q x seqlen_k per head:
+        for tests and inspection, not for long sequences.
 
     Runs on CUDA tensors (fp16, bf16; GPU sm_80 or newer; kernels built) and on
     CPU tensors (fp16, bf16, fp32) with a PyTorch implementation of the same
@@ -212,13 +219,14 @@ def flash_attn_varlen_func(
         max_seqlen_q, max_seqlen_k: at least the longest query (key) sequence: a Python int
             (a SymInt under torch.compile(dynamic=True)), or a 0-d integer tensor: read with
             int() (a host sync on CUDA), or under torch.compile replaced by the row count of q
-            (k), a bound on every length that needs no read (S_dmask then has that many rows).
+            (k), a bound on every length that needs no read (S_dmask's rows are then that bound's).
         dropout_p, softmax_scale, causal, window_size, softcap, deterministic: as in
             flash_attn_func, applied to each sequence on its own: causal and window_size
             align each sequence's queries to the bottom-right corner of its own keys.
         alibi_slopes: fp32 (nheads,) or (batch, nheads), batch = len(cu_seqlens_q) - 1.
-        return_attn_probs: as in flash_attn_func; softmax_lse is (nheads, total_q) and
-            S_dmask (batch, nheads, max_seqlen_q, max_seqlen_k), 0 outside each sequence.
+        return_attn_probs: as in flash_attn_func; softmax_lse is (nheads, total_q) and, with
+            dropout, S_dmask (batch, nheads, max_seqlen_q, max_seqlen_k rounded up to 128), each
+            sequence's rows and keys from 0, 0 outside.
         block_table: paged KV cache; not implemented yet, must be None.
 
     What is checked: cu_seqlens_* are int32 1-D tensors of one length on q's device,
@@ -347,7 +355,9 @@ def _attention(
     out, softmax_lse = _named(names, _flash_attn_forward, q, k, v, scale, bool(causal), bool(deterministic), **options)
     if not return_attn_probs:
         return out
-    return out, softmax_lse, _attn_probs(q, k, softmax_lse, scale, bool(causal), **options)
+    if options["dropout_p"] == 0:  # as FlashAttention-2: no Sq x Sk matrix unless dropout is on
+        return out, softmax_lse, q.new_empty((0,))
+    return out, softmax_lse, _attn_probs(q, k, scale, bool(causal), **options)
 
 
 def _new_rng_state(device: torch.device) -> Tensor:
@@ -446,7 +456,6 @@ def _head_dim_padding(q: Tensor, k: Tensor, v: Tensor) -> int:
 def _attn_probs(
     q: Tensor,
     k: Tensor,
-    softmax_lse: Tensor,
     softmax_scale: float,
     causal: bool,
     *,
@@ -460,23 +469,34 @@ def _attn_probs(
     max_seqlen_q: int = 0,
     max_seqlen_k: int = 0,
 ) -> Tensor:
-    """S_dmask of return_attn_probs: fp32 (B, H, Sq, Sk), or (B, H, max_seqlen_q, max_seqlen_k) with 0
-    outside each sequence (read on the host: a sync on CUDA)."""
+    """S_dmask of return_attn_probs with dropout, in FlashAttention-2's layout and encoding
+    (flashattn.cpu.attention_probs): (B, H, Sq, Sk) rounded up to multiples of _S_DMASK_ROUND, in q's
+    dtype, 0 in the padding; with cu_seqlens (B, H, max_seqlen_q, max_seqlen_k) rounded up, sequence b's
+    rows and keys from 0 (the offsets are read on the host: a sync on CUDA)."""
     options = (*window_size, softcap, alibi_slopes, dropout_p, rng_state)
+    num_heads = q.shape[-2]
     if cu_seqlens_q is None:
-        return cpu.attention_probs(q, k, softmax_lse, softmax_scale, causal, *options)
-    num_heads = q.shape[1]
-    batch = cu_seqlens_q.shape[0] - 1
-    probs = q.new_zeros((batch, num_heads, int(max_seqlen_q), int(max_seqlen_k)), dtype=torch.float32)
+        batch, seqlen_q, seqlen_k = q.shape[0], q.shape[1], k.shape[1]
+    else:
+        batch, seqlen_q, seqlen_k = cu_seqlens_q.shape[0] - 1, int(max_seqlen_q), int(max_seqlen_k)
+    shape = (batch, num_heads, _round_up(seqlen_q, _S_DMASK_ROUND), _round_up(seqlen_k, _S_DMASK_ROUND))
+    s_dmask = q.new_zeros(shape)
+    if cu_seqlens_q is None:
+        s_dmask[:, :, :seqlen_q, :seqlen_k] = cpu.attention_probs(q, k, softmax_scale, causal, *options)
+        return s_dmask
     starts_q, starts_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
     for b in range(batch):
         rows, keys = slice(starts_q[b], starts_q[b + 1]), slice(starts_k[b], starts_k[b + 1])
         slopes = alibi_slopes[b : b + 1] if alibi_slopes is not None and alibi_slopes.dim() == 2 else alibi_slopes
-        probs[b, :, : rows.stop - rows.start, : keys.stop - keys.start] = cpu.attention_probs(
-            q[rows][None], k[keys][None], softmax_lse[:, rows][None], softmax_scale, causal,
-            *window_size, softcap, slopes, dropout_p, rng_state, batch_start=b,
+        s_dmask[b, :, : rows.stop - rows.start, : keys.stop - keys.start] = cpu.attention_probs(
+            q[rows][None], k[keys][None], softmax_scale, causal, *window_size, softcap, slopes, dropout_p,
+            rng_state, batch_start=b,
         )[0]  # fmt: skip
-    return probs
+    return s_dmask
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
 
 
 _NAMES = {"q": "q", "k": "k", "v": "v"}
