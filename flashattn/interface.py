@@ -437,17 +437,18 @@ def _flash_attn_forward(
     return out[..., :head_dim], softmax_lse
 
 
-def _head_dim_padding(q: Tensor, k: Tensor, v: Tensor) -> int:
-    """How many zero columns bring the head dim of CUDA q, k and v to the multiple of 8 the kernels
-    read; 0 on CPU, and for inputs that padding would not make valid (head dims that differ or are
-    out of range, a last dimension that is not contiguous): those reach the operator as given, whose
-    error then shows the caller's shapes and strides."""
-    if not q.is_cuda or min(q.dim(), k.dim(), v.dim()) == 0:
+def _head_dim_padding(q: Tensor, *others: Tensor | None) -> int:
+    """How many zero columns bring the head dim of CUDA q and the others (None: absent) to the multiple
+    of 8 the kernels read; 0 on CPU, and for inputs that padding would not make valid (ranks or head
+    dims that differ or are out of range, a last dimension that is not contiguous): those reach the
+    operator as given, whose error then shows the caller's shapes and strides."""
+    tensors = [q, *(t for t in others if t is not None)]
+    if not q.is_cuda or len({t.dim() for t in tensors}) != 1 or q.dim() == 0:
         return 0
     head_dim = q.shape[-1]
-    if not (k.shape[-1] == head_dim and v.shape[-1] == head_dim and 0 < head_dim <= MAX_HEAD_DIM):
+    if not (all(t.shape[-1] == head_dim for t in tensors) and 0 < head_dim <= MAX_HEAD_DIM):
         return 0
-    if any(t.stride(-1) != 1 and head_dim > 1 for t in (q, k, v)):
+    if any(t.stride(-1) != 1 and head_dim > 1 for t in tensors):
         return 0
     return -head_dim % _KERNEL_CHUNK_ELEMS
 
