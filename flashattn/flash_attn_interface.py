@@ -34,31 +34,11 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import interface
-from .interface import (
-    _S_DMASK_ROUND,
-    _attn_probs,
-    _head_dim_padding,
-    _new_rng_state,
-    _round_up,
-    _window_sides,
-    flash_attn_func,
-    flash_attn_kvpacked_func,
-    flash_attn_qkvpacked_func,
-    flash_attn_varlen_func,
-    flash_attn_varlen_kvpacked_func,
-    flash_attn_varlen_qkvpacked_func,
-)
+from .interface import *  # noqa: F403 (flash_attn_func and the other public functions, re-exported)
+from .interface import _S_DMASK_ROUND, _attn_probs, _head_dim_padding, _new_rng_state, _round_up, _window_sides
 from .kvcache import flash_attn_with_kvcache
 
-__all__ = [
-    "flash_attn_func",
-    "flash_attn_kvpacked_func",
-    "flash_attn_qkvpacked_func",
-    "flash_attn_varlen_func",
-    "flash_attn_varlen_kvpacked_func",
-    "flash_attn_varlen_qkvpacked_func",
-    "flash_attn_with_kvcache",
-]
+__all__ = [*interface.__all__, "flash_attn_with_kvcache"]
 
 
 @torch.library.custom_op("flashattn::_flash_attn_forward", mutates_args=())
