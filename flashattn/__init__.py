@@ -10,6 +10,7 @@ algorithm on CPU tensors. The naive reference used by tests and benchmarks is
 ``flashattn.reference.attention_ref``.
 """
 
+from . import flash_attn_interface  # flash-attn's module of that name: the private entry points too
 from . import nn  # the modules: flashattn.nn.MultiheadAttention, MHA, ...
 from ._extension import (HAS_CUDA_KERNELS, NOT_BUILT_REASON, check_faults, cuda_available, cuda_unavailable_reason,
                          kernel_family)
@@ -35,6 +36,7 @@ __all__ = [
     "check_faults",
     "cuda_available",
     "cuda_unavailable_reason",
+    "flash_attn_interface",
     "flash_attn_func",
     "flash_attn_kvpacked_func",
     "flash_attn_qkvpacked_func",

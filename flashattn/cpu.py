@@ -18,7 +18,8 @@ from torch import Tensor
 
 from .philox import dropout_keep_mask
 
-__all__ = ["CPU_DTYPES", "CUDA_DTYPES", "MAX_HEAD_DIM", "attention_probs", "bwd", "check_bwd", "check_fwd", "fwd"]
+__all__ = ["CPU_DTYPES", "CUDA_DTYPES", "MAX_HEAD_DIM", "attention_probs", "bwd", "check_bwd", "check_fwd", "fwd",
+           "s_dmask_block_n"]
 
 MAX_HEAD_DIM = 256
 CUDA_DTYPES = (torch.float16, torch.bfloat16)  # the kernels' tensor-core types
@@ -655,10 +656,18 @@ def bwd(
     return dq, dk, dv
 
 
+def s_dmask_block_n(head_dim: int) -> int:
+    """The key-block width of FlashAttention-2's forward kernel when it runs with dropout (its
+    flash_attn_interface._get_block_size_n with is_dropout; the same on every GPU): S_dmask holds each
+    block's probabilities relative to the running row max at that block, so undoing it needs the width."""
+    if head_dim <= 32:
+        return 128
+    return 32 if 96 < head_dim <= 128 else 64
+
+
 def attention_probs(
     q: Tensor,
     k: Tensor,
-    softmax_lse: Tensor,
     softmax_scale: float,
     causal: bool,
     window_left: int = -1,
@@ -669,21 +678,28 @@ def attention_probs(
     rng_state: Tensor | None = None,
     batch_start: int = 0,
 ) -> Tensor:
-    """The probabilities P = exp(score - lse) [B, H, Sq, Sk] in fp32 of padded q [B, Sq, H, D] and
-    k [B, Sk, Hk, D], masked entries 0, with the sign bit set where dropout drops (FlashAttention's
-    S_dmask). Materialises all of Sq x Sk: for return_attn_probs and tests, on any device."""
+    """FlashAttention-2's S_dmask [B, H, Sq, Sk] of padded q [B, Sq, H, D] and k [B, Sk, Hk, D], in q's
+    dtype: the probabilities unnormalised as its forward kernel leaves them. The kernel walks key
+    blocks of s_dmask_block_n(D) keys from the last to the first and stores exp(score - m), m the row
+    max of the scores of this block and of every block right of it (0 while that is -inf); masked
+    entries are 0; the sign bit is set where dropout drops. (exp(m - lse) times an entry is the
+    probability: FlashAttention-2's tests normalise it so.) Materialises all of Sq x Sk."""
     opts = _Options.of(softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, dropout_p, rng_state)
     opts = replace(opts, batch_start=batch_start)
-    batch, seqlen_q, num_heads, _ = q.shape
+    batch, seqlen_q, num_heads, head_dim = q.shape
     seqlen_k, num_heads_k = k.shape[1], k.shape[2]
+    if seqlen_q == 0 or seqlen_k == 0:
+        return q.new_zeros((batch, num_heads, seqlen_q, seqlen_k))
     group = num_heads // num_heads_k
     rows, keys = range(seqlen_q), range(seqlen_k)
     q_rows = q.transpose(1, 2).unflatten(1, (num_heads_k, group)).flatten(2, 3).float()  # [B, Hk, G * Sq, D]
     k_heads = k.transpose(1, 2).float()  # [B, Hk, Sk, D]
-    scores, _ = _block_scores(q_rows, k_heads, group, rows, keys, seqlen_k - seqlen_q, opts)
-    lse = softmax_lse.masked_fill(softmax_lse == -math.inf, math.inf).unflatten(1, (num_heads_k, group))
-    probs = torch.exp(scores - lse.unsqueeze(-1))  # [B, Hk, G, Sq, Sk]
+    scores, _ = _block_scores(q_rows, k_heads, group, rows, keys, seqlen_k - seqlen_q, opts)  # [B, Hk, G, Sq, Sk]
+    block_n = s_dmask_block_n(head_dim)
+    block_max = torch.stack([block.amax(dim=-1) for block in scores.split(block_n, dim=-1)], dim=-1)
+    running_max = block_max.flip(-1).cummax(dim=-1).values.flip(-1)  # over this block and those right of it
+    running_max = running_max.masked_fill(running_max == -math.inf, 0.0)
+    probs = torch.exp(scores - running_max.repeat_interleave(block_n, dim=-1)[..., :seqlen_k])
     if opts.dropout_p > 0:
         probs = torch.where(_block_keep(rows, keys, batch, num_heads_k, group, opts), probs, -probs)
-    return probs.flatten(1, 2)
-
+    return probs.flatten(1, 2).to(q.dtype)

@@ -45,6 +45,8 @@ _MAX_WINDOW = 2**31 - 1
 # Dropout's Philox seed and offset: drawn from torch's generator, so torch.manual_seed
 # reproduces them and a CUDA graph's replay draws fresh ones.
 _RNG_STATE_HIGH = 2**62
+# S_dmask's sequence dimensions are rounded up to this, as FlashAttention-2's (its kernel writes whole tiles).
+_S_DMASK_ROUND = 128
 
 _Result = TypeVar("_Result")
 
@@ -83,7 +85,9 @@ def flash_attn_func(
             j <= i + seqlen_k - seqlen_q. A query row that sees no key outputs 0
             (and gets zero gradients).
         window_size: (left, right): query i sees keys j in [i + seqlen_k - seqlen_q - left,
-            i + seqlen_k - seqlen_q + right]; -1 leaves a side unbounded. causal sets right to 0.
+            i + seqlen_k - seqlen_q + right]; -1 (any negative) leaves a side unbounded. causal sets
+            right to 0. A tuple or list of ints (or 0-d integer tensors), or a 1-D integer tensor of
+            two, whose values are read with int() (a host sync for a CUDA tensor).
         softcap: if > 0, scores become softcap * tanh(scores / softcap) (before ALiBi and masking).
         alibi_slopes: fp32 (nheads,) or (batch, nheads) on q's device: adds
             -slope * |i + seqlen_k - seqlen_q - j| to the score of query i and key j.
@@ -93,20 +97,25 @@ def flash_attn_func(
 
     Bad option values raise ValueError or TypeError (RuntimeError for a tensor
     on another device) naming the option: dropout_p outside [0, 1), a
-    window_size that is not two ints >= -1, a negative or non-finite softcap,
+    window_size that is not two ints, a negative or non-finite softcap,
     alibi_slopes that are not an fp32 (nheads,) or (batch, nheads) tensor.
 
     Returns:
         out: (batch, seqlen_q, nheads, headdim) in the dtype of q. It is
         differentiable with respect to q, k and v; the backward pass keeps
         nothing of size seqlen_q x seqlen_k. With return_attn_probs=True,
-        (out, softmax_lse, S_dmask): softmax_lse (batch, nheads, seqlen_q)
-        fp32, the natural-log log-sum-exp of the scores (undropped); S_dmask
-        (batch, nheads, seqlen_q, seqlen_k) fp32, the attention probabilities
-        (undropped, after softcap, ALiBi and masking: 0 where masked), negated
-        (sign bit set) where dropout dropped them. S_dmask is recomputed in
-        PyTorch from q, k and the LSE and materialises seqlen_q x seqlen_k per
-        head: it is for tests and inspection, not for long sequences.
+        (out, softmax_lse, S_dmask), as FlashAttention-2 returns them:
+        softmax_lse (batch, nheads, seqlen_q) fp32, the natural-log log-sum-exp
+        of the scores (undropped). S_dmask only with dropout_p > 0 (otherwise an
+        empty tensor of shape (0,), so that asking for the LSE stays linear in
+        memory): (batch, nheads, seqlen_q rounded up to 128, seqlen_k rounded
+        up to 128) in q's dtype, FlashAttention-2's encoding: per block of
+        flashattn.cpu.s_dmask_block_n(headdim) keys, exp(score - m) with m the
+        row max over that block and the blocks right of it (multiply by
+        exp(m - softmax_lse) for the probabilities), 0 where masked and in the
+        rounding, negated (sign bit set) where dropout dropped. It is recomputed
+        in PyTorch from q and k and materialises seqlen_q x seqlen_k per head:
+        for tests and inspection, not for long sequences.
 
     Runs on CUDA tensors (fp16, bf16; GPU sm_80 or newer; kernels built) and on
     CPU tensors (fp16, bf16, fp32) with a PyTorch implementation of the same
@@ -211,13 +220,14 @@ def flash_attn_varlen_func(
         max_seqlen_q, max_seqlen_k: at least the longest query (key) sequence: a Python int
             (a SymInt under torch.compile(dynamic=True)), or a 0-d integer tensor: read with
             int() (a host sync on CUDA), or under torch.compile replaced by the row count of q
-            (k), a bound on every length that needs no read (S_dmask then has that many rows).
+            (k), a bound on every length that needs no read (S_dmask's rows are then that bound's).
         dropout_p, softmax_scale, causal, window_size, softcap, deterministic: as in
             flash_attn_func, applied to each sequence on its own: causal and window_size
             align each sequence's queries to the bottom-right corner of its own keys.
         alibi_slopes: fp32 (nheads,) or (batch, nheads), batch = len(cu_seqlens_q) - 1.
-        return_attn_probs: as in flash_attn_func; softmax_lse is (nheads, total_q) and
-            S_dmask (batch, nheads, max_seqlen_q, max_seqlen_k), 0 outside each sequence.
+        return_attn_probs: as in flash_attn_func; softmax_lse is (nheads, total_q) and, with
+            dropout, S_dmask (batch, nheads, max_seqlen_q, max_seqlen_k rounded up to 128), each
+            sequence's rows and keys from 0, 0 outside.
         block_table: paged KV cache; not implemented yet, must be None.
 
     What is checked: cu_seqlens_* are int32 1-D tensors of one length on q's device,
@@ -330,13 +340,13 @@ def _attention(
     _check_implementation(q, names["q"])
     _check_bool(causal=causal, deterministic=deterministic, return_attn_probs=return_attn_probs)
     _check_dropout_p(dropout_p)
-    _check_window_size(window_size)
+    window = _window_sides(window_size)
     _check_softcap(softcap)
     _check_tensors(alibi_slopes=alibi_slopes, optional=True)
     scale = _resolve_softmax_scale(softmax_scale, q.shape[-1] if q.dim() else 1)
     rng_state = _new_rng_state(q.device) if dropout_p > 0 else None
     options = {
-        "window_size": _window_sides(window_size),
+        "window_size": window,
         "softcap": float(softcap),
         "alibi_slopes": alibi_slopes,
         "dropout_p": float(dropout_p),
@@ -347,7 +357,9 @@ def _attention(
     out, softmax_lse = _named(names, _flash_attn_forward, q, k, v, scale, bool(causal), bool(deterministic), **options)
     if not return_attn_probs:
         return out
-    return out, softmax_lse, _attn_probs(q, k, softmax_lse, scale, bool(causal), **options)
+    if options["dropout_p"] == 0:  # as FlashAttention-2: no Sq x Sk matrix unless dropout is on
+        return out, softmax_lse, q.new_empty((0,))
+    return out, softmax_lse, _attn_probs(q, k, scale, bool(causal), **options)
 
 
 def _new_rng_state(device: torch.device) -> Tensor:
@@ -355,11 +367,33 @@ def _new_rng_state(device: torch.device) -> Tensor:
     return torch.randint(0, _RNG_STATE_HIGH, (2,), dtype=torch.int64, device=device)
 
 
-def _window_sides(window_size: tuple[int, int]) -> tuple[int, int]:
-    """(left, right) as the operator takes them: Python ints, -1 for an unbounded side. A side at
-    least _MAX_WINDOW wide is unbounded for any sequence the kernels take (the kernels bound every
-    side by the sequence, csrc/common/mask.cuh)."""
-    return tuple(-1 if side >= _MAX_WINDOW else int(side) for side in window_size)
+def _window_sides(window_size: object) -> tuple[int, int]:
+    """window_size checked and read as the operator takes it: (left, right) Python ints, -1 for an
+    unbounded side. Accepted as FlashAttention-2 accepts it (it reads window_size[0] and [1]): a tuple
+    or list of two ints or 0-d integer tensors, or a 1-D integer tensor of two; any negative side is
+    unbounded. A tensor's values are read with int() (a host sync on CUDA, a graph break under
+    torch.compile), as FlashAttention-2 does. A side at least _MAX_WINDOW wide is unbounded for any
+    sequence the kernels take (the kernels bound every side by the sequence, csrc/common/mask.cuh)."""
+    accepted = "a pair (left, right) of ints (a tuple, a list or a 1-D integer tensor of 2), negative meaning unbounded"
+    if isinstance(window_size, Tensor):
+        if not _is_integer_tensor(window_size):
+            raise TypeError(f"flashattn: window_size must be {accepted}, got a {window_size.dtype} tensor")
+        if window_size.dim() != 1:
+            raise ValueError(f"flashattn: window_size must be {accepted}, got a tensor of shape "
+                             f"{tuple(window_size.shape)}")
+    elif not isinstance(window_size, (tuple, list)):
+        raise TypeError(f"flashattn: window_size must be {accepted}, got {type(window_size).__name__}")
+    if len(window_size) != 2:
+        raise ValueError(f"flashattn: window_size must be {accepted}, got {window_size!r}")
+    for side in window_size:
+        is_int = isinstance(side, Integral) and not isinstance(side, bool)
+        if not (is_int or (isinstance(side, Tensor) and side.dim() == 0 and _is_integer_tensor(side))):
+            raise TypeError(f"flashattn: window_size must be {accepted}, got {window_size!r}")
+    return tuple(-1 if side < 0 or side >= _MAX_WINDOW else side for side in map(int, window_size))
+
+
+def _is_integer_tensor(t: Tensor) -> bool:
+    return not (t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool)
 
 
 def _flash_attn_forward(
@@ -405,17 +439,18 @@ def _flash_attn_forward(
     return out[..., :head_dim], softmax_lse
 
 
-def _head_dim_padding(q: Tensor, k: Tensor, v: Tensor) -> int:
-    """How many zero columns bring the head dim of CUDA q, k and v to the multiple of 8 the kernels
-    read; 0 on CPU, and for inputs that padding would not make valid (head dims that differ or are
-    out of range, a last dimension that is not contiguous): those reach the operator as given, whose
-    error then shows the caller's shapes and strides."""
-    if not q.is_cuda or min(q.dim(), k.dim(), v.dim()) == 0:
+def _head_dim_padding(q: Tensor, *others: Tensor | None) -> int:
+    """How many zero columns bring the head dim of CUDA q and the others (None: absent) to the multiple
+    of 8 the kernels read; 0 on CPU, and for inputs that padding would not make valid (ranks or head
+    dims that differ or are out of range, a last dimension that is not contiguous): those reach the
+    operator as given, whose error then shows the caller's shapes and strides."""
+    tensors = [q, *(t for t in others if t is not None)]
+    if not q.is_cuda or len({t.dim() for t in tensors}) != 1 or q.dim() == 0:
         return 0
     head_dim = q.shape[-1]
-    if not (k.shape[-1] == head_dim and v.shape[-1] == head_dim and 0 < head_dim <= MAX_HEAD_DIM):
+    if not (all(t.shape[-1] == head_dim for t in tensors) and 0 < head_dim <= MAX_HEAD_DIM):
         return 0
-    if any(t.stride(-1) != 1 and head_dim > 1 for t in (q, k, v)):
+    if any(t.stride(-1) != 1 and head_dim > 1 for t in tensors):
         return 0
     return -head_dim % _KERNEL_CHUNK_ELEMS
 
@@ -424,7 +459,6 @@ def _head_dim_padding(q: Tensor, k: Tensor, v: Tensor) -> int:
 def _attn_probs(
     q: Tensor,
     k: Tensor,
-    softmax_lse: Tensor,
     softmax_scale: float,
     causal: bool,
     *,
@@ -438,23 +472,34 @@ def _attn_probs(
     max_seqlen_q: int = 0,
     max_seqlen_k: int = 0,
 ) -> Tensor:
-    """S_dmask of return_attn_probs: fp32 (B, H, Sq, Sk), or (B, H, max_seqlen_q, max_seqlen_k) with 0
-    outside each sequence (read on the host: a sync on CUDA)."""
+    """S_dmask of return_attn_probs with dropout, in FlashAttention-2's layout and encoding
+    (flashattn.cpu.attention_probs): (B, H, Sq, Sk) rounded up to multiples of _S_DMASK_ROUND, in q's
+    dtype, 0 in the padding; with cu_seqlens (B, H, max_seqlen_q, max_seqlen_k) rounded up, sequence b's
+    rows and keys from 0 (the offsets are read on the host: a sync on CUDA)."""
     options = (*window_size, softcap, alibi_slopes, dropout_p, rng_state)
+    num_heads = q.shape[-2]
     if cu_seqlens_q is None:
-        return cpu.attention_probs(q, k, softmax_lse, softmax_scale, causal, *options)
-    num_heads = q.shape[1]
-    batch = cu_seqlens_q.shape[0] - 1
-    probs = q.new_zeros((batch, num_heads, int(max_seqlen_q), int(max_seqlen_k)), dtype=torch.float32)
+        batch, seqlen_q, seqlen_k = q.shape[0], q.shape[1], k.shape[1]
+    else:
+        batch, seqlen_q, seqlen_k = cu_seqlens_q.shape[0] - 1, int(max_seqlen_q), int(max_seqlen_k)
+    shape = (batch, num_heads, _round_up(seqlen_q, _S_DMASK_ROUND), _round_up(seqlen_k, _S_DMASK_ROUND))
+    s_dmask = q.new_zeros(shape)
+    if cu_seqlens_q is None:
+        s_dmask[:, :, :seqlen_q, :seqlen_k] = cpu.attention_probs(q, k, softmax_scale, causal, *options)
+        return s_dmask
     starts_q, starts_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
     for b in range(batch):
         rows, keys = slice(starts_q[b], starts_q[b + 1]), slice(starts_k[b], starts_k[b + 1])
         slopes = alibi_slopes[b : b + 1] if alibi_slopes is not None and alibi_slopes.dim() == 2 else alibi_slopes
-        probs[b, :, : rows.stop - rows.start, : keys.stop - keys.start] = cpu.attention_probs(
-            q[rows][None], k[keys][None], softmax_lse[:, rows][None], softmax_scale, causal,
-            *window_size, softcap, slopes, dropout_p, rng_state, batch_start=b,
+        s_dmask[b, :, : rows.stop - rows.start, : keys.stop - keys.start] = cpu.attention_probs(
+            q[rows][None], k[keys][None], softmax_scale, causal, *window_size, softcap, slopes, dropout_p,
+            rng_state, batch_start=b,
         )[0]  # fmt: skip
-    return probs
+    return s_dmask
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
 
 
 _NAMES = {"q": "q", "k": "k", "v": "v"}
@@ -540,18 +585,6 @@ def _check_dropout_p(dropout_p: object) -> None:
         raise ValueError(f"flashattn: dropout_p must be in [0, 1), got {dropout_p}")
 
 
-def _check_window_size(window_size: object) -> None:
-    accepted = "a pair (left, right) of ints >= -1, -1 meaning unbounded on that side"
-    if not isinstance(window_size, (tuple, list)):
-        raise TypeError(f"flashattn: window_size must be {accepted}, got {type(window_size).__name__}")
-    if len(window_size) != 2:
-        raise ValueError(f"flashattn: window_size must be {accepted}, got {window_size!r}")
-    if not all(isinstance(side, Integral) and not isinstance(side, bool) for side in window_size):
-        raise TypeError(f"flashattn: window_size must be {accepted}, got {window_size!r}")
-    if min(window_size) < -1:
-        raise ValueError(f"flashattn: window_size must be {accepted}, got {window_size!r}")
-
-
 def _check_softcap(softcap: object) -> None:
     if not _is_real(softcap):
         raise TypeError(f"flashattn: softcap must be a finite number >= 0, got {type(softcap).__name__}")
@@ -597,7 +630,7 @@ def _check_max_seqlen(name: str, value: object, rows: int) -> int:
     grid from it and the blocks past a sequence's end exit at once."""
     accepted = "a non-negative Python int (or a 0-d integer tensor)"
     if isinstance(value, Tensor):
-        if value.dim() != 0 or value.dtype.is_floating_point or value.dtype.is_complex or value.dtype == torch.bool:
+        if value.dim() != 0 or not _is_integer_tensor(value):
             raise TypeError(
                 f"flashattn: {name} must be {accepted}, got a {value.dtype} tensor of shape {tuple(value.shape)}"
             )

@@ -15,11 +15,12 @@ import math
 from numbers import Integral
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from .cpu import MAX_HEAD_DIM, check_alibi_slopes, check_index_tensor, check_same_device, check_tensor
-from .interface import _check_bool, _check_implementation, _check_softcap, _check_tensors, _check_window_size
-from .interface import _resolve_softmax_scale, _window_sides
+from .interface import _check_bool, _check_implementation, _check_softcap, _check_tensors
+from .interface import _head_dim_padding, _resolve_softmax_scale, _window_sides
 from .ops import KVCACHE_SCHEMA
 
 __all__ = ["KVCACHE_SCHEMA", "KVCache", "apply_rotary_emb", "flash_attn_with_kvcache"]
@@ -115,7 +116,11 @@ def flash_attn_with_kvcache(
 
     Returns out (batch, seqlen_q, nheads, headdim), or (out, softmax_lse). Not differentiable
     (inference). The cache tensors are modified in place when k and v are given. Runs on CUDA
-    (fp16/bf16; headdim a multiple of 8) and on CPU tensors (fp16, bf16, fp32). The index tensors are
+    (fp16/bf16) and on CPU tensors (fp16, bf16, fp32). On CUDA a headdim that is not a multiple of 8
+    runs as FlashAttention-2 runs it: on zero-padded copies of q, k, v and the whole k_cache and
+    v_cache, the appended rows then copied back into the caller's caches; that copies the caches on
+    every call (slow: memory traffic of the whole cache, and its size again in memory). Head dims that
+    are multiples of 8 run in place. The index tensors are
     not read on the host (no synchronisation): on CUDA each kernel checks the values it reads where it
     reads them, and a value out of range (cache_seqlens + seqlen_new beyond the cache, cache_leftpad
     beyond cache_seqlens, cache_batch_idx or a used block_table entry outside k_cache, a rotary
@@ -130,19 +135,54 @@ def flash_attn_with_kvcache(
                    alibi_slopes=alibi_slopes)
     _check_implementation(q, "q")
     _check_bool(causal=causal, rotary_interleaved=rotary_interleaved)
-    _check_window_size(window_size)
+    window_left, window_right = _window_sides(window_size)
     _check_softcap(softcap)
     if not isinstance(num_splits, Integral) or isinstance(num_splits, bool) or num_splits < 0:
         raise ValueError(f"flashattn: num_splits must be an int >= 0 (0: automatic), got {num_splits!r}")
     scale = _resolve_softmax_scale(softmax_scale, q.shape[-1] if q.dim() else 1)
     cache_seqlens = _seqlens_tensor(cache_seqlens, q, k_cache, block_table)
-    window_left, window_right = _window_sides(window_size)
-    out, lse = torch.ops.flashattn.fwd_kvcache(
-        q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
-        block_table, scale, bool(causal), window_left, window_right, float(softcap), bool(rotary_interleaved),
-        alibi_slopes, int(num_splits),
-    )
+    arguments = [q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
+                 block_table, scale, bool(causal), window_left, window_right, float(softcap),
+                 bool(rotary_interleaved), alibi_slopes, int(num_splits)]  # fmt: skip
+    pad = _head_dim_padding(q, k_cache, v_cache, k, v)
+    if not pad:
+        out, lse = torch.ops.flashattn.fwd_kvcache(*arguments)
+    else:
+        out, lse = _fwd_kvcache_padded(arguments, pad)
     return (out, lse) if return_softmax_lse else out
+
+
+def _fwd_kvcache_padded(arguments: list, pad: int) -> tuple[Tensor, Tensor]:
+    """fwd_kvcache on zero-padded copies of q, the caches and k, v (zero columns change neither q @ k^T
+    nor the other columns of out), as FlashAttention-2 runs a head dim that is not a multiple of 8; the
+    rows the append wrote are then copied back into the caller's caches. The padded caches are whole
+    copies, made on every call."""
+    q, k_cache, v_cache, k, v = arguments[:5]
+    padded = [None if t is None else F.pad(t, (0, pad)) for t in (q, k_cache, v_cache, k, v)]
+    out, lse = torch.ops.flashattn.fwd_kvcache(*padded, *arguments[5:])
+    if k is not None:
+        cache_seqlens, cache_batch_idx, block_table = arguments[7], arguments[8], arguments[10]
+        index = _appended_rows(k_cache, k.shape[1], cache_seqlens, cache_batch_idx, block_table)
+        head_dim = q.shape[-1]
+        k_cache[index] = padded[1][index][..., :head_dim]
+        v_cache[index] = padded[2][index][..., :head_dim]
+    return out[..., : q.shape[-1]], lse
+
+
+def _appended_rows(cache: Tensor, seqlen_new: int, cache_seqlens: Tensor, cache_batch_idx: Tensor | None,
+                   block_table: Tensor | None) -> tuple[Tensor, Tensor]:
+    """(index into cache's first dim, into its second) of the rows [cache_seqlens[b], + seqlen_new) of every
+    sequence b, computed on the device (no sync). Clamped into the cache: where the kernels refused an
+    out-of-range row, the clamped row holds what it held, and copying it back changes nothing."""
+    num_rows, page_size = cache.shape[0], cache.shape[1]
+    rows = cache_seqlens.long()[:, None] + torch.arange(seqlen_new, device=cache.device)  # [B, seqlen_new]
+    if block_table is None:
+        rows = rows.clamp(0, page_size - 1)
+        batch = torch.arange(rows.shape[0], device=cache.device) if cache_batch_idx is None else cache_batch_idx.long()
+        return batch.clamp(0, num_rows - 1)[:, None].expand_as(rows), rows
+    rows = rows.clamp(0, block_table.shape[1] * page_size - 1)
+    pages = block_table.long().gather(1, rows // page_size).clamp(0, num_rows - 1)
+    return pages, rows % page_size
 
 
 def _seqlens_tensor(cache_seqlens: object, q: Tensor, k_cache: Tensor, block_table: Tensor | None) -> Tensor:

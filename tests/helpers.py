@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 from flashattn import flash_attn_func
+from flashattn.cpu import s_dmask_block_n
 from flashattn.interface import _flash_attn_forward
 from flashattn.philox import dropout_keep_mask
 from flashattn.reference import attention_ref
@@ -315,3 +316,18 @@ def assert_grads_match_reference(
         err = max_abs_diff(grad, ref)
         bound = grad_bound(max_abs_diff(lowp, ref), rounding_floor(ref, t.dtype), from_out, eps)
         assert err <= bound, f"{name}: max error {err:.3g} > bound {bound:.3g}"
+
+
+def decode_s_dmask(s_dmask: Tensor, probs_ref: Tensor, head_dim: int) -> Tensor:
+    """The probabilities [..., Sq, Sk] that S_dmask encodes (FlashAttention-2's encoding, see
+    flashattn.cpu.attention_probs), recovered as FlashAttention-2's tests recover them: |entry| times
+    exp(m - lse), which is the largest reference probability of its row in its key block and the
+    blocks right of it. probs_ref: the accurate probabilities [..., Sq, Sk], fp32 or wider; head_dim:
+    q's, which sets the key-block width."""
+    seqlen_q, seqlen_k = probs_ref.shape[-2:]
+    if probs_ref.numel() == 0:
+        return probs_ref.clone()
+    block_n = s_dmask_block_n(head_dim)
+    block_max = torch.stack([block.amax(dim=-1) for block in probs_ref.split(block_n, dim=-1)], dim=-1)
+    reach = block_max.flip(-1).cummax(dim=-1).values.flip(-1).repeat_interleave(block_n, dim=-1)[..., :seqlen_k]
+    return s_dmask[..., :seqlen_q, :seqlen_k].abs().to(probs_ref.dtype) * reach

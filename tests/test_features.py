@@ -21,6 +21,7 @@ from helpers import (
     blind_rows,
     case_seed,
     max_abs_diff,
+    decode_s_dmask,
     random_qkv,
     reference_options,
     run_backward,
@@ -212,8 +213,11 @@ def _reference_probs(q, k, softmax_scale, causal, upcast=True, **ref_options):
 @pytest.mark.parametrize("feature", ["window-both", "everything", "alibi-batch-heads", "dropout", "softcap"])
 @pytest.mark.parametrize("seqlens", [(3, 113), (130, 67)], ids=lambda s: f"q{s[0]}k{s[1]}")
 def test_return_attn_probs(device, feature, seqlens):
-    """(out, softmax_lse, S_dmask): out and lse are the forward's; |S_dmask| is the probabilities
-    (undropped, 0 where masked) within the bound, its sign bit set exactly where the keep mask drops."""
+    """(out, softmax_lse, S_dmask) as FlashAttention-2 returns them: out and lse are the forward's;
+    without dropout S_dmask is an empty (0,) tensor (nothing of size Sq x Sk); with dropout it is
+    (B, H, Sq and Sk rounded up to 128) in q's dtype, 0 in the rounding, in FlashAttention-2's
+    encoding: decoded as its tests decode it, the probabilities (undropped, 0 where masked) within
+    the bound, the sign bit set exactly where the keep mask drops."""
     seed = case_seed("attn probs", device, feature, seqlens)
     q, k, v = random_qkv(BATCH, *seqlens, 4, 2, 48, torch.bfloat16, device, seed)
     causal, scale, options = feature_options(feature, BATCH, 4, device, seed)
@@ -226,21 +230,26 @@ def test_return_attn_probs(device, feature, seqlens):
         options["rng_state"] = torch.randint(0, 2**62, (2,), dtype=torch.int64, device=device)
     want_out, want_lse = _flash_attn_forward(q, k, v, scale, causal, **options)
     assert torch.equal(out, want_out) and torch.equal(lse, want_lse)
+    if "rng_state" not in options:
+        assert probs.shape == (0,) and probs.dtype == q.dtype
+        return
 
-    assert probs.shape == (BATCH, 4, *seqlens) and probs.dtype == torch.float32
+    rounded = tuple(-(-n // 128) * 128 for n in seqlens)
+    assert probs.shape == (BATCH, 4, *rounded) and probs.dtype == q.dtype
+    padding = probs.clone()
+    padding[:, :, : seqlens[0], : seqlens[1]] = 0
+    assert torch.equal(padding, torch.zeros_like(padding)), "S_dmask: nonzero in the rounding"
     no_dropout = {key: value for key, value in reference_options(q, k, options).items() if "dropout" not in key}
     accurate = _reference_probs(q.float(), k.float(), scale, causal, **no_dropout)
     lowp = _reference_probs(q, k, scale, causal, upcast=False, **no_dropout)
-    err, bound = max_abs_diff(probs.abs(), accurate), 2 * max_abs_diff(lowp, accurate) + 1e-5
-    assert err <= bound, f"|S_dmask|: max error {err:.3g} > bound {bound:.3g}"
-    assert torch.equal(probs == 0, accurate == 0), "S_dmask: masked entries elsewhere"
-    dropped = torch.signbit(probs)
-    if "rng_state" in options:
-        keep = dropout_keep_mask(options["rng_state"], options["dropout_p"], range(seqlens[0]), range(seqlens[1]), 4,
-                                 range(BATCH))  # fmt: skip
-        assert torch.equal(dropped, ~keep)
-    else:
-        assert not dropped.any()
+    decoded = decode_s_dmask(probs, accurate, 48)
+    err, bound = max_abs_diff(decoded, accurate), 2 * max_abs_diff(lowp, accurate) + 1e-5
+    assert err <= bound, f"S_dmask decoded: max error {err:.3g} > bound {bound:.3g}"
+    assert torch.equal(decoded == 0, accurate == 0), "S_dmask: masked entries elsewhere"
+    dropped = torch.signbit(probs[:, :, : seqlens[0], : seqlens[1]])
+    keep = dropout_keep_mask(options["rng_state"], options["dropout_p"], range(seqlens[0]), range(seqlens[1]), 4,
+                             range(BATCH))  # fmt: skip
+    assert torch.equal(dropped, ~keep)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -250,7 +259,7 @@ def test_dropped_fraction(device, dropout_p):
     draws: the sampling noise is ~1e-3)."""
     q, k, v = random_qkv(2, 256, 256, 4, 4, 32, torch.float16, device, case_seed("fraction", device, dropout_p))
     _, _, probs = flash_attn_func(q, k, v, dropout_p=dropout_p, return_attn_probs=True)
-    dropped = torch.signbit(probs).double().mean().item()
+    dropped = torch.signbit(probs[:, :, :256, :256]).double().mean().item()
     assert abs(dropped - dropout_p) < 0.01, dropped
 
 

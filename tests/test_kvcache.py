@@ -382,7 +382,7 @@ def _rotary(c, rows):
      "rotary positions up to 9 need rotary_cos/sin of at least 10 rows, got 9"),
     # options
     (lambda c: c.update(num_splits=True), ValueError, "num_splits"),
-    (lambda c: c.update(window_size=(-2, 0)), ValueError, "window_size"),
+    (lambda c: c.update(window_size=(1, 2, 3)), ValueError, "window_size"),
     (lambda c: c.update(softcap=-1.0), ValueError, "softcap"),
     (lambda c: c.update(alibi_slopes=torch.ones(3)), ValueError, "alibi_slopes"),
     (lambda c: c.update(softmax_scale=0.0), ValueError, "softmax_scale"),
