@@ -188,6 +188,8 @@ def test_ring_attention(device, causal, dtype, head_dim, chunk, heads, wrapped):
     within the bound of the fp32 reference, dq, dk, dv within the gradient bound."""
     if device == "cpu" and dtype == torch.float16 and head_dim == 64 and wrapped:
         pytest.skip("the largest case runs once on CPU")
+    if device == "cuda" and dtype == torch.float32:
+        pytest.skip("fp32 is a CPU dtype (the CUDA kernels take fp16 and bf16)")
     seed = case_seed("ring", device, causal, dtype, head_dim, wrapped)
     q, k, v = random_qkv(2, 2 * chunk, 2 * chunk, *heads, head_dim, dtype, device, seed)
     dout = torch.randn_like(q)
