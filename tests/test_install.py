@@ -210,7 +210,9 @@ def test_import_never_fails_and_cpu_works():
         "q = torch.randn(1, 3, 2, 8)\n"
         "print(flashattn.flash_attn_func(q, q, q).shape)\n"
     )
-    result = subprocess.run([sys.executable, "-c", code], cwd="/", capture_output=True, text=True, timeout=120)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    result = subprocess.run([sys.executable, "-c", code], cwd="/", capture_output=True, text=True, timeout=120,
+                            env=env)
     assert result.returncode == 0, result.stderr
     assert "torch.Size([1, 3, 2, 8])" in result.stdout
 
