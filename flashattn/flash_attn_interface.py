@@ -86,10 +86,8 @@ def _flash_attn_varlen_forward(
               "max_seqlen_k": max_seqlen_k}  # fmt: skip
     out, softmax_lse, s_dmask, rng_state = _forward(q, k, v, dropout_p, softmax_scale, causal, window_size_left,
                                                     window_size_right, softcap, alibi_slopes, return_softmax, varlen)
-    if zero_tensors:  # rows past the last sequence: out 0 and LSE -inf, as flash-attn leaves them
-        outside = _rows_outside(cu_seqlens_q, q.shape[0])
-        out = out.masked_fill(outside[:, None, None], 0)
-        softmax_lse = softmax_lse.masked_fill(outside, -torch.inf)
+    if zero_tensors:  # rows past the last sequence: LSE -inf as flash-attn leaves it (out is 0 on every path)
+        softmax_lse = softmax_lse.masked_fill(_rows_outside(cu_seqlens_q, q.shape[0]), -torch.inf)
     return out, softmax_lse, s_dmask, rng_state
 
 
