@@ -61,11 +61,12 @@ struct FwdParams {
 
     // Variable-length batches: cu_seqlens_q/k [B + 1] (int32, device), or nullptr
     // for the padded layout. With them, the *_batch_stride are 0, seqlen_q/k are
-    // the longest sequences (the grid is sized from them) and total_q is the
-    // number of q rows.
+    // the longest sequences (the grid is sized from them) and total_q, total_k
+    // are the numbers of q and k rows.
     const int* __restrict__ cu_seqlens_q;
     const int* __restrict__ cu_seqlens_k;
     int total_q;
+    int total_k;
     // lse (and the backward's D) of row i of head h of sequence b:
     // lse_ptr[b * lse_batch_stride + h * lse_head_stride + row_start + i].
     int64_t lse_batch_stride, lse_head_stride;

@@ -1,0 +1,263 @@
+// The sm90 forward kernel: one block per (query tile of kBlockM rows, head,
+// batch), warp-specialised.
+//
+//   producer warpgroup: one thread copies Q once, then the K and V tiles into
+//     kStages shared-memory stages with the bulk tensor copy (TMA, 128-byte
+//     swizzle), each stage's arrival tracked by a "full" mbarrier and its
+//     release by the consumers by an "empty" one. The rest of the warpgroup
+//     gives its registers back (setmaxnreg) and exits.
+//   consumer warpgroups: 64 query rows each; per key tile: wait K, S = Q K^T
+//     (wgmma, both operands from shared memory), release K, mask, online
+//     softmax, wait V, O += P V (wgmma, P from registers, V read transposed
+//     through the descriptor), release V.
+//
+// Key tiles are walked from the last to the first, as in the sm80 kernel, so
+// that the tiles that need a mask at the top (sequence tail, causal diagonal, a
+// window's right edge) come first, then every whole tile unmasked, then the
+// window's left edge (mask.cuh: key_tile_range). The online softmax, the mask
+// and the LSE are the sm80 family's (common/): a wgmma accumulator row block
+// of a warp has the layout of an mma.m16n8 accumulator, so they apply as is.
+#pragma once
+
+#include <cuda.h>
+
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#include "common/extras.cuh"
+#include "common/flash.h"
+#include "common/mask.cuh"
+#include "common/ptx.cuh"
+#include "common/softmax.cuh"
+#include "sm90/kernel_traits.h"
+#include "sm90/ptx.cuh"
+
+namespace flash::sm90 {
+
+// The accumulator fragment of one warp, [1][n8 blocks][4], seen as the flat
+// register list a wgmma of N = 8 * kNTiles columns takes.
+template <int kNTiles>
+__device__ __forceinline__ float (&flat(float (&frag)[1][kNTiles][4]))[kNTiles * 4] {
+    return reinterpret_cast<float(&)[kNTiles * 4]>(frag);
+}
+
+// The shared-memory addresses of a block's tiles and barriers.
+template <typename Traits>
+struct SmemLayout {
+    uint32_t base;  // aligned to a swizzle atom
+
+    __device__ __forceinline__ explicit SmemLayout(const char* smem) {
+        base = (smem_addr(smem) + Traits::kSmemAlign - 1) & ~static_cast<uint32_t>(Traits::kSmemAlign - 1);
+    }
+    __device__ __forceinline__ uint32_t q() const { return base + Traits::kSmemQOffset; }
+    __device__ __forceinline__ uint32_t k(int stage) const { return base + Traits::kSmemKOffset + stage * Traits::kKVBytes; }
+    __device__ __forceinline__ uint32_t v(int stage) const { return base + Traits::kSmemVOffset + stage * Traits::kKVBytes; }
+    __device__ __forceinline__ uint32_t barrier(int i) const { return base + Traits::kSmemBarrierOffset + 8 * i; }
+    __device__ __forceinline__ uint32_t q_full() const { return barrier(0); }
+    __device__ __forceinline__ uint32_t k_full(int stage) const { return barrier(1 + stage); }
+    __device__ __forceinline__ uint32_t v_full(int stage) const { return barrier(1 + Traits::kStages + stage); }
+    __device__ __forceinline__ uint32_t k_empty(int stage) const { return barrier(1 + 2 * Traits::kStages + stage); }
+    __device__ __forceinline__ uint32_t v_empty(int stage) const { return barrier(1 + 3 * Traits::kStages + stage); }
+};
+
+// The i-th key tile a block walks (0, 1, ...) uses stage i % kStages for the
+// (i / kStages)-th time: the phase of that stage's barriers to wait for.
+template <typename Traits>
+struct StageOf {
+    int stage;
+    uint32_t phase;
+    __device__ __forceinline__ explicit StageOf(int i) : stage(i % Traits::kStages), phase((i / Traits::kStages) & 1) {}
+};
+
+// Each copy covers one column block of 64 elements: coordinates (column,
+// row, head, batch) of the tensor maps built by make_fwd_tensor_maps.
+template <typename Traits>
+__device__ __forceinline__ void load_tile(uint32_t dst, const CUtensorMap* map, uint32_t bar, int row, int head,
+                                          int batch, int block_bytes) {
+#pragma unroll
+    for (int cb = 0; cb < Traits::kColBlocks; ++cb) {
+        tma_load_4d(dst + cb * block_bytes, map, bar, cb * kSwizzleCols, row, head, batch);
+    }
+}
+
+template <typename Traits, bool Is_local, bool Has_softcap>
+__global__ void __launch_bounds__(Traits::kNThreads, 1)
+    fwd_kernel(const __grid_constant__ FwdParams params, const __grid_constant__ CUtensorMap tma_q,
+               const __grid_constant__ CUtensorMap tma_k, const __grid_constant__ CUtensorMap tma_v) {
+    using Element = typename Traits::Element;
+    constexpr int kBlockM = Traits::kBlockM;
+    constexpr int kBlockN = Traits::kBlockN;
+    constexpr int kStages = Traits::kStages;
+
+    extern __shared__ char smem[];
+    const SmemLayout<Traits> layout(smem);
+
+    // Causal tiles on the bottom rows see the most keys: schedule them first.
+    const int m_block = Is_local ? static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x)
+                                 : static_cast<int>(blockIdx.x);
+    const int head = blockIdx.y;
+    const int batch = blockIdx.z;
+    const Sequence seq = sequence_of<false>(params, batch);
+    const int m0 = m_block * kBlockM;
+    if (m0 >= seq.seqlen_q) return;  // a shorter sequence of a variable-length batch
+    const Window window = window_of(params, seq.seqlen_q, seq.seqlen_k);
+    const KeyTileRange key_tiles = key_tile_range<kBlockM, kBlockN>(m0, seq.seqlen_q, window);
+    const int num_tiles = key_tiles.n_end - key_tiles.n_begin;
+
+    if (threadIdx.x == 0) {
+        mbarrier_init(layout.q_full(), 1);
+        for (int stage = 0; stage < kStages; ++stage) {
+            mbarrier_init(layout.k_full(stage), 1);  // the producer's arrive.expect_tx
+            mbarrier_init(layout.v_full(stage), 1);
+            // One arrival per consumer warp: each warp releases a stage once its
+            // own wgmma reads of it are complete.
+            mbarrier_init(layout.k_empty(stage), Traits::kConsumerWarpgroups * 4);
+            mbarrier_init(layout.v_empty(stage), Traits::kConsumerWarpgroups * 4);
+        }
+        fence_barrier_init();
+    }
+    __syncthreads();  // the barriers exist before anyone waits on them; the last block-wide barrier
+
+    const int warpgroup = threadIdx.x / 128;
+    if (warpgroup == 0) {
+        // Producer. A variable-length batch's rows are packed: its tensor maps
+        // have one batch entry and the sequence's rows start at q_start / k_start.
+        release_registers<Traits::kProducerRegs>();
+        if (threadIdx.x != 0 || num_tiles == 0) return;  // no key tile: no copy, Q included
+        prefetch_tensor_map(&tma_q);
+        prefetch_tensor_map(&tma_k);
+        prefetch_tensor_map(&tma_v);
+        const int batch_coord = params.cu_seqlens_q == nullptr ? batch : 0;
+        const int head_k = head / params.heads_per_kv_head;
+        mbarrier_arrive_expect_tx(layout.q_full(), Traits::kQBytes);
+        load_tile<Traits>(layout.q(), &tma_q, layout.q_full(), seq.q_start + m0, head, batch_coord,
+                          Traits::kQBlockBytes);
+        for (int i = 0; i < num_tiles; ++i) {
+            const StageOf<Traits> s(i);
+            const int key_row = seq.k_start + (key_tiles.n_end - 1 - i) * kBlockN;
+            // A stage's first use needs no release; its u-th waits for release u - 1.
+            if (i >= kStages) mbarrier_wait(layout.k_empty(s.stage), s.phase ^ 1);
+            mbarrier_arrive_expect_tx(layout.k_full(s.stage), Traits::kKVBytes);
+            load_tile<Traits>(layout.k(s.stage), &tma_k, layout.k_full(s.stage), key_row, head_k, batch_coord,
+                              Traits::kKVBlockBytes);
+            if (i >= kStages) mbarrier_wait(layout.v_empty(s.stage), s.phase ^ 1);
+            mbarrier_arrive_expect_tx(layout.v_full(s.stage), Traits::kKVBytes);
+            load_tile<Traits>(layout.v(s.stage), &tma_v, layout.v_full(s.stage), key_row, head_k, batch_coord,
+                              Traits::kKVBlockBytes);
+        }
+        return;
+    }
+
+    // Consumers.
+    claim_registers<Traits::kConsumerRegs>();
+    const int consumer = warpgroup - 1;
+    const int lane = threadIdx.x % 32;
+    const int warp_row0 = m0 + consumer * Traits::kWarpgroupRows + (threadIdx.x / 32) % 4 * 16;  // this warp's first row
+
+    // Q (K-major): this warpgroup's 64 rows of each column block. K (K-major)
+    // and V (MN-major: keys are the K dimension, the head dim the N dimension,
+    // 64 columns per column block) per stage.
+    const uint64_t q_desc = smem_descriptor_sw128(layout.q() + consumer * Traits::kWarpgroupRows * kSwizzleBytes,
+                                                  kUnusedLeadingBytes, kSwizzleAtomBytes);
+
+    float o[1][Traits::kNTilesO][4];
+#pragma unroll
+    for (int j = 0; j < Traits::kNTilesO; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[0][j][e] = 0.f;
+    OnlineSoftmax<1> softmax;
+    const ScoreExtras extras(params, batch, head, window.diagonal);
+
+    if (num_tiles > 0) mbarrier_wait(layout.q_full(), 0);
+
+    // One key tile: the steps of the algorithm, in order.
+    auto step = [&](int i, int n_block, auto is_masked) {
+        constexpr bool Is_masked = decltype(is_masked)::value;
+        const StageOf<Traits> s(i);
+        const int n0 = n_block * kBlockN;
+
+        // S = Q K^T.
+        float s_frag[1][Traits::kNTilesS][4];
+        const uint64_t k_desc = smem_descriptor_sw128(layout.k(s.stage), kUnusedLeadingBytes, kSwizzleAtomBytes);
+        mbarrier_wait(layout.k_full(s.stage), s.phase);
+        wgmma_fence();
+#pragma unroll
+        for (int k = 0; k < Traits::kKStepsQK; ++k) {
+            // k16 step k: 32 bytes into a 128-byte row, column block k / 4.
+            const uint32_t offset_q = (k / 4) * Traits::kQBlockBytes + (k % 4) * 32;
+            const uint32_t offset_k = (k / 4) * Traits::kKVBlockBytes + (k % 4) * 32;
+            Wgmma<kBlockN>::template ss<Element>(flat(s_frag), advance_descriptor(q_desc, offset_q),
+                                                 advance_descriptor(k_desc, offset_k), /*scale_d=*/k > 0);
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+        pin_registers(flat(s_frag));
+        if (lane == 0) mbarrier_arrive(layout.k_empty(s.stage));  // this warp is done reading K
+
+        if constexpr (Has_softcap) apply_score_extras<false>(s_frag, extras, warp_row0, n0, lane);
+        if constexpr (Is_masked) apply_mask<Is_local>(s_frag, warp_row0, n0, window, lane);
+        softmax.update(s_frag, o, params.softmax_scale_log2);
+
+        // P, re-packed from the accumulator into the A fragments of the k16
+        // steps of P V: step k holds n8 blocks 2k and 2k + 1.
+        uint32_t p[Traits::kKStepsPV][4];
+#pragma unroll
+        for (int k = 0; k < Traits::kKStepsPV; ++k) {
+            p[k][0] = pack2<Element>(s_frag[0][2 * k][0], s_frag[0][2 * k][1]);
+            p[k][1] = pack2<Element>(s_frag[0][2 * k][2], s_frag[0][2 * k][3]);
+            p[k][2] = pack2<Element>(s_frag[0][2 * k + 1][0], s_frag[0][2 * k + 1][1]);
+            p[k][3] = pack2<Element>(s_frag[0][2 * k + 1][2], s_frag[0][2 * k + 1][3]);
+        }
+
+        // O += P V.
+        const uint64_t v_desc =
+            smem_descriptor_sw128(layout.v(s.stage), Traits::kKVBlockBytes, kSwizzleAtomBytes);
+        mbarrier_wait(layout.v_full(s.stage), s.phase);
+        wgmma_fence();
+#pragma unroll
+        for (int k = 0; k < Traits::kKStepsPV; ++k) {
+            // k16 step k: 16 keys = 16 rows of 128 bytes further.
+            Wgmma<Traits::kTileCols>::template rs<Element>(flat(o), p[k],
+                                                            advance_descriptor(v_desc, k * 16 * kSwizzleBytes),
+                                                            /*scale_d=*/1);
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+        pin_registers(flat(o));
+        if (lane == 0) mbarrier_arrive(layout.v_empty(s.stage));  // this warp is done reading V
+    };
+
+    int i = 0;
+    int n_block = key_tiles.n_end - 1;
+    for (; n_block >= key_tiles.full_end; --n_block, ++i) step(i, n_block, std::true_type{});
+    for (; n_block >= key_tiles.full_begin; --n_block, ++i) step(i, n_block, std::false_type{});
+    for (; n_block >= key_tiles.n_begin; --n_block, ++i) step(i, n_block, std::true_type{});
+
+    // Epilogue: normalise, then each thread writes its rows' LSE and its pairs
+    // of output columns (rows past the sequence, columns past the head dim
+    // stay unwritten).
+    float lse[2];
+    softmax.finalize(o, lse);
+    Element* out = static_cast<Element*>(params.o_ptr) + batch * params.o_batch_stride + head * params.o_head_stride +
+                   static_cast<int64_t>(seq.q_start) * params.o_row_stride;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        const int row = warp_row0 + half * 8 + lane / 4;
+        if (row >= seq.seqlen_q) continue;
+        if (lane % 4 == 0) {
+            params.lse_ptr[batch * params.lse_batch_stride + head * params.lse_head_stride + seq.q_start + row] =
+                lse[half];
+        }
+        Element* out_row = out + static_cast<int64_t>(row) * params.o_row_stride;
+#pragma unroll
+        for (int j = 0; j < Traits::kNTilesO; ++j) {
+            const int col = j * 8 + (lane % 4) * 2;
+            if (col < params.head_dim) {
+                *reinterpret_cast<uint32_t*>(out_row + col) = pack2<Element>(o[0][j][2 * half], o[0][j][2 * half + 1]);
+            }
+        }
+    }
+}
+
+}  // namespace flash::sm90

@@ -1,0 +1,29 @@
+// Launches the sm90 forward kernel for one (dtype, head dim, local, softcap)
+// instantiation (instantiations/sm90_fwd_*.cu).
+#pragma once
+
+#include <cuda.h>
+
+#include "common/flash.h"
+#include "sm90/fwd_kernel.cuh"
+#include "sm90/kernel_traits.h"
+#include "sm90/tensor_map.h"
+
+namespace flash::sm90 {
+
+template <typename Element, int kHeadDim, bool Is_local, bool Has_softcap>
+cudaError_t run_fwd_(const FwdParams& params, cudaStream_t stream) {
+    using Traits = FwdTraitsFor<kHeadDim, Element>;
+    CUtensorMap tma_q{}, tma_k{}, tma_v{};
+    cudaError_t err = make_fwd_tensor_maps(params, Traits::kBlockM, Traits::kBlockN, &tma_q, &tma_k, &tma_v);
+    if (err != cudaSuccess) return err;
+    auto kernel = &fwd_kernel<Traits, Is_local, Has_softcap>;
+    // Dynamic shared memory above 48 KB must be opted into per kernel.
+    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes);
+    if (err != cudaSuccess) return err;
+    const dim3 grid((params.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM, params.num_heads, params.batch);
+    kernel<<<grid, Traits::kNThreads, Traits::kSmemBytes, stream>>>(params, tma_q, tma_k, tma_v);
+    return cudaGetLastError();
+}
+
+}  // namespace flash::sm90
