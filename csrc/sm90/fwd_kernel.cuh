@@ -81,7 +81,7 @@ __device__ __forceinline__ void load_tile(uint32_t dst, const CUtensorMap* map, 
     }
 }
 
-template <typename Traits, bool Is_local, bool Has_softcap>
+template <typename Traits, bool Is_local, bool Has_softcap, int kSchedule>
 __global__ void __launch_bounds__(Traits::kNThreads, 1)
     fwd_kernel(const __grid_constant__ FwdParams params, const __grid_constant__ CUtensorMap tma_q,
                const __grid_constant__ CUtensorMap tma_k, const __grid_constant__ CUtensorMap tma_v) {
@@ -171,14 +171,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
 
     if (num_tiles > 0) mbarrier_wait(layout.q_full(), 0);
 
-    // One key tile: the steps of the algorithm, in order.
-    auto step = [&](int i, int n_block, auto is_masked) {
-        constexpr bool Is_masked = decltype(is_masked)::value;
-        const StageOf<Traits> s(i);
-        const int n0 = n_block * kBlockN;
-
-        // S = Q K^T.
-        float s_frag[1][Traits::kNTilesS][4];
+    // The steps of one key tile, named.
+    auto issue_qk = [&](float (&s_frag)[1][Traits::kNTilesS][4], const StageOf<Traits>& s) {  // S = Q K^T
         const uint64_t k_desc = smem_descriptor_sw128(layout.k(s.stage), kUnusedLeadingBytes, kSwizzleAtomBytes);
         mbarrier_wait(layout.k_full(s.stage), s.phase);
         wgmma_fence();
@@ -191,28 +185,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                                                  advance_descriptor(k_desc, offset_k), /*scale_d=*/k > 0);
         }
         wgmma_commit();
-        wgmma_wait<0>();
-        pin_registers(flat(s_frag));
-        if (lane == 0) mbarrier_arrive(layout.k_empty(s.stage));  // this warp is done reading K
-
-        if constexpr (Has_softcap) apply_score_extras<false>(s_frag, extras, warp_row0, n0, lane);
-        if constexpr (Is_masked) apply_mask<Is_local>(s_frag, warp_row0, n0, window, lane);
-        softmax.update(s_frag, o, params.softmax_scale_log2);
-
-        // P, re-packed from the accumulator into the A fragments of the k16
-        // steps of P V: step k holds n8 blocks 2k and 2k + 1.
-        uint32_t p[Traits::kKStepsPV][4];
-#pragma unroll
-        for (int k = 0; k < Traits::kKStepsPV; ++k) {
-            p[k][0] = pack2<Element>(s_frag[0][2 * k][0], s_frag[0][2 * k][1]);
-            p[k][1] = pack2<Element>(s_frag[0][2 * k][2], s_frag[0][2 * k][3]);
-            p[k][2] = pack2<Element>(s_frag[0][2 * k + 1][0], s_frag[0][2 * k + 1][1]);
-            p[k][3] = pack2<Element>(s_frag[0][2 * k + 1][2], s_frag[0][2 * k + 1][3]);
-        }
-
-        // O += P V.
-        const uint64_t v_desc =
-            smem_descriptor_sw128(layout.v(s.stage), Traits::kKVBlockBytes, kSwizzleAtomBytes);
+    };
+    uint32_t p[Traits::kKStepsPV][4];  // P of the last tile whose scores were exponentiated
+    auto issue_pv = [&](const StageOf<Traits>& s) {  // O += P V
+        const uint64_t v_desc = smem_descriptor_sw128(layout.v(s.stage), Traits::kKVBlockBytes, kSwizzleAtomBytes);
         mbarrier_wait(layout.v_full(s.stage), s.phase);
         wgmma_fence();
 #pragma unroll
@@ -223,9 +199,108 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                                                             /*scale_d=*/1);
         }
         wgmma_commit();
+    };
+    // The warp's reads of a stage are complete (after the wgmma_wait of its
+    // GEMM): one arrival per warp lets the producer refill it.
+    auto release_k = [&](const StageOf<Traits>& s) {
+        if (lane == 0) mbarrier_arrive(layout.k_empty(s.stage));
+    };
+    auto release_v = [&](const StageOf<Traits>& s) {
+        if (lane == 0) mbarrier_arrive(layout.v_empty(s.stage));
+    };
+    auto scores = [&](float (&s_frag)[1][Traits::kNTilesS][4], int n_block, auto is_masked) {
+        const int n0 = n_block * kBlockN;
+        if constexpr (Has_softcap) apply_score_extras<false>(s_frag, extras, warp_row0, n0, lane);
+        if constexpr (decltype(is_masked)::value) apply_mask<Is_local>(s_frag, warp_row0, n0, window, lane);
+    };
+    // P, re-packed from the accumulator into the A fragments of the k16 steps
+    // of P V: step k holds n8 blocks 2k and 2k + 1.
+    auto pack_p = [&](const float (&s_frag)[1][Traits::kNTilesS][4]) {
+#pragma unroll
+        for (int k = 0; k < Traits::kKStepsPV; ++k) {
+            p[k][0] = pack2<Element>(s_frag[0][2 * k][0], s_frag[0][2 * k][1]);
+            p[k][1] = pack2<Element>(s_frag[0][2 * k][2], s_frag[0][2 * k][3]);
+            p[k][2] = pack2<Element>(s_frag[0][2 * k + 1][0], s_frag[0][2 * k + 1][1]);
+            p[k][3] = pack2<Element>(s_frag[0][2 * k + 1][2], s_frag[0][2 * k + 1][3]);
+        }
+    };
+    // Ping-pong (kSchedule 2): a warpgroup issues its GEMMs only after the
+    // other one has issued its own, so that one warpgroup's softmax runs while
+    // the tensor cores work on the other's GEMMs. Warpgroup c waits at barrier
+    // 1 + c and, once its GEMMs are issued, lets the other one go; the second
+    // warpgroup lets the first one start. Every issue phase of one warpgroup
+    // pairs with one arrival of the other (the second warpgroup's last phase
+    // has no partner: it arrives no more).
+    constexpr bool Is_pingpong = kSchedule == 2;
+    constexpr int kPingPongThreads = 2 * 128;
+    const int issue_phases = num_tiles > 0 ? num_tiles + (kSchedule > 0 ? 1 : 0) : 0;
+    int phase = 0;
+    auto before_issue = [&] {
+        if constexpr (Is_pingpong) named_barrier_sync(1 + consumer, kPingPongThreads);
+    };
+    auto after_issue = [&] {
+        if constexpr (Is_pingpong) {
+            if (consumer == 0 || phase + 1 < issue_phases) named_barrier_arrive(2 - consumer, kPingPongThreads);
+        }
+        ++phase;
+    };
+    if constexpr (Is_pingpong) {
+        if (consumer == 1 && issue_phases > 0) named_barrier_arrive(1, kPingPongThreads);
+    }
+
+    // kSchedule 0: each tile in turn, S = Q K^T, softmax, O += P V, nothing
+    // overlapped within the warpgroup.
+    auto step_serial = [&](int i, int n_block, auto is_masked) {
+        const StageOf<Traits> s(i);
+        float s_frag[1][Traits::kNTilesS][4];
+        issue_qk(s_frag, s);
+        wgmma_wait<0>();
+        pin_registers(flat(s_frag));
+        release_k(s);
+        scores(s_frag, n_block, is_masked);
+        softmax.update(s_frag, o, params.softmax_scale_log2);
+        pack_p(s_frag);
+        issue_pv(s);
         wgmma_wait<0>();
         pin_registers(flat(o));
-        if (lane == 0) mbarrier_arrive(layout.v_empty(s.stage));  // this warp is done reading V
+        pin_registers(p);
+        release_v(s);
+    };
+    // kSchedule 1, 2: S_i = Q K_i^T and O += P_{i-1} V_{i-1} issued together;
+    // the softmax of tile i runs while the tensor cores finish O, whose
+    // rescale by tile i's new row max waits for them.
+    auto step_overlapped = [&](int i, int n_block, auto is_masked) {
+        const StageOf<Traits> s(i);
+        float s_frag[1][Traits::kNTilesS][4];
+        before_issue();
+        issue_qk(s_frag, s);
+        if (i > 0) issue_pv(StageOf<Traits>(i - 1));
+        after_issue();
+        if (i > 0) {
+            wgmma_wait<1>();
+        } else {
+            wgmma_wait<0>();
+        }
+        pin_registers(flat(s_frag));
+        release_k(s);
+        scores(s_frag, n_block, is_masked);
+        const auto correction = softmax.fold_max(s_frag, params.softmax_scale_log2);
+        softmax.exponentiate(s_frag, params.softmax_scale_log2);
+        if (i > 0) {
+            wgmma_wait<0>();
+            pin_registers(flat(o));
+            pin_registers(p);
+            release_v(StageOf<Traits>(i - 1));
+        }
+        softmax.rescale(o, correction);
+        pack_p(s_frag);
+    };
+    auto step = [&](int i, int n_block, auto is_masked) {
+        if constexpr (kSchedule == 0) {
+            step_serial(i, n_block, is_masked);
+        } else {
+            step_overlapped(i, n_block, is_masked);
+        }
     };
 
     int i = 0;
@@ -233,6 +308,14 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     for (; n_block >= key_tiles.full_end; --n_block, ++i) step(i, n_block, std::true_type{});
     for (; n_block >= key_tiles.full_begin; --n_block, ++i) step(i, n_block, std::false_type{});
     for (; n_block >= key_tiles.n_begin; --n_block, ++i) step(i, n_block, std::true_type{});
+    if (kSchedule > 0 && i > 0) {  // the last tile's O += P V
+        before_issue();
+        issue_pv(StageOf<Traits>(i - 1));
+        after_issue();
+        wgmma_wait<0>();
+        pin_registers(flat(o));
+        release_v(StageOf<Traits>(i - 1));
+    }
 
     // Epilogue: normalise, then each thread writes its rows' LSE and its pairs
     // of output columns (rows past the sequence, columns past the head dim

@@ -139,6 +139,29 @@ __device__ __forceinline__ void pin_registers(float (&r)[kRegs]) {
     for (int i = 0; i < kRegs; ++i) asm volatile("" : "+f"(r[i])::"memory");
 }
 
+// The same for A fragments: keeps registers an issued wgmma still reads live
+// (unreused) until this point, after the wait that completes it.
+template <int kRows>
+__device__ __forceinline__ void pin_registers(uint32_t (&r)[kRows][4]) {
+#pragma unroll
+    for (int i = 0; i < kRows; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(r[i][j])::"memory");
+}
+
+// ---- named barriers ----------------------------------------------------------
+
+// bar.sync: waits until `threads` threads (a multiple of 32; this warp's count
+// included) have arrived at barrier `id` (1..15; 0 is __syncthreads').
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+// bar.arrive: counts this warp's arrival at barrier `id` without waiting.
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
 // wgmma.mma_async m64nNk16 with fp32 accumulators d[N / 2] (the warpgroup's
 // 64 x N tile; warp w holds rows 16w..16w+15 in the layout of mma.m16n8
 // accumulators, n8 block j at d[4j..4j+3]). `ss`: A and B from shared memory
