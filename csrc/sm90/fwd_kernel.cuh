@@ -268,30 +268,40 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     };
     // kSchedule 1, 2: S_i = Q K_i^T and O += P_{i-1} V_{i-1} issued together;
     // the softmax of tile i runs while the tensor cores finish O, whose
-    // rescale by tile i's new row max waits for them.
-    auto step_overlapped = [&](int i, int n_block, auto is_masked) {
-        const StageOf<Traits> s(i);
+    // rescale by tile i's new row max waits for them. The first tile (no P V
+    // yet) is peeled off, so that every issue of a wgmma in the loop meets its
+    // wait on every path (ptxas serialises the wgmma otherwise: C7514).
+    auto first_overlapped = [&](int n_block, auto is_masked) {
+        const StageOf<Traits> s(0);
         float s_frag[1][Traits::kNTilesS][4];
         before_issue();
         issue_qk(s_frag, s);
-        if (i > 0) issue_pv(StageOf<Traits>(i - 1));
         after_issue();
-        if (i > 0) {
-            wgmma_wait<1>();
-        } else {
-            wgmma_wait<0>();
-        }
+        wgmma_wait<0>();
+        pin_registers(flat(s_frag));
+        release_k(s);
+        scores(s_frag, n_block, is_masked);
+        softmax.fold_max(s_frag, params.softmax_scale_log2);  // O is still 0: nothing to rescale
+        softmax.exponentiate(s_frag, params.softmax_scale_log2);
+        pack_p(s_frag);
+    };
+    auto step_overlapped = [&](int i, int n_block, auto is_masked) {
+        const StageOf<Traits> s(i), previous(i - 1);
+        float s_frag[1][Traits::kNTilesS][4];
+        before_issue();
+        issue_qk(s_frag, s);
+        issue_pv(previous);
+        after_issue();
+        wgmma_wait<1>();
         pin_registers(flat(s_frag));
         release_k(s);
         scores(s_frag, n_block, is_masked);
         const auto correction = softmax.fold_max(s_frag, params.softmax_scale_log2);
         softmax.exponentiate(s_frag, params.softmax_scale_log2);
-        if (i > 0) {
-            wgmma_wait<0>();
-            pin_registers(flat(o));
-            pin_registers(p);
-            release_v(StageOf<Traits>(i - 1));
-        }
+        wgmma_wait<0>();
+        pin_registers(flat(o));
+        pin_registers(p);
+        release_v(previous);
         softmax.rescale(o, correction);
         pack_p(s_frag);
     };
@@ -303,18 +313,29 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         }
     };
 
+    // Tiles [full_begin, full_end) need no mask (mask.cuh: key_tile_range).
     int i = 0;
     int n_block = key_tiles.n_end - 1;
+    if (kSchedule > 0 && num_tiles > 0) {
+        if (n_block >= key_tiles.full_end || n_block < key_tiles.full_begin) {
+            first_overlapped(n_block, std::true_type{});
+        } else {
+            first_overlapped(n_block, std::false_type{});
+        }
+        --n_block;
+        ++i;
+    }
     for (; n_block >= key_tiles.full_end; --n_block, ++i) step(i, n_block, std::true_type{});
     for (; n_block >= key_tiles.full_begin; --n_block, ++i) step(i, n_block, std::false_type{});
     for (; n_block >= key_tiles.n_begin; --n_block, ++i) step(i, n_block, std::true_type{});
-    if (kSchedule > 0 && i > 0) {  // the last tile's O += P V
+    if (kSchedule > 0 && num_tiles > 0) {  // the last tile's O += P V
+        const StageOf<Traits> last(num_tiles - 1);
         before_issue();
-        issue_pv(StageOf<Traits>(i - 1));
+        issue_pv(last);
         after_issue();
         wgmma_wait<0>();
         pin_registers(flat(o));
-        release_v(StageOf<Traits>(i - 1));
+        release_v(last);
     }
 
     // Epilogue: normalise, then each thread writes its rows' LSE and its pairs
