@@ -81,7 +81,7 @@ __device__ __forceinline__ void load_tile(uint32_t dst, const CUtensorMap* map, 
     }
 }
 
-template <typename Traits, bool Is_local, bool Has_softcap, int kSchedule>
+template <typename Traits, bool Is_local, bool Has_softcap>
 __global__ void __launch_bounds__(Traits::kNThreads, 1)
     fwd_kernel(const __grid_constant__ FwdParams params, const __grid_constant__ CUtensorMap tma_q,
                const __grid_constant__ CUtensorMap tma_k, const __grid_constant__ CUtensorMap tma_v) {
@@ -224,54 +224,29 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             p[k][3] = pack2<Element>(s_frag[0][2 * k + 1][2], s_frag[0][2 * k + 1][3]);
         }
     };
-    // Ping-pong (kSchedule 2): a warpgroup issues its GEMMs only after the
-    // other one has issued its own, so that one warpgroup's softmax runs while
-    // the tensor cores work on the other's GEMMs. Warpgroup c waits at barrier
-    // 1 + c and, once its GEMMs are issued, lets the other one go; the second
-    // warpgroup lets the first one start. Every issue phase of one warpgroup
-    // pairs with one arrival of the other (the second warpgroup's last phase
-    // has no partner: it arrives no more).
-    constexpr bool Is_pingpong = kSchedule == 2;
+    // Ping-pong: a warpgroup issues its GEMMs only after the other one has
+    // issued its own, so that one warpgroup's softmax runs while the tensor
+    // cores work on the other's GEMMs. Warpgroup c waits at barrier 1 + c and,
+    // once its GEMMs are issued, lets the other one go; the second warpgroup
+    // lets the first one start. Every issue phase of one warpgroup (one per
+    // tile, and the last tile's P V) pairs with one arrival of the other (the
+    // second warpgroup's last phase has no partner: it arrives no more).
     constexpr int kPingPongThreads = 2 * 128;
-    const int issue_phases = num_tiles > 0 ? num_tiles + (kSchedule > 0 ? 1 : 0) : 0;
+    const int issue_phases = num_tiles > 0 ? num_tiles + 1 : 0;
     int phase = 0;
-    auto before_issue = [&] {
-        if constexpr (Is_pingpong) named_barrier_sync(1 + consumer, kPingPongThreads);
-    };
+    auto before_issue = [&] { named_barrier_sync(1 + consumer, kPingPongThreads); };
     auto after_issue = [&] {
-        if constexpr (Is_pingpong) {
-            if (consumer == 0 || phase + 1 < issue_phases) named_barrier_arrive(2 - consumer, kPingPongThreads);
-        }
+        if (consumer == 0 || phase + 1 < issue_phases) named_barrier_arrive(2 - consumer, kPingPongThreads);
         ++phase;
     };
-    if constexpr (Is_pingpong) {
-        if (consumer == 1 && issue_phases > 0) named_barrier_arrive(1, kPingPongThreads);
-    }
+    if (consumer == 1 && issue_phases > 0) named_barrier_arrive(1, kPingPongThreads);
 
-    // kSchedule 0: each tile in turn, S = Q K^T, softmax, O += P V, nothing
-    // overlapped within the warpgroup.
-    auto step_serial = [&](int i, int n_block, auto is_masked) {
-        const StageOf<Traits> s(i);
-        float s_frag[1][Traits::kNTilesS][4];
-        issue_qk(s_frag, s);
-        wgmma_wait<0>();
-        pin_registers(flat(s_frag));
-        release_k(s);
-        scores(s_frag, n_block, is_masked);
-        softmax.update(s_frag, o, params.softmax_scale_log2);
-        pack_p(s_frag);
-        issue_pv(s);
-        wgmma_wait<0>();
-        pin_registers(flat(o));
-        pin_registers(p);
-        release_v(s);
-    };
-    // kSchedule 1, 2: S_i = Q K_i^T and O += P_{i-1} V_{i-1} issued together;
-    // the softmax of tile i runs while the tensor cores finish O, whose
-    // rescale by tile i's new row max waits for them. The first tile (no P V
-    // yet) is peeled off, so that every issue of a wgmma in the loop meets its
-    // wait on every path (ptxas serialises the wgmma otherwise: C7514).
-    auto first_overlapped = [&](int n_block, auto is_masked) {
+    // Intra-warpgroup overlap: S_i = Q K_i^T and O += P_{i-1} V_{i-1} are issued
+    // together; the softmax of tile i runs while the tensor cores finish O,
+    // whose rescale by tile i's new row max waits for them. The first tile (no
+    // P V yet) is peeled off, so that every issue of a wgmma in the loop meets
+    // its wait on every path (ptxas serialises the wgmma otherwise: C7514).
+    auto first_step = [&](int n_block, auto is_masked) {
         const StageOf<Traits> s(0);
         float s_frag[1][Traits::kNTilesS][4];
         before_issue();
@@ -285,7 +260,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         softmax.exponentiate(s_frag, params.softmax_scale_log2);
         pack_p(s_frag);
     };
-    auto step_overlapped = [&](int i, int n_block, auto is_masked) {
+    auto step = [&](int i, int n_block, auto is_masked) {
         const StageOf<Traits> s(i), previous(i - 1);
         float s_frag[1][Traits::kNTilesS][4];
         before_issue();
@@ -305,22 +280,15 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         softmax.rescale(o, correction);
         pack_p(s_frag);
     };
-    auto step = [&](int i, int n_block, auto is_masked) {
-        if constexpr (kSchedule == 0) {
-            step_serial(i, n_block, is_masked);
-        } else {
-            step_overlapped(i, n_block, is_masked);
-        }
-    };
 
     // Tiles [full_begin, full_end) need no mask (mask.cuh: key_tile_range).
     int i = 0;
     int n_block = key_tiles.n_end - 1;
-    if (kSchedule > 0 && num_tiles > 0) {
+    if (num_tiles > 0) {
         if (n_block >= key_tiles.full_end || n_block < key_tiles.full_begin) {
-            first_overlapped(n_block, std::true_type{});
+            first_step(n_block, std::true_type{});
         } else {
-            first_overlapped(n_block, std::false_type{});
+            first_step(n_block, std::false_type{});
         }
         --n_block;
         ++i;
@@ -328,7 +296,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     for (; n_block >= key_tiles.full_end; --n_block, ++i) step(i, n_block, std::true_type{});
     for (; n_block >= key_tiles.full_begin; --n_block, ++i) step(i, n_block, std::false_type{});
     for (; n_block >= key_tiles.n_begin; --n_block, ++i) step(i, n_block, std::true_type{});
-    if (kSchedule > 0 && num_tiles > 0) {  // the last tile's O += P V
+    if (num_tiles > 0) {  // the last tile's O += P V
         const StageOf<Traits> last(num_tiles - 1);
         before_issue();
         issue_pv(last);

@@ -4,8 +4,6 @@
 
 #include <cuda.h>
 
-#include <cstdlib>
-
 #include "common/flash.h"
 #include "sm90/fwd_kernel.cuh"
 #include "sm90/kernel_traits.h"
@@ -19,13 +17,7 @@ cudaError_t run_fwd_(const FwdParams& params, cudaStream_t stream) {
     CUtensorMap tma_q{}, tma_k{}, tma_v{};
     cudaError_t err = make_fwd_tensor_maps(params, Traits::kBlockM, Traits::kBlockN, &tma_q, &tma_k, &tma_v);
     if (err != cudaSuccess) return err;
-    static const int schedule = [] {
-        const char* env = std::getenv("FLASHATTN_SM90_SCHEDULE");
-        return env == nullptr ? 2 : std::atoi(env);
-    }();
-    auto kernel = schedule == 0   ? &fwd_kernel<Traits, Is_local, Has_softcap, 0>
-                  : schedule == 1 ? &fwd_kernel<Traits, Is_local, Has_softcap, 1>
-                                  : &fwd_kernel<Traits, Is_local, Has_softcap, 2>;
+    auto kernel = &fwd_kernel<Traits, Is_local, Has_softcap>;
     // Dynamic shared memory above 48 KB must be opted into per kernel.
     err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes);
     if (err != cudaSuccess) return err;
