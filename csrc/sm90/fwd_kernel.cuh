@@ -9,7 +9,11 @@
 //   consumer warpgroups: 64 query rows each; per key tile: wait K, S = Q K^T
 //     (wgmma, both operands from shared memory), release K, mask, online
 //     softmax, wait V, O += P V (wgmma, P from registers, V read transposed
-//     through the descriptor), release V.
+//     through the descriptor), release V. Two overlaps hide the softmax
+//     behind the tensor cores: within a warpgroup, S of tile i is issued with
+//     O += P V of tile i - 1 and its softmax runs while that GEMM does; between
+//     the two warpgroups, named barriers let one issue its GEMMs only after the
+//     other has issued its own (ping-pong).
 //
 // Key tiles are walked from the last to the first, as in the sm80 kernel, so
 // that the tiles that need a mask at the top (sequence tail, causal diagonal, a
