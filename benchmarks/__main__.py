@@ -4,7 +4,7 @@ import argparse
 import shlex
 import sys
 
-from benchmarks import decode, decode_layouts, decode_overhead, features, sweep
+from benchmarks import decode, decode_layouts, decode_overhead, features, paged, sweep
 from benchmarks.suite import cli as suite
 from benchmarks.suite import redraw
 
@@ -15,6 +15,7 @@ COMMANDS = {
     "decode": decode,
     "decode-layouts": decode_layouts,
     "decode-overhead": decode_overhead,
+    "paged": paged,
     "plots": redraw,
 }
 

@@ -28,10 +28,12 @@
 
 namespace flash::sm80 {
 
-// Is_kvcache: the keys come from a KV cache (flash.h: contiguous or paged, per
-// batch lengths, leftpad, batch index), the decoding rows may be a GQA group
-// (pack_gqa), and with num_splits > 1 each block takes one range of the key
-// tiles and writes a partial result, merged by merge_splits_kernel (kvcache/).
+// Is_kvcache: the keys are read through a cache's indexing (flash.h: pages,
+// per batch cache lengths, leftpad, batch index): flash_attn_with_kvcache, whose
+// decoding rows may be a GQA group (pack_gqa) and whose blocks, with num_splits
+// > 1, each take one range of the key tiles and write a partial result, merged
+// by merge_splits_kernel (kvcache/); and paged variable-length batches (one
+// split).
 template <typename Traits, bool Is_local, bool Has_extras, bool Is_kvcache = false>
 __global__ void __launch_bounds__(Traits::kNThreads) fwd_kernel(const FwdParams params) {
     using Element = typename Traits::Element;
@@ -72,7 +74,7 @@ __global__ void __launch_bounds__(Traits::kNThreads) fwd_kernel(const FwdParams 
     const KeyTileRange key_tiles =
         split_key_tiles(key_tile_range<kBlockM, kBlockN>(m0, seqlen_q, window), split, num_splits);
     const ScoreExtras extras(params, batch, head, window.diagonal);
-    const bool has_dropout = Has_extras && !Is_kvcache && params.rng_state != nullptr;
+    const bool has_dropout = Has_extras && params.rng_state != nullptr;
     const DropoutRng rng = has_dropout ? DropoutRng(params.rng_state, batch, params.num_heads, head,
                                                     params.dropout_threshold)
                                        : DropoutRng{};

@@ -25,18 +25,33 @@ cudaError_t launch_fwd(const FwdParams& params, cudaStream_t stream) {
     return cudaGetLastError();
 }
 
-template <typename Element, int kHeadDim, bool Is_local, bool Has_extras>
-cudaError_t run_fwd_(const FwdParams& params, cudaStream_t stream) {
+// The fastest tile config of the head dim whose shared memory the device has.
+template <typename Element, int kHeadDim, bool Is_local, bool Has_extras, bool Is_kvcache = false>
+cudaError_t launch_fwd_fastest(const FwdParams& params, cudaStream_t stream) {
     using Fast = FwdTraitsFor<kHeadDim, Element>;
     using Small = FwdTraitsFor<kHeadDim, Element, FwdSmallSmemConfig<kHeadDim>>;
     static_assert(Small::kSmemBytes <= kSmallSmemPerBlock, "the small-smem config must fit sm_86/sm_89");
     if constexpr (Fast::kSmemBytes <= kSmallSmemPerBlock) {
-        return launch_fwd<Fast, Is_local, Has_extras>(params, stream);
+        return launch_fwd<Fast, Is_local, Has_extras, Is_kvcache>(params, stream);
     } else {
         return params.max_smem_per_block >= Fast::kSmemBytes
-                   ? launch_fwd<Fast, Is_local, Has_extras>(params, stream)
-                   : launch_fwd<Small, Is_local, Has_extras>(params, stream);
+                   ? launch_fwd<Fast, Is_local, Has_extras, Is_kvcache>(params, stream)
+                   : launch_fwd<Small, Is_local, Has_extras, Is_kvcache>(params, stream);
     }
+}
+
+template <typename Element, int kHeadDim, bool Is_local, bool Has_extras>
+cudaError_t run_fwd_(const FwdParams& params, cudaStream_t stream) {
+    return launch_fwd_fastest<Element, kHeadDim, Is_local, Has_extras>(params, stream);
+}
+
+// A paged variable-length batch (block_table): the kernel that reads keys
+// through the block table, with the window and the extras decided at run time
+// (one instantiation per dtype and head dim), in the forward's tile config.
+template <typename Element, int kHeadDim>
+cudaError_t run_fwd_paged_(const FwdParams& params, cudaStream_t stream) {
+    return launch_fwd_fastest<Element, kHeadDim, /*Is_local=*/true, /*Has_extras=*/true, /*Is_kvcache=*/true>(
+        params, stream);
 }
 
 }  // namespace flash::sm80
