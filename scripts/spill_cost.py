@@ -3,14 +3,16 @@ machine code, and what share of the work they are when the kernels run.
 
     python scripts/spill_cost.py sass [--so PATH]         # static: every kernel of the built extension
     python scripts/spill_cost.py run WORKLOAD             # one workload, run under ncu by `profile`
-    python scripts/spill_cost.py profile [--out DIR]      # ncu over each workload (needs ncu, a GPU)
+    python scripts/spill_cost.py profile [--out FILE]     # ncu counters over each workload (ncu, a GPU)
+    python scripts/spill_cost.py stalls [--out FILE]      # ncu's sampled stalls on the spill instructions
 
 `sass` disassembles flashattn/_C*.so (cuobjdump -sass, sm_90a) and prints, per kernel with local
 memory accesses (LDL/STL), how many there are and how many lie inside a loop (between a backward
 branch and its target): a spill outside every loop runs once per block, one inside runs per tile.
 `profile` runs each workload under ncu and prints, per kernel launch, the local load/store
 instructions executed against all instructions executed, the local-memory bytes through L1 against
-the global bytes, and the kernel's duration.
+the global bytes, and the kernel's duration. `stalls` samples where each kernel's warps wait (ncu's
+SourceCounters, per SASS instruction) and prints the share on LDL/STL: the cost of the spills.
 """
 import argparse
 import re
@@ -47,19 +49,18 @@ def sass(so: Path) -> int:
     rows = []
     for body in functions:
         name = body.split("\n", 1)[0].strip()
-        lines = body.split("\n")
-        labels, branches, local = {}, [], []
-        for index, line in enumerate(lines):
-            if (label := re.match(r"\s*(\.L_x_\d+):", line)):
-                labels[label[1]] = index
-            if (branch := re.search(r"\bBRA\b.*`\((\.L_x_\d+)\)", line)):
-                branches.append((index, branch[1]))
+        loops, local = [], []  # (target, branch) address ranges of backward branches; local op addresses
+        for line in body.split("\n"):
+            if not (address := re.search(r"/\*([0-9a-f]{4,})\*/", line)):
+                continue
+            at = int(address[1], 16)
+            if (branch := re.search(r"\bBRA\b[^;]*?(0x[0-9a-f]+)", line)) and int(branch[1], 16) < at:
+                loops.append((int(branch[1], 16), at))
             if re.search(r"\b(LDL|STL)(\.\w+)*\b", line):
-                local.append(index)
+                local.append(at)
         if not local:
             continue
-        loops = [(labels[target], index) for index, target in branches if target in labels and labels[target] < index]
-        in_loop = sum(any(lo <= i <= hi for lo, hi in loops) for i in local)
+        in_loop = sum(any(lo <= a <= hi for lo, hi in loops) for a in local)
         rows.append((name, len(local), in_loop))
     for name, count, in_loop in sorted(rows, key=lambda r: -r[2]):
         print(f"{count:4d} local ops, {in_loop:4d} inside a loop: {name[:140]}")
@@ -111,6 +112,40 @@ def profile(out: Path | None) -> int:
     return 0
 
 
+def stalls(out: Path | None) -> int:
+    """Per workload: the share of the kernel's sampled warp stalls that sit on local loads and stores
+    (ncu's SourceCounters section, per SASS instruction): the time the spills cost, measured."""
+    lines = []
+    for name, (_, _, pass_) in WORKLOADS.items():
+        kernel = "regex:fwd_kernel" if pass_ == "fwd" else "regex:bwd_dk_dv_kernel"
+        command = ["ncu", "--section", "SourceCounters", "--kernel-name", kernel, "--launch-count", "1",
+                   "--page", "source", "--print-source", "sass", "--csv", sys.executable, __file__, "run", name]
+        result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
+        rows = [line for line in result.stdout.splitlines() if line.startswith('"')]
+        if result.returncode != 0 or not rows:
+            print(f"{name}: ncu failed ({result.returncode}):", result.stdout[-1500:], result.stderr[-1500:])
+            return 1
+        head = [h.strip('"') for h in rows[0].split('","')]
+        source = next(i for i, h in enumerate(head) if h == "Source")
+        samples = next(i for i, h in enumerate(head) if h.startswith("Warp Stall Sampling (All"))
+        total = local = 0.0
+        for row in rows[1:]:
+            cells = [c.strip('"') for c in row.split('","')]
+            if len(cells) <= max(source, samples) or not cells[samples].replace(",", "").replace(".", "").isdigit():
+                continue
+            count = float(cells[samples].replace(",", ""))
+            total += count
+            if re.search(r"\b(LDL|STL)\b", cells[source]):
+                local += count
+        line = (f"{name}: {local:.0f} of {total:.0f} sampled warp stalls on LDL/STL "
+                f"({100 * local / max(total, 1):.2f}% of the kernel's warp time)")
+        print(line, flush=True)
+        lines.append(line)
+    if out is not None:
+        out.write_text("\n".join(lines) + "\n")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -120,12 +155,16 @@ def main() -> int:
     p.add_argument("workload", choices=list(WORKLOADS))
     p = sub.add_parser("profile")
     p.add_argument("--out", type=Path, default=None)
+    p = sub.add_parser("stalls")
+    p.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     if args.command == "sass":
         so = args.so or next((ROOT / "flashattn").glob("_C*.so"))
         return sass(so)
     if args.command == "run":
         return run_workload(args.workload)
+    if args.command == "stalls":
+        return stalls(args.out)
     return profile(args.out)
 
 

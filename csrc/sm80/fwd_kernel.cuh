@@ -68,7 +68,7 @@ __global__ void __launch_bounds__(Traits::kNThreads) fwd_kernel(const FwdParams 
 
     const Element* q = static_cast<const Element*>(params.q_ptr) + batch * params.q_batch_stride +
                        head * params.q_head_stride + (seq.q_start + m0) * params.q_row_stride;
-    const KeyValueRows<Element, Is_kvcache> kv(params, seq, batch, head_k);
+    const KeyValueRows<Element, Is_kvcache, kBlockN> kv(params, seq, batch, head_k, smem + Traits::kSmemBytes);
 
     // With split-KV, this block's share of the tiles.
     const KeyTileRange key_tiles =
@@ -83,7 +83,15 @@ __global__ void __launch_bounds__(Traits::kNThreads) fwd_kernel(const FwdParams 
     const TileCopy<typename Traits::KTile, kNThreads> kv_copy(tid);  // K and V tiles share a shape
     q_copy.load_async(q_smem, q, params.q_row_stride, seqlen_q - m0, params.head_dim);
     cp_async_commit();
-    if (key_tiles.n_end > key_tiles.n_begin) kv.load_k(kv_copy, k_smem, (key_tiles.n_end - 1) * kBlockN);
+    if (key_tiles.n_end > key_tiles.n_begin) {
+        if (kv.paged) {  // the first tile's block-table entries, before its rows
+            kv.template stage_entries<kNThreads>((key_tiles.n_end - 1) * kBlockN, tid);
+            cp_async_commit();
+            cp_async_wait<0>();
+            __syncthreads();
+        }
+        kv.load_k(kv_copy, k_smem, (key_tiles.n_end - 1) * kBlockN);
+    }
     cp_async_commit();
 
     float o[Traits::kMTiles][Traits::kNTilesO][4];
@@ -98,6 +106,8 @@ __global__ void __launch_bounds__(Traits::kNThreads) fwd_kernel(const FwdParams 
         cp_async_wait<0>();
         __syncthreads();
         kv.load_v(kv_copy, v_smem, n0);
+        // Paged: tile j-1's block-table entries, there for K_{j-1} after the next barrier.
+        if (n_block > key_tiles.n_begin) kv.template stage_entries<kNThreads>(n0 - kBlockN, tid);
         cp_async_commit();
 
         float s[Traits::kMTiles][Traits::kNTilesS][4];  // S = Q K^T for the warp's rows

@@ -11,7 +11,8 @@ namespace flash::sm80 {
 template <typename Traits, bool Is_local, bool Has_extras, bool Is_kvcache = false>
 cudaError_t launch_fwd(const FwdParams& params, cudaStream_t stream) {
     auto kernel = &fwd_kernel<Traits, Is_local, Has_extras, Is_kvcache>;
-    constexpr int kSmem = Traits::kSmemBytes;
+    // The KV-cache kernels stage block-table entries after the tiles (kvcache/kv_rows.cuh).
+    constexpr int kSmem = Traits::kSmemBytes + (Is_kvcache ? PageEntryStage<Traits::kBlockN>::kBytes : 0);
     if (kSmem > params.max_smem_per_block) return cudaErrorInvalidConfiguration;
     // Dynamic shared memory above 48 KB must be opted into per kernel.
     if (kSmem > 48 * 1024) {
@@ -30,11 +31,12 @@ template <typename Element, int kHeadDim, bool Is_local, bool Has_extras, bool I
 cudaError_t launch_fwd_fastest(const FwdParams& params, cudaStream_t stream) {
     using Fast = FwdTraitsFor<kHeadDim, Element>;
     using Small = FwdTraitsFor<kHeadDim, Element, FwdSmallSmemConfig<kHeadDim>>;
-    static_assert(Small::kSmemBytes <= kSmallSmemPerBlock, "the small-smem config must fit sm_86/sm_89");
-    if constexpr (Fast::kSmemBytes <= kSmallSmemPerBlock) {
+    constexpr int kStaged = Is_kvcache ? PageEntryStage<Fast::kBlockN>::kBytes : 0;
+    static_assert(Small::kSmemBytes + kStaged <= kSmallSmemPerBlock, "the small-smem config must fit sm_86/sm_89");
+    if constexpr (Fast::kSmemBytes + kStaged <= kSmallSmemPerBlock) {
         return launch_fwd<Fast, Is_local, Has_extras, Is_kvcache>(params, stream);
     } else {
-        return params.max_smem_per_block >= Fast::kSmemBytes
+        return params.max_smem_per_block >= Fast::kSmemBytes + kStaged
                    ? launch_fwd<Fast, Is_local, Has_extras, Is_kvcache>(params, stream)
                    : launch_fwd<Small, Is_local, Has_extras, Is_kvcache>(params, stream);
     }

@@ -1,8 +1,8 @@
 // Where the key and value rows of one (batch, KV head) live, for the tiled
 // forward: contiguous rows of k and v (every forward without a cache, and a
-// contiguous KV cache), or the pages of a paged KV cache, looked up in the block
-// table row by row. The decoding kernel looks its pages up ahead instead
-// (decode_kernel.cuh).
+// contiguous KV cache), or the pages of a paged KV cache, looked up row by row
+// in block-table entries staged in shared memory a tile ahead. The decoding
+// kernel stages its whole table window instead (decode_kernel.cuh).
 #pragma once
 
 #include <cstdint>
@@ -10,80 +10,117 @@
 #include "common/flash.h"
 #include "common/index_check.cuh"
 #include "common/mask.cuh"
+#include "common/ptx.cuh"
+#include "sm80/ptx.cuh"
 #include "sm80/tile_copy.cuh"
 
 namespace flash::sm80 {
 
-// The rows of one head of a paged KV cache, for TileCopy::load_async_rows: row
-// r of the sequence (counted from its first cache row `start`) lives in page
-// table[(start + r) / page_size] at row (start + r) % page_size. A page index
-// outside [0, num_pages) is recorded as a fault and clamped (index_check.cuh).
+// The rows of one head of a paged KV cache whose block-table entries for the
+// current key tile were staged in shared memory (KeyValueRows::stage_entries):
+// looking a row up reads shared memory, not the table in global memory, so a
+// tile's copies wait on no load.
 template <typename Element>
-struct PagedRows {
+struct StagedPagedRows {
     const Element* base;  // the cache, at this head
-    const int* table;     // this sequence's row of the block table
+    const int* entries;   // the staged entries: entries[i] is table[first_entry + i]
+    int first_entry;
     int64_t page_stride, row_stride;
     int page_size;
     int start;
     int num_pages;
-    int batch;  // the sequence, for the error message
+    int batch;
     FaultSink faults;
 
     __device__ __forceinline__ const Element* row(int r) const {
         const int cache_row = start + r;
-        const int entry = cache_row / page_size;
-        const int page = checked_index(table[entry], 0, num_pages - 1, faults, IndexArgument::kBlockTable, batch, entry);
-        return base + page * page_stride + (cache_row % page_size) * row_stride;
+        // Pages of a power-of-two size (the usual 16, 256) divide by a shift.
+        const bool pow2 = (page_size & (page_size - 1)) == 0;
+        const int entry = pow2 ? cache_row >> (__ffs(page_size) - 1) : cache_row / page_size;
+        const int page = checked_index(entries[entry - first_entry], 0, num_pages - 1, faults,
+                                       IndexArgument::kBlockTable, batch, entry);
+        return base + page * page_stride + (cache_row - entry * page_size) * row_stride;
     }
 };
 
-// Rows [n0, n0 + tile) of K or V into a shared-memory tile, through `copy`.
-// Only Is_kvcache instantiations can be paged.
-template <typename Element, bool Is_kvcache>
-struct KeyValueRows {
-    const Element* k;  // key row 0 of the sequence at this head (contiguous)
-    const Element* v;
-    PagedRows<Element> k_pages, v_pages;  // Is_kvcache only
-    int64_t k_row_stride, v_row_stride;
-    bool paged;
-    int seqlen_k, head_dim;
+// Shared memory for the staged block-table entries of two key tiles of kRows
+// keys (the one being loaded and the next), for paged KeyValueRows.
+template <int kRows>
+struct PageEntryStage {
+    static constexpr int kEntries = kRows + 1;  // a tile of kRows rows spans at most kRows + 1 pages
+    static constexpr int kBytes = (2 * kEntries * 4 + 15) / 16 * 16;
+};
 
-    __device__ __forceinline__ KeyValueRows(const FwdParams& params, const Sequence& seq, int batch, int head_k)
-        : k_row_stride(params.k_row_stride),
-          v_row_stride(params.v_row_stride),
-          paged(Is_kvcache && params.block_table != nullptr),
+// Rows [n0, n0 + kRows) of K or V into a shared-memory tile, through a copy.
+// Only Is_kvcache instantiations can be paged; their block-table entries are
+// staged tile by tile in `entry_smem` (PageEntryStage<kRows>::kBytes, two
+// buffers: tile t's entries in buffer t % 2), stage_entries(n0) issuing the
+// cp.async of tile n0's entries (committed and waited for by the caller)
+// before load_k/load_v of that tile.
+template <typename Element, bool Is_kvcache, int kRows>
+struct KeyValueRows {
+    using Stage = PageEntryStage<kRows>;
+    // What is uniform over the sequence is read from the kernel's parameters
+    // where it is used (constant memory), not held in registers.
+    const FwdParams& params;
+    const Element* k;  // key row 0 of the sequence at this head; paged: the cache at this head
+    const Element* v;
+    const int* table;  // this sequence's block-table row (paged)
+    int* entries;      // the staged entries (shared memory)
+    bool paged;
+    int seqlen_k, start, batch;
+
+    __device__ __forceinline__ KeyValueRows(const FwdParams& params_, const Sequence& seq, int batch_, int head_k,
+                                            char* entry_smem)
+        : params(params_),
+          paged(Is_kvcache && params_.block_table != nullptr),
           seqlen_k(seq.seqlen_k),
-          head_dim(params.head_dim) {
-        const Element* k_head = static_cast<const Element*>(params.k_ptr) + head_k * params.k_head_stride;
-        const Element* v_head = static_cast<const Element*>(params.v_ptr) + head_k * params.v_head_stride;
-        k = k_head + (paged ? 0 : seq.kv_batch * params.k_batch_stride + seq.k_start * params.k_row_stride);
-        v = v_head + (paged ? 0 : seq.kv_batch * params.v_batch_stride + seq.k_start * params.v_row_stride);
-        if constexpr (Is_kvcache) {
-            const int* table = paged ? params.block_table + batch * params.block_table_batch_stride : nullptr;
-            k_pages = PagedRows<Element>{k_head, table, params.k_batch_stride, params.k_row_stride,
-                                         params.page_size, seq.k_start, params.kv_cache_batch, batch, params.faults};
-            v_pages = PagedRows<Element>{v_head, table, params.v_batch_stride, params.v_row_stride,
-                                         params.page_size, seq.k_start, params.kv_cache_batch, batch, params.faults};
-        }
+          start(seq.k_start),
+          batch(batch_) {
+        k = static_cast<const Element*>(params.k_ptr) + head_k * params.k_head_stride +
+            (paged ? 0 : seq.kv_batch * params.k_batch_stride + seq.k_start * params.k_row_stride);
+        v = static_cast<const Element*>(params.v_ptr) + head_k * params.v_head_stride +
+            (paged ? 0 : seq.kv_batch * params.v_batch_stride + seq.k_start * params.v_row_stride);
+        table = paged ? params.block_table + batch_ * params.block_table_batch_stride : nullptr;
+        entries = reinterpret_cast<int*>(entry_smem);
+    }
+
+    // cp.async of the block-table entries of tile [n0, n0 + kRows) into its
+    // buffer (nothing unless paged).
+    template <int kNThreads>
+    __device__ __forceinline__ void stage_entries(int n0, int tid) const {
+        if (!(Is_kvcache && paged)) return;
+        const int last_row = min(n0 + kRows, seqlen_k) - 1;
+        if (last_row < n0) return;
+        const int first = (start + n0) / params.page_size;
+        const int count = (start + last_row) / params.page_size - first + 1;
+        const uint32_t buffer = smem_addr(entries + buffer_of(n0) * Stage::kEntries);
+        for (int i = tid; i < count; i += kNThreads) cp_async_4B(buffer + 4 * i, table + first + i, true);
     }
 
     template <typename Copy>
     __device__ __forceinline__ void load_k(const Copy& copy, uint32_t smem_tile, int n0) const {
-        load(copy, smem_tile, k, k_pages, k_row_stride, n0);
+        load(copy, smem_tile, k, params.k_row_stride, params.k_batch_stride, n0);
     }
     template <typename Copy>
     __device__ __forceinline__ void load_v(const Copy& copy, uint32_t smem_tile, int n0) const {
-        load(copy, smem_tile, v, v_pages, v_row_stride, n0);
+        load(copy, smem_tile, v, params.v_row_stride, params.v_batch_stride, n0);
     }
 
   private:
+    __device__ __forceinline__ static int buffer_of(int n0) { return (n0 / kRows) % 2; }
+
     template <typename Copy>
     __device__ __forceinline__ void load(const Copy& copy, uint32_t smem_tile, const Element* rows,
-                                         const PagedRows<Element>& pages, int64_t row_stride, int n0) const {
+                                         int64_t row_stride, int64_t page_stride, int n0) const {
         if (Is_kvcache && paged) {
-            copy.template load_async_rows<Element>(smem_tile, pages, n0, seqlen_k - n0, head_dim);
+            const StagedPagedRows<Element> pages{rows, entries + buffer_of(n0) * Stage::kEntries,
+                                                 (start + n0) / params.page_size, page_stride, row_stride,
+                                                 params.page_size, start, params.kv_cache_batch, batch,
+                                                 params.faults};
+            copy.template load_async_rows<Element>(smem_tile, pages, n0, seqlen_k - n0, params.head_dim);
         } else {
-            copy.load_async(smem_tile, rows + n0 * row_stride, row_stride, seqlen_k - n0, head_dim);
+            copy.load_async(smem_tile, rows + n0 * row_stride, row_stride, seqlen_k - n0, params.head_dim);
         }
     }
 };
