@@ -126,8 +126,11 @@ def stalls(out: Path | None) -> int:
             print(f"{name}: ncu failed ({result.returncode}):", result.stdout[-1500:], result.stderr[-1500:])
             return 1
         head = [h.strip('"') for h in rows[0].split('","')]
-        source = next(i for i, h in enumerate(head) if h == "Source")
-        samples = next(i for i, h in enumerate(head) if h.startswith("Warp Stall Sampling (All"))
+        source = next((i for i, h in enumerate(head) if h in ("Source", "# Source")), None)
+        samples = next((i for i, h in enumerate(head) if h.startswith("Warp Stall Sampling (All")), None)
+        if source is None or samples is None:
+            print(f"{name}: columns not found in ncu's source page: {head}")
+            return 1
         total = local = 0.0
         for row in rows[1:]:
             cells = [c.strip('"') for c in row.split('","')]

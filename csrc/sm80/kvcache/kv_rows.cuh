@@ -17,29 +17,25 @@
 namespace flash::sm80 {
 
 // The rows of one head of a paged KV cache whose block-table entries for the
-// current key tile were staged in shared memory (KeyValueRows::stage_entries):
-// looking a row up reads shared memory, not the table in global memory, so a
-// tile's copies wait on no load.
+// current key tile were staged in shared memory, already range-checked
+// (KeyValueRows::fetch_entries / stage_entries): looking a row up reads shared
+// memory, not the table in global memory, so a tile's copies wait on no load
+// and check nothing.
 template <typename Element>
 struct StagedPagedRows {
     const Element* base;  // the cache, at this head
-    const int* entries;   // the staged entries: entries[i] is table[first_entry + i]
+    const int* entries;   // the staged entries, checked: entries[i] is table[first_entry + i]
     int first_entry;
     int64_t page_stride, row_stride;
     int page_size;
     int start;
-    int num_pages;
-    int batch;
-    FaultSink faults;
 
     __device__ __forceinline__ const Element* row(int r) const {
         const int cache_row = start + r;
         // Pages of a power-of-two size (the usual 16, 256) divide by a shift.
         const bool pow2 = (page_size & (page_size - 1)) == 0;
         const int entry = pow2 ? cache_row >> (__ffs(page_size) - 1) : cache_row / page_size;
-        const int page = checked_index(entries[entry - first_entry], 0, num_pages - 1, faults,
-                                       IndexArgument::kBlockTable, batch, entry);
-        return base + page * page_stride + (cache_row - entry * page_size) * row_stride;
+        return base + entries[entry - first_entry] * page_stride + (cache_row - entry * page_size) * row_stride;
     }
 };
 
@@ -52,11 +48,11 @@ struct PageEntryStage {
 };
 
 // Rows [n0, n0 + kRows) of K or V into a shared-memory tile, through a copy.
-// Only Is_kvcache instantiations can be paged; their block-table entries are
-// staged tile by tile in `entry_smem` (PageEntryStage<kRows>::kBytes, two
-// buffers: tile t's entries in buffer t % 2), stage_entries(n0) issuing the
-// cp.async of tile n0's entries (committed and waited for by the caller)
-// before load_k/load_v of that tile.
+// Only Is_kvcache instantiations can be paged. Their block-table entries go
+// through shared memory (PageEntryStage<kRows>::kBytes, two buffers: tile t's
+// in buffer t % 2): fetch_entries(n0) reads tile n0's entries into registers
+// (its latency hidden behind the caller's next GEMM), stage_entries checks
+// them and stores them; after a barrier load_k/load_v of that tile use them.
 template <typename Element, bool Is_kvcache, int kRows>
 struct KeyValueRows {
     using Stage = PageEntryStage<kRows>;
@@ -85,17 +81,43 @@ struct KeyValueRows {
         entries = reinterpret_cast<int*>(entry_smem);
     }
 
-    // cp.async of the block-table entries of tile [n0, n0 + kRows) into its
-    // buffer (nothing unless paged).
+    // A thread's share of a tile's block-table entries: entries first + tid and
+    // first + tid + kNThreads of the tile's (a tile spans up to kRows + 1 pages).
+    struct Entries {
+        int value[2];
+    };
+
+    // Reads tile [n0, n0 + kRows)'s entries into registers (nothing unless paged).
     template <int kNThreads>
-    __device__ __forceinline__ void stage_entries(int n0, int tid) const {
-        if (!(Is_kvcache && paged)) return;
-        const int last_row = min(n0 + kRows, seqlen_k) - 1;
-        if (last_row < n0) return;
+    __device__ __forceinline__ Entries fetch_entries(int n0, int tid) const {
+        static_assert(2 * kNThreads >= Stage::kEntries, "two entries per thread must cover a tile");
+        Entries fetched{{0, 0}};
+        if (!(Is_kvcache && paged)) return fetched;
+        const int count = entry_count(n0);
         const int first = (start + n0) / params.page_size;
-        const int count = (start + last_row) / params.page_size - first + 1;
-        const uint32_t buffer = smem_addr(entries + buffer_of(n0) * Stage::kEntries);
-        for (int i = tid; i < count; i += kNThreads) cp_async_4B(buffer + 4 * i, table + first + i, true);
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            if (tid + j * kNThreads < count) fetched.value[j] = table[first + tid + j * kNThreads];
+        }
+        return fetched;
+    }
+
+    // Checks fetched entries (a page outside [0, num_pages) is recorded and
+    // clamped, index_check.cuh) into tile n0's buffer; visible after a barrier.
+    template <int kNThreads>
+    __device__ __forceinline__ void stage_entries(int n0, int tid, const Entries& fetched) const {
+        if (!(Is_kvcache && paged)) return;
+        const int count = entry_count(n0);
+        const int first = (start + n0) / params.page_size;
+        int* buffer = entries + buffer_of(n0) * Stage::kEntries;
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            const int i = tid + j * kNThreads;
+            if (i < count) {
+                buffer[i] = checked_index(fetched.value[j], 0, params.kv_cache_batch - 1, params.faults,
+                                          IndexArgument::kBlockTable, batch, first + i);
+            }
+        }
     }
 
     template <typename Copy>
@@ -110,14 +132,20 @@ struct KeyValueRows {
   private:
     __device__ __forceinline__ static int buffer_of(int n0) { return (n0 / kRows) % 2; }
 
+    // The entries tile n0 spans (0 for no tile: n0 < 0 or past the sequence).
+    __device__ __forceinline__ int entry_count(int n0) const {
+        const int last_row = min(n0 + kRows, seqlen_k) - 1;
+        return n0 < 0 || last_row < n0 ? 0
+                                       : (start + last_row) / params.page_size - (start + n0) / params.page_size + 1;
+    }
+
     template <typename Copy>
     __device__ __forceinline__ void load(const Copy& copy, uint32_t smem_tile, const Element* rows,
                                          int64_t row_stride, int64_t page_stride, int n0) const {
         if (Is_kvcache && paged) {
             const StagedPagedRows<Element> pages{rows, entries + buffer_of(n0) * Stage::kEntries,
                                                  (start + n0) / params.page_size, page_stride, row_stride,
-                                                 params.page_size, start, params.kv_cache_batch, batch,
-                                                 params.faults};
+                                                 params.page_size, start};
             copy.template load_async_rows<Element>(smem_tile, pages, n0, seqlen_k - n0, params.head_dim);
         } else {
             copy.load_async(smem_tile, rows + n0 * row_stride, row_stride, seqlen_k - n0, params.head_dim);
