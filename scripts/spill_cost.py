@@ -125,6 +125,9 @@ def stalls(out: Path | None) -> int:
         if result.returncode != 0 or not rows:
             print(f"{name}: ncu failed ({result.returncode}):", result.stdout[-1500:], result.stderr[-1500:])
             return 1
+        # The page opens with the kernel's name; the table's header is the first row naming "Source".
+        header_row = next((n for n, row in enumerate(rows) if '"Source"' in row or '"# Source"' in row), 0)
+        rows = rows[header_row:]
         head = [h.strip('"') for h in rows[0].split('","')]
         source = next((i for i, h in enumerate(head) if h in ("Source", "# Source")), None)
         samples = next((i for i, h in enumerate(head) if h.startswith("Warp Stall Sampling (All")), None)
