@@ -111,12 +111,15 @@ def _sdpa_layout_hint(q: Tensor, k: Tensor, varlen: bool) -> str:
     )
 
 
-def _check_qkv(q: Tensor, k: Tensor, v: Tensor, varlen: bool) -> None:
+def _check_qkv(q: Tensor, k: Tensor, v: Tensor, varlen: bool, paged: bool = False) -> None:
     rank = 3 if varlen else 4
+    kv_rank = 4 if paged else rank
     q_layout = "(total_q, nheads, headdim)" if varlen else "(batch, seqlen_q, nheads, headdim)"
     kv_layout = "(total_k, nheads_k, headdim)" if varlen else "(batch, seqlen_k, nheads_k, headdim)"
-    for name, t, layout in (("q", q, q_layout), ("k", k, kv_layout), ("v", v, kv_layout)):
-        check_tensor(name, t, q, rank, layout)
+    if paged:
+        kv_layout = "(num_blocks, page_block_size, nheads_k, headdim)"
+    for name, t, layout, t_rank in (("q", q, q_layout, rank), ("k", k, kv_layout, kv_rank), ("v", v, kv_layout, kv_rank)):
+        check_tensor(name, t, q, t_rank, layout)
     shapes = f"q {_shape(q)}, k {_shape(k)}, v {_shape(v)}"
     num_heads, head_dim = q.shape[-2:]
     num_heads_k = k.shape[-2]
@@ -129,10 +132,9 @@ def _check_qkv(q: Tensor, k: Tensor, v: Tensor, varlen: bool) -> None:
     if not 1 <= head_dim <= MAX_HEAD_DIM:
         raise ValueError(f"flashattn: headdim {head_dim} ({shapes}) is not supported; accepted: 1 to {MAX_HEAD_DIM}")
     if num_heads_k == 0 or num_heads % num_heads_k != 0:
-        heads_dim = rank - 2
         raise ValueError(
-            f"flashattn: the number of query heads (q.shape[{heads_dim}] = {num_heads}) must be a multiple "
-            f"of the number of key/value heads (k.shape[{heads_dim}] = {num_heads_k})" + _sdpa_layout_hint(q, k, varlen)
+            f"flashattn: the number of query heads (q.shape[{rank - 2}] = {num_heads}) must be a multiple "
+            f"of the number of key/value heads (k.shape[{kv_rank - 2}] = {num_heads_k})" + _sdpa_layout_hint(q, k, varlen)
         )
     for name, t in (("q", q), ("k", k), ("v", v)):
         check_last_dim_contiguous(name, t)
@@ -163,6 +165,30 @@ def _check_rng_state(q: Tensor, dropout_p: float, rng_state: Tensor | None) -> N
         )
 
 
+def _check_needs_varlen(varlen: bool, **sequence_tensors: Tensor | None) -> None:
+    """seqused_q, seqused_k, leftpad_k and block_table are for variable-length batches only (checks.h:
+    check_needs_varlen; before the q, k, v checks: block_table changes k's rank)."""
+    for name, t in sequence_tensors.items():
+        if t is not None and not varlen:
+            raise ValueError(f"flashattn: {name} needs a variable-length batch (cu_seqlens_q and cu_seqlens_k)")
+
+
+def _check_sequence_tensors(q: Tensor, k: Tensor, batch: int, seqused_q: Tensor | None, seqused_k: Tensor | None,
+                            leftpad_k: Tensor | None, block_table: Tensor | None) -> None:
+    """Their shapes and dtypes (checks.h: check_sequences); their values are _sequences' to check."""
+    check_index_tensor("seqused_q", seqused_q, q, (batch,))
+    check_index_tensor("seqused_k", seqused_k, q, (batch,))
+    check_index_tensor("leftpad_k", leftpad_k, q, (batch,))
+    check_index_tensor("block_table", block_table, q, (batch,), matrix=True)
+    if block_table is not None and leftpad_k is not None:
+        raise ValueError("flashattn: leftpad_k cannot be combined with block_table (a paged KV cache)")
+    if block_table is not None:
+        if batch > 0 and block_table.shape[1] > 0 and k.shape[0] == 0:
+            raise ValueError(f"flashattn: k holds no page but block_table lists {block_table.shape[1]} per sequence")
+        if block_table.shape[1] * k.shape[1] > 2**31 - 1:
+            raise ValueError("flashattn: block_table's pages x page_block_size must fit in int32")
+
+
 def check_fwd(
     q: Tensor,
     k: Tensor,
@@ -172,20 +198,32 @@ def check_fwd(
     rng_state: Tensor | None,
     cu_seqlens_q: Tensor | None,
     cu_seqlens_k: Tensor | None,
+    seqused_q: Tensor | None = None,
+    seqused_k: Tensor | None = None,
+    leftpad_k: Tensor | None = None,
+    block_table: Tensor | None = None,
 ) -> None:
     """The tensors of flashattn::fwd, checked as csrc/api/checks.h checks them (same messages and types,
     less what only the kernels need: head dims a multiple of 8, aligned rows, contiguous options)."""
     varlen = _check_cu_seqlens(q, cu_seqlens_q, cu_seqlens_k)
-    _check_qkv(q, k, v, varlen)
-    check_alibi_slopes(alibi_slopes, q, cu_seqlens_q.shape[0] - 1 if varlen else q.shape[0])
+    _check_needs_varlen(varlen, seqused_q=seqused_q, seqused_k=seqused_k, leftpad_k=leftpad_k,
+                        block_table=block_table)
+    _check_qkv(q, k, v, varlen, paged=block_table is not None)
+    batch = cu_seqlens_q.shape[0] - 1 if varlen else q.shape[0]
+    check_alibi_slopes(alibi_slopes, q, batch)
     _check_rng_state(q, dropout_p, rng_state)
+    _check_sequence_tensors(q, k, batch, seqused_q, seqused_k, leftpad_k, block_table)
 
 
-def check_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, softmax_lse: Tensor, *fwd_tensors) -> None:
-    """The tensors of flashattn::bwd: fwd's (fwd_tensors: alibi_slopes, dropout_p, rng_state, cu_seqlens_q and
-    cu_seqlens_k), then dout, out and the forward's softmax_lse."""
-    check_fwd(q, k, v, *fwd_tensors)
-    varlen = fwd_tensors[-1] is not None
+def check_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, softmax_lse: Tensor,
+              alibi_slopes: Tensor | None, dropout_p: float, rng_state: Tensor | None, cu_seqlens_q: Tensor | None,
+              cu_seqlens_k: Tensor | None, seqused_q: Tensor | None = None, seqused_k: Tensor | None = None,
+              leftpad_k: Tensor | None = None) -> None:
+    """The tensors of flashattn::bwd: fwd's (without block_table), then dout, out and the forward's
+    softmax_lse."""
+    check_fwd(q, k, v, alibi_slopes, dropout_p, rng_state, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
+              leftpad_k)
+    varlen = cu_seqlens_k is not None
     layout = "(total_q, nheads, headdim)" if varlen else "(batch, seqlen_q, nheads, headdim)"
     check_tensor("dout", dout, q, q.dim(), layout)
     check_tensor("out", out, q, q.dim(), layout)
@@ -204,16 +242,16 @@ def check_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, softma
 
 
 def check_offsets(q: Tensor, k: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, max_seqlen_q: int,
-                  max_seqlen_k: int) -> None:
+                  max_seqlen_k: int, paged: bool = False) -> None:
     """The values of a variable-length batch's offsets, read on the host (free for CPU tensors; the CUDA
-    binding takes them as the caller's promise): 0 first, nondecreasing, within the rows of q (k), no
-    sequence longer than max_seqlen_q (max_seqlen_k)."""
+    binding takes them as the caller's promise): 0 first, nondecreasing, within the rows of q (k; with
+    pages, the lengths are _sequences' to check), no sequence longer than max_seqlen_q (max_seqlen_k)."""
     for name, cu, t, tensor_name, max_name, max_seqlen in (
         ("cu_seqlens_q", cu_seqlens_q, q, "q", "max_seqlen_q", max_seqlen_q),
         ("cu_seqlens_k", cu_seqlens_k, k, "k", "max_seqlen_k", max_seqlen_k),
     ):
         offsets = cu.tolist()
-        rows = t.shape[0]
+        rows = math.inf if paged and t is k else t.shape[0]
         if offsets[0] != 0:
             raise ValueError(f"flashattn: {name} must start at 0, got {name}[0] = {offsets[0]}")
         lengths = [stop - start for start, stop in zip(offsets, offsets[1:])]
@@ -450,13 +488,52 @@ def _fwd_padded(q: Tensor, k: Tensor, v: Tensor, opts: _Options) -> tuple[Tensor
     return out, softmax_lse
 
 
-def _sequences(cu_seqlens_q: Tensor, cu_seqlens_k: Tensor) -> list[tuple[slice, slice]]:
-    """(query rows, keys) of each sequence of a variable-length batch (host copies of the offsets)."""
+def _in_range(name: str, values: list[int], b: int, lo: int, hi: int) -> int:
+    if not lo <= values[b] <= hi:
+        raise ValueError(f"flashattn: {name}[{b}] = {values[b]} is outside [{lo}, {hi}]")
+    return values[b]
+
+
+def _sequences(cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, seqused_q: Tensor | None = None,
+               seqused_k: Tensor | None = None, leftpad_k: Tensor | None = None, block_table: Tensor | None = None,
+               num_pages: int = 0, page_size: int = 1) -> list[tuple[slice, slice]]:
+    """(query rows, key rows) of each sequence of a variable-length batch, from host copies of the offsets,
+    cut by seqused_q, seqused_k and leftpad_k; with a block table the key rows count from 0 in the
+    sequence's pages (_key_rows). Values out of range raise ValueError naming the argument (the CUDA
+    kernels clamp and record them: csrc/common/mask.cuh)."""
     starts_q, starts_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
-    return [
-        (slice(starts_q[b], starts_q[b + 1]), slice(starts_k[b], starts_k[b + 1]))
-        for b in range(len(starts_q) - 1)
-    ]
+    used_q = seqused_q.tolist() if seqused_q is not None else None
+    used_k = seqused_k.tolist() if seqused_k is not None else None
+    pads = leftpad_k.tolist() if leftpad_k is not None else None
+    capacity = block_table.shape[1] * page_size if block_table is not None else 0
+    sequences = []
+    for b in range(len(starts_q) - 1):
+        q_start, q_len = starts_q[b], starts_q[b + 1] - starts_q[b]
+        if used_q is not None:
+            q_len = _in_range("seqused_q", used_q, b, 0, q_len)
+        k_start, k_len = (0 if block_table is not None else starts_k[b]), starts_k[b + 1] - starts_k[b]
+        if block_table is not None and used_k is None and k_len > capacity:
+            raise ValueError(f"flashattn: the length (cu_seqlens_k[b + 1] - cu_seqlens_k[b]) of sequence {b} is "
+                             f"{k_len}, past the {capacity} rows its block_table row holds")
+        if used_k is not None:
+            k_len = _in_range("seqused_k", used_k, b, 0, capacity if block_table is not None else k_len)
+        pad = _in_range("leftpad_k", pads, b, 0, k_len) if pads is not None else 0
+        if block_table is not None:
+            entries = block_table[b, : -(-k_len // page_size)].tolist()
+            for entry, page in enumerate(entries):
+                if not 0 <= page < num_pages:
+                    raise ValueError(f"flashattn: block_table[{b}][{entry}] = {page} is outside [0, {num_pages - 1}]")
+        sequences.append((slice(q_start, q_start + q_len), slice(k_start + pad, k_start + k_len)))
+    return sequences
+
+
+def _key_rows(t: Tensor, keys: slice, block_table: Tensor | None, b: int) -> Tensor:
+    """Sequence b's key rows `keys` of k or v: a slice of the packed rows, or gathered from its pages."""
+    if block_table is None:
+        return t[keys]
+    page_size = t.shape[1]
+    pages = block_table[b, : -(-keys.stop // page_size)].long()
+    return t[pages].flatten(0, 1)[keys]
 
 
 def fwd(
@@ -476,6 +553,10 @@ def fwd(
     cu_seqlens_k: Tensor | None = None,
     max_seqlen_q: int = 0,
     max_seqlen_k: int = 0,
+    seqused_q: Tensor | None = None,
+    seqused_k: Tensor | None = None,
+    leftpad_k: Tensor | None = None,
+    block_table: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """FlashAttention's forward in plain PyTorch: the readable statement of the algorithm.
 
@@ -484,26 +565,28 @@ def fwd(
     fp32), vectorised over batch and heads. The full [Sq, Sk] score matrix
     never exists; key blocks outside every row's window are skipped, and only
     blocks that a window edge crosses are masked. A variable-length batch runs
-    each sequence as a batch of one, written into the packed outputs; rows past
-    cu_seqlens_q[-1] belong to no sequence and get out 0, lse -inf.
+    each sequence as a batch of one (its keys gathered from its pages with a
+    block table), written into the packed outputs; rows that no sequence uses
+    (past cu_seqlens_q[-1] or a sequence's seqused_q) get out 0, lse -inf.
     `deterministic` is for the backward; this forward always is.
     """
-    check_fwd(q, k, v, alibi_slopes, dropout_p, rng_state, cu_seqlens_q, cu_seqlens_k)
+    check_fwd(q, k, v, alibi_slopes, dropout_p, rng_state, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
+              leftpad_k, block_table)
     opts = _Options.of(softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, dropout_p, rng_state)
     if cu_seqlens_q is None:
         return _fwd_padded(q, k, v, opts)
-    check_offsets(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    paged = block_table is not None
+    check_offsets(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, paged=paged)
     total_q, num_heads, _ = q.shape
-    out = q.new_empty(q.shape)  # [total_q, H, D]
-    softmax_lse = q.new_empty((num_heads, total_q), dtype=torch.float32)  # [H, total_q]
-    sequences = _sequences(cu_seqlens_q, cu_seqlens_k)
+    out = q.new_zeros(q.shape)  # [total_q, H, D]
+    softmax_lse = torch.full((num_heads, total_q), -math.inf, dtype=torch.float32, device=q.device)  # [H, total_q]
+    sequences = _sequences(cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, leftpad_k, block_table,
+                           k.shape[0], k.shape[1] if paged else 1)
     for b, (rows, keys) in enumerate(sequences):
-        out_b, lse_b = _fwd_padded(q[rows][None], k[keys][None], v[keys][None], opts.for_sequence(b))
+        k_b, v_b = _key_rows(k, keys, block_table, b), _key_rows(v, keys, block_table, b)
+        out_b, lse_b = _fwd_padded(q[rows][None], k_b[None], v_b[None], opts.for_sequence(b))
         out[rows] = out_b[0]
         softmax_lse[:, rows] = lse_b[0]
-    covered = sequences[-1][0].stop if sequences else 0
-    out[covered:] = 0
-    softmax_lse[:, covered:] = -math.inf
     return out, softmax_lse
 
 
@@ -616,6 +699,9 @@ def bwd(
     cu_seqlens_k: Tensor | None = None,
     max_seqlen_q: int = 0,
     max_seqlen_k: int = 0,
+    seqused_q: Tensor | None = None,
+    seqused_k: Tensor | None = None,
+    leftpad_k: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """FlashAttention-2's backward in plain PyTorch: the readable statement of the algorithm.
 
@@ -626,17 +712,18 @@ def bwd(
     accumulated over key blocks; all in fp32, converted to the input dtype
     once. The summation order is fixed, so the result is bitwise reproducible
     whatever `deterministic` says. A variable-length batch runs each sequence
-    as a batch of one; rows and keys past the last sequence get zero gradients.
+    as a batch of one; rows and keys that no sequence uses get zero gradients.
     """
-    check_bwd(dout, q, k, v, out, softmax_lse, alibi_slopes, dropout_p, rng_state, cu_seqlens_q, cu_seqlens_k)
+    check_bwd(dout, q, k, v, out, softmax_lse, alibi_slopes, dropout_p, rng_state, cu_seqlens_q, cu_seqlens_k,
+              seqused_q, seqused_k, leftpad_k)
     opts = _Options.of(softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, dropout_p, rng_state)
     if cu_seqlens_q is None:
         return _bwd_padded(dout, q, k, v, out, softmax_lse, opts)
     check_offsets(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    dq = q.new_empty(q.shape)  # [total_q, H, D]
-    dk = k.new_empty(k.shape)  # [total_k, Hk, D]
-    dv = v.new_empty(v.shape)  # [total_k, Hk, D]
-    sequences = _sequences(cu_seqlens_q, cu_seqlens_k)
+    dq = q.new_zeros(q.shape)  # [total_q, H, D]
+    dk = k.new_zeros(k.shape)  # [total_k, Hk, D]
+    dv = v.new_zeros(v.shape)  # [total_k, Hk, D]
+    sequences = _sequences(cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, leftpad_k)
     for b, (rows, keys) in enumerate(sequences):
         grads = _bwd_padded(
             dout[rows][None],
@@ -649,10 +736,6 @@ def bwd(
         )
         for grad, grad_b, part in zip((dq, dk, dv), grads, (rows, keys, keys)):
             grad[part] = grad_b[0]
-    rows_covered, keys_covered = (sequences[-1][0].stop, sequences[-1][1].stop) if sequences else (0, 0)
-    dq[rows_covered:] = 0
-    dk[keys_covered:] = 0
-    dv[keys_covered:] = 0
     return dq, dk, dv
 
 

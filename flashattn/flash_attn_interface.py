@@ -81,13 +81,12 @@ def _flash_attn_varlen_forward(
     seqused_k: Tensor | None = None,
     zero_tensors: bool = False,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    _check_unimplemented(block_table=block_table, leftpad_k=leftpad_k, seqused_k=seqused_k)
     varlen = {"cu_seqlens_q": cu_seqlens_q, "cu_seqlens_k": cu_seqlens_k, "max_seqlen_q": max_seqlen_q,
-              "max_seqlen_k": max_seqlen_k}  # fmt: skip
+              "max_seqlen_k": max_seqlen_k, "seqused_k": seqused_k, "leftpad_k": leftpad_k,
+              "block_table": block_table}  # fmt: skip
     out, softmax_lse, s_dmask, rng_state = _forward(q, k, v, dropout_p, softmax_scale, causal, window_size_left,
                                                     window_size_right, softcap, alibi_slopes, return_softmax, varlen)
-    if zero_tensors:  # rows past the last sequence: LSE -inf as flash-attn leaves it (out is 0 on every path)
-        softmax_lse = softmax_lse.masked_fill(_rows_outside(cu_seqlens_q, q.shape[0]), -torch.inf)
+    # zero_tensors needs nothing: rows no sequence uses get out 0 and lse -inf on every path.
     return out, softmax_lse, s_dmask, rng_state
 
 
@@ -209,18 +208,6 @@ def _softmax_d(dout: Tensor, out: Tensor, dropout_p: float, cu_seqlens_q: Tensor
     softmax_d = rowsum.new_zeros((num_heads, total_q + _S_DMASK_ROUND * batch))
     softmax_d[:, rows + _S_DMASK_ROUND * sequence] = rowsum.masked_fill((sequence >= batch)[:, None], 0).T
     return softmax_d
-
-
-def _rows_outside(cu_seqlens_q: Tensor, total_q: int) -> Tensor:
-    """[total_q] bool: rows past the last sequence (computed on the device)."""
-    return torch.arange(total_q, device=cu_seqlens_q.device) >= cu_seqlens_q[-1]
-
-
-def _check_unimplemented(**arguments: Tensor | None) -> None:
-    for name, value in arguments.items():
-        if value is not None:
-            raise NotImplementedError(f"flashattn: {name} is not implemented in _flash_attn_varlen_forward; only "
-                                      f"{name}=None is supported")
 
 
 @_flash_attn_forward.register_fake

@@ -201,6 +201,9 @@ def flash_attn_varlen_func(
     deterministic: bool = False,
     return_attn_probs: bool = False,
     block_table: Tensor | None = None,
+    *,
+    seqused_q: Tensor | None = None,
+    seqused_k: Tensor | None = None,
 ) -> Tensor | tuple[Tensor, Tensor, Tensor]:
     """flash_attn_func on a variable-length batch: the sequences' tokens packed one after another.
 
@@ -228,28 +231,40 @@ def flash_attn_varlen_func(
         return_attn_probs: as in flash_attn_func; softmax_lse is (nheads, total_q) and, with
             dropout, S_dmask (batch, nheads, max_seqlen_q, max_seqlen_k rounded up to 128), each
             sequence's rows and keys from 0, 0 outside.
-        block_table: paged KV cache; not implemented yet, must be None.
+        block_table: int32 (batch, max_blocks_per_seq), or None: paged keys and values (chunked
+            prefill over a paged KV cache). k and v are then pages (num_blocks, page_block_size,
+            nheads_k, headdim), any page_block_size >= 1; sequence b's key row r is row
+            r % page_block_size of page block_table[b, r // page_block_size], and cu_seqlens_k
+            (or seqused_k) gives the lengths only. Entries past a sequence's length are not read.
+            Differentiable: dk and dv come back page-shaped, the shares of a page listed by
+            several sequences summed (in an order `deterministic` does not fix).
+        seqused_q, seqused_k: int32 (batch,), or None (FlashAttention-3's): sequence b uses only
+            its first seqused_q[b] queries and seqused_k[b] keys of its cu_seqlens range (with
+            block_table, seqused_k[b] is its length, at most the rows its pages hold). Unused query
+            rows get out 0 (lse -inf) and, like unused keys, zero gradients.
 
     What is checked: cu_seqlens_* are int32 1-D tensors of one length on q's device,
     max_seqlen_* non-negative ints. On CPU tensors the values are checked too
     (cu_seqlens start at 0, never decrease, end within q's and k's rows; max_seqlen_*
-    at least every length). On CUDA tensors the values are not checked: reading them
+    at least every length). On CUDA tensors the offsets are not checked: reading them
     would wait for the GPU. Offsets that break those rules there read out of bounds
-    or leave rows unwritten, as they do in FlashAttention-2.
+    or leave rows unwritten, as they do in FlashAttention-2. seqused_q, seqused_k,
+    block-table entries and paged lengths are checked where the kernels read them:
+    a value out of range is clamped (nothing is read out of bounds) and raised as a
+    RuntimeError at the next flashattn call or flashattn.check_faults() (on CPU: a
+    ValueError at the call).
 
     Returns:
         out (total_q, nheads, headdim) in q's dtype, differentiable in q, k and v; or
         (out, softmax_lse, S_dmask) with return_attn_probs=True.
     """
-    if block_table is not None:
-        raise NotImplementedError(
-            "flashattn: block_table (a paged KV cache) is not implemented yet in flash_attn_varlen_func; "
-            "only block_table=None is supported"
-        )
     _check_tensors(q=q, k=k, v=v)
     _check_tensors(_OFFSETS, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
+    _check_tensors("an int32 tensor", optional=True, block_table=block_table, seqused_q=seqused_q,
+                   seqused_k=seqused_k)
     names = _NAMES
-    varlen = _varlen(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, names)
+    varlen = _varlen(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, names, seqused_q=seqused_q,
+                     seqused_k=seqused_k, block_table=block_table)
     return _attention(
         q, k, v, varlen, names, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
         return_attn_probs,
@@ -413,6 +428,10 @@ def _flash_attn_forward(
     cu_seqlens_k: Tensor | None = None,
     max_seqlen_q: int = 0,
     max_seqlen_k: int = 0,
+    seqused_q: Tensor | None = None,
+    seqused_k: Tensor | None = None,
+    leftpad_k: Tensor | None = None,
+    block_table: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Runs the operator: out and softmax_lse ([B, Sq, H, D] and [B, H, Sq], or [total_q, H, D]
     and [H, total_q] with cu_seqlens).
@@ -428,7 +447,8 @@ def _flash_attn_forward(
         alibi_slopes = alibi_slopes.contiguous()  # the kernels read (batch, nheads) with a row stride only
     if cu_seqlens_q is not None and cu_seqlens_k is not None:
         cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
-    options = (softcap, alibi_slopes, dropout_p, rng_state, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    options = (softcap, alibi_slopes, dropout_p, rng_state, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+               seqused_q, seqused_k, leftpad_k, block_table)
     pad = _head_dim_padding(q, k, v)
     if not pad:
         return torch.ops.flashattn.fwd(q, k, v, softmax_scale, causal, deterministic, left, right, *options)
@@ -471,11 +491,15 @@ def _attn_probs(
     cu_seqlens_k: Tensor | None = None,
     max_seqlen_q: int = 0,
     max_seqlen_k: int = 0,
+    seqused_q: Tensor | None = None,
+    seqused_k: Tensor | None = None,
+    leftpad_k: Tensor | None = None,
+    block_table: Tensor | None = None,
 ) -> Tensor:
     """S_dmask of return_attn_probs with dropout, in FlashAttention-2's layout and encoding
     (flashattn.cpu.attention_probs): (B, H, Sq, Sk) rounded up to multiples of _S_DMASK_ROUND, in q's
     dtype, 0 in the padding; with cu_seqlens (B, H, max_seqlen_q, max_seqlen_k) rounded up, sequence b's
-    rows and keys from 0 (the offsets are read on the host: a sync on CUDA)."""
+    used rows and keys from 0 (the offsets are read on the host: a sync on CUDA)."""
     options = (*window_size, softcap, alibi_slopes, dropout_p, rng_state)
     num_heads = q.shape[-2]
     if cu_seqlens_q is None:
@@ -487,13 +511,14 @@ def _attn_probs(
     if cu_seqlens_q is None:
         s_dmask[:, :, :seqlen_q, :seqlen_k] = cpu.attention_probs(q, k, softmax_scale, causal, *options)
         return s_dmask
-    starts_q, starts_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
-    for b in range(batch):
-        rows, keys = slice(starts_q[b], starts_q[b + 1]), slice(starts_k[b], starts_k[b + 1])
+    paged = block_table is not None
+    sequences = cpu._sequences(cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, leftpad_k, block_table,
+                               k.shape[0], k.shape[1] if paged else 1)  # fmt: skip
+    for b, (rows, keys) in enumerate(sequences):
         slopes = alibi_slopes[b : b + 1] if alibi_slopes is not None and alibi_slopes.dim() == 2 else alibi_slopes
         s_dmask[b, :, : rows.stop - rows.start, : keys.stop - keys.start] = cpu.attention_probs(
-            q[rows][None], k[keys][None], softmax_scale, causal, *window_size, softcap, slopes, dropout_p,
-            rng_state, batch_start=b,
+            q[rows][None], cpu._key_rows(k, keys, block_table, b)[None], softmax_scale, causal, *window_size,
+            softcap, slopes, dropout_p, rng_state, batch_start=b,
         )[0]  # fmt: skip
     return s_dmask
 
@@ -599,6 +624,10 @@ class _Varlen(NamedTuple):
     cu_seqlens_k: Tensor
     max_seqlen_q: int  # or a SymInt under torch.compile
     max_seqlen_k: int
+    seqused_q: Tensor | None = None
+    seqused_k: Tensor | None = None
+    leftpad_k: Tensor | None = None
+    block_table: Tensor | None = None
 
 
 def _varlen(
@@ -609,12 +638,15 @@ def _varlen(
     max_seqlen_q: object,
     max_seqlen_k: object,
     names: dict[str, str],
+    **sequence_tensors: Tensor | None,
 ) -> _Varlen:
-    """max_seqlen_* checked and read as ints (the offsets are the operator's to check: see
-    flash_attn_varlen_func)."""
+    """max_seqlen_* checked and read as ints (the offsets and sequence_tensors, _Varlen's last fields,
+    are the operator's to check: see flash_attn_varlen_func)."""
     max_q = _check_max_seqlen(names.get("max_seqlen_q", "max_seqlen_q"), max_seqlen_q, _rows(q))
-    max_k = _check_max_seqlen(names.get("max_seqlen_k", "max_seqlen_k"), max_seqlen_k, _rows(k))
-    return _Varlen(cu_seqlens_q, cu_seqlens_k, max_q, max_k)
+    paged = sequence_tensors.get("block_table") is not None
+    key_rows = k.shape[0] * k.shape[1] if paged and k.dim() >= 2 else _rows(k)
+    max_k = _check_max_seqlen(names.get("max_seqlen_k", "max_seqlen_k"), max_seqlen_k, key_rows)
+    return _Varlen(cu_seqlens_q, cu_seqlens_k, max_q, max_k, **sequence_tensors)
 
 
 def _rows(t: Tensor) -> int:

@@ -11,6 +11,16 @@ cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0) -> (out, softmax_lse)``
   out [total_q, H, D], softmax_lse [H, total_q]; max_seqlen_q/k bound every
   sequence's length (the CUDA grid is sized from them). H % Hk == 0, any
   strides; out in q's dtype and softmax_lse in fp32, both contiguous.
+  Variable-length batches also take, each int32 [B] or None: seqused_q (sequence
+  b uses its first seqused_q[b] query rows), seqused_k and leftpad_k (its keys
+  are rows leftpad_k[b] to seqused_k[b] of its cu_seqlens_k range); and
+  block_table, int32 [B, max_blocks_per_seq]: k and v are then pages
+  [num_blocks, page_block_size, Hk, D], sequence b's key row r is row
+  r % page_block_size of page block_table[b, r // page_block_size], its length
+  seqused_k[b] or cu_seqlens_k[b + 1] - cu_seqlens_k[b] (not with leftpad_k).
+  Rows that no sequence uses get out 0 and softmax_lse -inf. Values out of
+  range raise ValueError on CPU; on CUDA they are clamped and recorded, raised
+  at the next call (flashattn.check_faults).
   Everything below holds per sequence, positions counted from its start:
   - Query i sees key j iff (left < 0 or j >= d - left) and (right < 0 or
     j <= d + right), d = i + Sk - Sq (the bottom-right diagonal), left =
@@ -30,7 +40,7 @@ cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0) -> (out, softmax_lse)``
   forward is deterministic either way.
 
 ``torch.ops.flashattn.bwd(dout, q, k, v, out, softmax_lse, softmax_scale, causal, deterministic,
-<fwd's options from window_left on>) -> (dq, dk, dv)``
+<fwd's options from window_left on, without block_table>) -> (dq, dk, dv)``
   The gradients of fwd's out, given dout shaped like q and fwd's out and
   softmax_lse on the same inputs and options; any strides. dq, dk and dv have
   the shapes of q, k and v, their dtype, and are contiguous. dk and dv of KV
@@ -39,6 +49,9 @@ cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0) -> (out, softmax_lse)``
   With dropout: dV = (P * keep / (1 - p))^T dO, dP = (dO V^T) * keep / (1 - p),
   dS = P * (dP - rowsum(dO * O)); softcap multiplies dS by 1 - tanh^2.
   deterministic=True promises bitwise-identical results run after run.
+  fwd's autograd runs it on paged k and v by gathering each sequence's pages
+  into a packed batch and summing the gradients back into the pages
+  (_paged_backward).
 
 ``torch.ops.flashattn.fwd_kvcache(...)`` (KVCACHE_SCHEMA)
   flashattn.kvcache.flash_attn_with_kvcache's operator: appends k and v to the
@@ -65,13 +78,15 @@ FWD_SCHEMA = (
     "fwd(Tensor q, Tensor k, Tensor v, float softmax_scale, bool causal, bool deterministic=False, "
     "int window_left=-1, int window_right=-1, float softcap=0.0, Tensor? alibi_slopes=None, "
     "float dropout_p=0.0, Tensor? rng_state=None, Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, "
-    "int max_seqlen_q=0, int max_seqlen_k=0) -> (Tensor out, Tensor softmax_lse)"
+    "int max_seqlen_q=0, int max_seqlen_k=0, Tensor? seqused_q=None, Tensor? seqused_k=None, "
+    "Tensor? leftpad_k=None, Tensor? block_table=None) -> (Tensor out, Tensor softmax_lse)"
 )
 BWD_SCHEMA = (
     "bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, float softmax_scale, "
     "bool causal, bool deterministic, int window_left=-1, int window_right=-1, float softcap=0.0, "
     "Tensor? alibi_slopes=None, float dropout_p=0.0, Tensor? rng_state=None, Tensor? cu_seqlens_q=None, "
-    "Tensor? cu_seqlens_k=None, int max_seqlen_q=0, int max_seqlen_k=0) -> (Tensor dq, Tensor dk, Tensor dv)"
+    "Tensor? cu_seqlens_k=None, int max_seqlen_q=0, int max_seqlen_k=0, Tensor? seqused_q=None, "
+    "Tensor? seqused_k=None, Tensor? leftpad_k=None) -> (Tensor dq, Tensor dk, Tensor dv)"
 )
 KVCACHE_SCHEMA = (
     "fwd_kvcache(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor? k, Tensor? v, Tensor? rotary_cos, "
@@ -102,10 +117,15 @@ def _fwd_fake(
     cu_seqlens_k: Tensor | None = None,
     max_seqlen_q: int = 0,
     max_seqlen_k: int = 0,
+    seqused_q: Tensor | None = None,
+    seqused_k: Tensor | None = None,
+    leftpad_k: Tensor | None = None,
+    block_table: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Output shapes and dtypes without computing: what torch.compile traces with (and what meta
     tensors get). It checks the tensors as the implementations do, so tracing stops where eager would."""
-    cpu.check_fwd(q, k, v, alibi_slopes, dropout_p, rng_state, cu_seqlens_q, cu_seqlens_k)
+    cpu.check_fwd(q, k, v, alibi_slopes, dropout_p, rng_state, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
+                  leftpad_k, block_table)
     out = q.new_empty(q.shape)  # [B, Sq, H, D] or [total_q, H, D]
     if cu_seqlens_q is None:
         batch, seqlen_q, num_heads, _ = q.shape
@@ -136,9 +156,13 @@ def _bwd_fake(
     cu_seqlens_k: Tensor | None = None,
     max_seqlen_q: int = 0,
     max_seqlen_k: int = 0,
+    seqused_q: Tensor | None = None,
+    seqused_k: Tensor | None = None,
+    leftpad_k: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Gradient shapes and dtypes without computing: what torch.compile traces the backward with."""
-    cpu.check_bwd(dout, q, k, v, out, softmax_lse, alibi_slopes, dropout_p, rng_state, cu_seqlens_q, cu_seqlens_k)
+    cpu.check_bwd(dout, q, k, v, out, softmax_lse, alibi_slopes, dropout_p, rng_state, cu_seqlens_q, cu_seqlens_k,
+                  seqused_q, seqused_k, leftpad_k)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
@@ -152,9 +176,11 @@ def _fwd_setup_context(ctx, inputs: tuple, output: tuple[Tensor, Tensor]) -> Non
     the options' tensors), nothing of size Sq x Sk, so training memory stays linear in the
     sequence length."""
     (q, k, v, softmax_scale, causal, deterministic, window_left, window_right, softcap, alibi_slopes,
-     dropout_p, rng_state, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) = inputs  # fmt: skip
+     dropout_p, rng_state, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k,
+     leftpad_k, block_table) = inputs  # fmt: skip
     out, softmax_lse = output
-    ctx.save_for_backward(q, k, v, out, softmax_lse, alibi_slopes, rng_state, cu_seqlens_q, cu_seqlens_k)
+    ctx.save_for_backward(q, k, v, out, softmax_lse, alibi_slopes, rng_state, cu_seqlens_q, cu_seqlens_k,
+                          seqused_q, seqused_k, leftpad_k, block_table)
     ctx.options = (softmax_scale, causal, deterministic, window_left, window_right, softcap)
     ctx.dropout_p = dropout_p
     ctx.max_seqlens = (max_seqlen_q, max_seqlen_k)
@@ -163,15 +189,55 @@ def _fwd_setup_context(ctx, inputs: tuple, output: tuple[Tensor, Tensor]) -> Non
 
 def _fwd_backward(ctx, dout: Tensor, _dlse: Tensor) -> tuple:
     """fwd's gradients in q, k and v: flashattn::bwd on the saved tensors with the forward's
-    arguments. None for the LSE (not differentiable) and for every other input: the options,
-    alibi_slopes, rng_state and cu_seqlens are not differentiated. dout comes in whatever
-    layout the consumer of out produced; bwd accepts any."""
-    q, k, v, out, softmax_lse, alibi_slopes, rng_state, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
-    dq, dk, dv = torch.ops.flashattn.bwd(
-        dout, q, k, v, out, softmax_lse, *ctx.options, alibi_slopes, ctx.dropout_p, rng_state,
-        cu_seqlens_q, cu_seqlens_k, *ctx.max_seqlens,
+    arguments (through _paged_backward for paged k and v). None for the LSE (not differentiable)
+    and for every other input: the options, alibi_slopes, rng_state and the sequence tensors are
+    not differentiated. dout comes in whatever layout the consumer of out produced; bwd accepts any."""
+    (q, k, v, out, softmax_lse, alibi_slopes, rng_state, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
+     leftpad_k, block_table) = ctx.saved_tensors  # fmt: skip
+    options = (*ctx.options, alibi_slopes, ctx.dropout_p, rng_state)
+    if block_table is not None:
+        dq, dk, dv = _paged_backward(dout, q, k, v, out, softmax_lse, options, cu_seqlens_q, cu_seqlens_k,
+                                     ctx.max_seqlens[0], seqused_q, seqused_k, block_table)
+    else:
+        dq, dk, dv = torch.ops.flashattn.bwd(
+            dout, q, k, v, out, softmax_lse, *options, cu_seqlens_q, cu_seqlens_k, *ctx.max_seqlens, seqused_q,
+            seqused_k, leftpad_k,
+        )  # fmt: skip
+    return (dq, dk, dv) + (None,) * 17
+
+
+def _paged_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, softmax_lse: Tensor, options: tuple,
+                    cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, max_seqlen_q: int, seqused_q: Tensor | None,
+                    seqused_k: Tensor | None,
+                    block_table: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """The gradients of a paged forward: each sequence's block-table row gathered into a packed batch
+    (sequence b at rows b * capacity, its length in seqused_k), bwd on it, then each page's share summed
+    back into a page-shaped dk and dv, in fp32 (pages shared by sequences add up; the order of those
+    additions is the device's, so pages listed more than once are exempt from `deterministic`). Block-table
+    entries past a sequence's length are not read; lengths and entries out of range are clamped as the
+    forward's kernels clamp them (the forward has raised or recorded them)."""
+    batch, blocks = block_table.shape
+    num_pages, page_size = k.shape[0], k.shape[1]
+    capacity = blocks * page_size
+    lengths = seqused_k if seqused_k is not None else cu_seqlens_k[1:] - cu_seqlens_k[:-1]
+    lengths = lengths.clamp(0, capacity)
+    used = torch.arange(blocks, device=k.device) * page_size < lengths[:, None]  # [B, blocks]
+    pages = torch.where(used, block_table, 0).clamp(0, max(num_pages - 1, 0)).long().flatten()
+    k_packed, v_packed = (t[pages].flatten(0, 1) for t in (k, v))  # [B * capacity, Hk, D]
+    cu_seqlens_packed = torch.arange(batch + 1, device=k.device, dtype=torch.int32) * capacity
+    # Each packed range is `capacity` rows long (the blocks past a sequence's length exit at once).
+    dq, dk_packed, dv_packed = torch.ops.flashattn.bwd(
+        dout, q, k_packed, v_packed, out, softmax_lse, *options, cu_seqlens_q, cu_seqlens_packed, max_seqlen_q,
+        capacity, seqused_q, lengths.to(torch.int32), None,
     )  # fmt: skip
-    return (dq, dk, dv) + (None,) * 13
+    # Rows past a sequence's length have zero gradients: the unused entries' page 0 gains nothing.
+    dk, dv = (
+        torch.zeros(t.shape, dtype=torch.float32, device=t.device)
+        .index_add_(0, pages, g.unflatten(0, (-1, page_size)).float())
+        .to(t.dtype)
+        for t, g in ((k, dk_packed), (v, dv_packed))
+    )
+    return dq, dk, dv
 
 
 torch.library.register_fake("flashattn::fwd", _fwd_fake)

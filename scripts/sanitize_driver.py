@@ -18,7 +18,8 @@ sequence of length 0), so every compiled kernel variant (local or not, with
 extras or not) and the varlen addressing run under every tool. Then KVCACHE_CASES
 run flash_attn_with_kvcache (contiguous and paged caches, appends, rotary,
 split-KV, leftpad), its kernels included: the append, the decoding kernel, the tiled
-KV-cache forward and the combine.
+KV-cache forward and the combine; and PAGED_CASES run flash_attn_varlen_func over
+paged k and v (block_table, seqused_k), forward and backward.
 
   full   both dtypes; every compiled head dim (32, 64, 96, 128, 192, 256) and one
          head dim below each that runs on it with a partial tile (8, 40, 72, 104,
@@ -37,7 +38,7 @@ import itertools
 
 import torch
 
-import flashattn  # noqa: F401  registers torch.ops.flashattn
+import flashattn  # registers torch.ops.flashattn
 
 DTYPES = [torch.float16, torch.bfloat16]
 KERNEL_HEAD_DIMS = [32, 64, 96, 128, 192, 256]
@@ -54,6 +55,7 @@ OPTIONS = [
     {"window_left": 40, "window_right": 0, "softcap": 3.0, "alibi": True, "dropout_p": 0.1},
     {"varlen": True},
     {"varlen": True, "window_left": 9, "window_right": 3, "dropout_p": 0.2},
+    {"varlen": True, "cut": True, "softcap": 2.0},
 ]
 
 
@@ -79,7 +81,7 @@ def sweep(name: str) -> list[tuple]:
 def operator_kwargs(options, q, k, v):
     """(q, k, v, kwargs) for the operators: the option values, ALiBi slopes, a dropout seed, and for
     varlen the batch packed into two sequences of uneven length (one of length 0 when S = 1)."""
-    kwargs = {key: value for key, value in options.items() if key not in ("alibi", "varlen")}
+    kwargs = {key: value for key, value in options.items() if key not in ("alibi", "varlen", "cut")}
     batch, num_heads = q.shape[0], q.shape[2]
     if options.get("dropout_p"):
         kwargs["rng_state"] = torch.randint(0, 2**62, (2,), device="cuda", dtype=torch.int64)
@@ -90,6 +92,9 @@ def operator_kwargs(options, q, k, v):
         kwargs.update(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=int(cu_q.diff().max()),
                       max_seqlen_k=int(cu_k.diff().max()))
         batch = 2
+        if options.get("cut"):  # each sequence uses part of its rows: seqused_q, seqused_k, leftpad_k
+            used_k = (cu_k.diff() * 3) // 4
+            kwargs.update(seqused_q=(cu_q.diff() * 2) // 3, seqused_k=used_k, leftpad_k=used_k // 3)
     if options.get("alibi"):
         kwargs["alibi_slopes"] = torch.rand(batch, num_heads, device="cuda")
     return q, k, v, kwargs
@@ -160,6 +165,37 @@ def kvcache_calls(dtype) -> int:
     return len(KVCACHE_CASES) + 1
 
 
+# Paged variable-length batches (the forward reading k and v through a block table, and the backward
+# on the gathered pages): (head_dim, page size), three sequences of ragged lengths, GQA 4/2, pages
+# shuffled, the block table's entries past each sequence out of range (never read).
+PAGED_CASES = [(32, 16), (64, 1), (96, 5), (128, 64), (192, 7), (256, 256), (72, 16)]
+
+
+def paged_calls(dtype) -> int:
+    """Runs every PAGED_CASES case on dtype, forward and backward (causal, then with seqused_k and a
+    window); returns the number of calls."""
+    from flashattn import flash_attn_varlen_func
+
+    lengths_q, lengths_k = [7, 0, 130], [200, 3, 130]
+    for i, (head_dim, page) in enumerate(PAGED_CASES):
+        counts = [-(-n // page) for n in lengths_k]
+        pages = torch.randperm(sum(counts), device="cuda").to(torch.int32)
+        table = torch.full((3, max(counts) + 1), 10**6, device="cuda", dtype=torch.int32)
+        for b, start in enumerate([0, counts[0], counts[0] + counts[1]]):
+            table[b, : counts[b]] = pages[start : start + counts[b]]
+        k, v = (torch.randn(sum(counts), page, 2, head_dim, device="cuda", dtype=dtype, requires_grad=True)
+                for _ in range(2))
+        q = torch.randn(sum(lengths_q), 4, head_dim, device="cuda", dtype=dtype, requires_grad=True)
+        cu_q = torch.tensor([0, 7, 7, 137], device="cuda", dtype=torch.int32)
+        cu_k = torch.tensor([0, 200, 203, 333], device="cuda", dtype=torch.int32)
+        extra = {"seqused_k": torch.tensor([150, 3, 1], device="cuda", dtype=torch.int32),
+                 "window_size": (33, 4)} if i % 2 else {"causal": True}  # fmt: skip
+        out = flash_attn_varlen_func(q, k, v, cu_q, cu_k, 130, 200, block_table=table, deterministic=i % 3 == 0,
+                                     **extra)
+        out.backward(torch.randn_like(out))
+    return 2 * len(PAGED_CASES)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sweep", choices=["full", "small"], default="full")
@@ -176,9 +212,11 @@ def main() -> None:
             torch.ops.flashattn.bwd(dout, q, k, v, out, lse, scale, causal, deterministic, **kwargs)
             backward_calls += 1
     kvcache = sum(kvcache_calls(dtype) for dtype in DTYPES)
+    paged = sum(paged_calls(dtype) for dtype in DTYPES)
     torch.cuda.synchronize()
+    flashattn.check_faults()  # the block tables' out-of-range entries past each sequence were never read
     print(f"sanitize driver: {forward_calls} forward and {backward_calls} backward calls completed "
-          f"(sweep {args.sweep}), and {kvcache} KV-cache calls")
+          f"(sweep {args.sweep}), {kvcache} KV-cache calls and {paged} paged varlen calls")
 
 
 if __name__ == "__main__":

@@ -15,7 +15,8 @@ silent copy: FlashAttention-2 refuses it too, and a copy would hide a layout
 bug upstream); empty batches and sequences are fine (see test_forward.py and
 test_backward.py). The variable-length functions take q (total_q, H, D), k and
 v (total_k, Hk, D), cu_seqlens_q/k int32 (B + 1,) on q's device (their values
-checked on CPU only) and max_seqlen_q/k non-negative ints; block_table must be None.
+checked on CPU only) and max_seqlen_q/k non-negative ints (paged k and v, seqused and their
+errors: test_paged_varlen.py).
 """
 
 import importlib
@@ -517,14 +518,6 @@ def test_varlen_alibi_slopes_count_sequences(device):
     with pytest.raises(ValueError, match=r"\(batch, nheads\) = \(3, 4\), got shape \(10, 4\)"):
         flash_attn_varlen_func(**args, alibi_slopes=torch.ones(10, 4, device=device))
     assert flash_attn_varlen_func(**args, alibi_slopes=torch.ones(3, 4, device=device)).shape == (10, 4, 16)
-
-
-@pytest.mark.parametrize("device", DEVICES)
-def test_block_table_is_refused_by_name(device):
-    block_table = torch.zeros(3, 1, dtype=torch.int32, device=device)
-    with pytest.raises(NotImplementedError, match=r"block_table \(a paged KV cache\) is not implemented yet .*"
-                                                  r"only block_table=None is supported"):
-        flash_attn_varlen_func(**_varlen_args(device), block_table=block_table)
 
 
 @pytest.mark.parametrize("device", DEVICES)

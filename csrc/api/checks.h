@@ -72,21 +72,27 @@ bool readable_in_place(const at::Tensor& t) {
     return t.numel() == 0 || (strides_aligned(t) && reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0);
 }
 
-// The two layouts: padded (batch, seqlen, heads, head_dim) or, with cu_seqlens,
-// packed (total, heads, head_dim).
+// The layouts: padded (batch, seqlen, heads, head_dim) or, with cu_seqlens,
+// packed (total, heads, head_dim); a packed batch with a block table (paged)
+// has k and v as pages (num_blocks, page_block_size, heads_k, head_dim).
 struct Layout {
     bool varlen;
-    int64_t rank() const { return varlen ? 3 : 4; }
+    bool paged = false;
+    static bool is_kv(const std::string& name) { return name == "k" || name == "v"; }
+    int64_t rank(const std::string& name = "q") const { return varlen && !(paged && is_kv(name)) ? 3 : 4; }
     // The shape the tensor called `name` must have, in the words of the Python API.
     std::string shape(const std::string& name) const {
         if (name == "k_cache" || name == "v_cache") return "(batch_cache, seqlen_cache, nheads_k, headdim)";
         if (name == "q" || name == "out" || name == "dout") {
             return varlen ? "(total_q, nheads, headdim)" : "(batch, seqlen_q, nheads, headdim)";
         }
+        if (paged) return "(num_blocks, page_block_size, nheads_k, headdim)";
         return varlen ? "(total_k, nheads_k, headdim)" : "(batch, seqlen_k, nheads_k, headdim)";
     }
-    int64_t batch_stride(const at::Tensor& t) const { return varlen ? 0 : t.stride(0); }
-    int64_t rows(const at::Tensor& t) const { return varlen ? t.size(0) : t.size(1); }
+    // Pages step by their stride like a padded batch's sequences.
+    int64_t batch_stride(const at::Tensor& t) const { return t.dim() == 4 ? t.stride(0) : 0; }
+    // Rows of one sequence (padded), of the whole batch (packed), or of every page.
+    int64_t rows(const at::Tensor& t) const { return t.dim() == 4 ? (varlen ? t.size(0) * t.size(1) : t.size(1)) : t.size(0); }
 };
 
 void check_same_device(const at::Tensor& t, const char* name, const at::Tensor& q) {
@@ -97,7 +103,7 @@ void check_same_device(const at::Tensor& t, const char* name, const at::Tensor& 
 // Rank, device and dtype: what every data tensor must have (q: a dtype of the
 // kernels; the others: q's).
 void check_tensor(const at::Tensor& t, const char* name, const at::Tensor& q, const Layout& layout) {
-    TORCH_CHECK_VALUE(t.dim() == layout.rank(), "flashattn: ", name, " must be ", str(layout.rank()), "-D ",
+    TORCH_CHECK_VALUE(t.dim() == layout.rank(name), "flashattn: ", name, " must be ", str(layout.rank(name)), "-D ",
                       layout.shape(name), ", got shape ", str(t.sizes()));
     check_same_device(t, name, q);
     TORCH_CHECK(t.is_cuda(), "flashattn: ", name, " must be a CUDA tensor (got device ", t.device().str(), ")");
@@ -181,7 +187,7 @@ void check_qkv(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, co
                       "); q, k and v must share one headdim");
     TORCH_CHECK_VALUE(head_dim >= 1 && head_dim <= flash::kMaxHeadDim, "flashattn: headdim ", str(head_dim), " (",
                       shapes, ") is not supported; accepted: 1 to ", str(flash::kMaxHeadDim));
-    const std::string heads_dim = str(layout.rank() - 2);
+    const std::string heads_dim = str(layout.rank("q") - 2), heads_dim_k = str(layout.rank("k") - 2);
     // Heads that disagree but agree read as SDPA's (batch, nheads, seqlen, headdim): say so
     // (the same words as flashattn/cpu.py's _sdpa_layout_hint).
     const bool sdpa_layout = !layout.varlen && k.size(1) > 0 && q.size(1) % k.size(1) == 0;
@@ -192,7 +198,7 @@ void check_qkv(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, co
                     : std::string();
     TORCH_CHECK_VALUE(num_heads_k > 0 && num_heads % num_heads_k == 0,
                       "flashattn: the number of query heads (q.shape[", heads_dim, "] = ", str(num_heads),
-                      ") must be a multiple of the number of key/value heads (k.shape[", heads_dim,
+                      ") must be a multiple of the number of key/value heads (k.shape[", heads_dim_k,
                       "] = ", str(num_heads_k), ")", sdpa_hint);
     check_last_dim_contiguous(q, "q");
     check_last_dim_contiguous(k, "k");
@@ -254,6 +260,41 @@ void check_index_tensor(const std::optional<at::Tensor>& t, const char* name, co
                       str(t->sizes()));
     check_same_device(*t, name, q);
     TORCH_CHECK_VALUE(t->is_contiguous(), "flashattn: ", name, " must be contiguous");
+}
+
+// The per-sequence tensors of a variable-length batch: seqused_q, seqused_k,
+// leftpad_k (int32 [B]) and block_table (int32 [B, max_blocks_per_seq]), each
+// needing cu_seqlens; with block_table, k and v are pages, shared by q's
+// batch (check_qkv has checked their shapes agree). Their values are checked
+// where the kernels read them (common/mask.cuh, sm80/kvcache/kv_rows.cuh).
+void check_sequences(const at::Tensor& q, const at::Tensor& k, const Layout& layout, int64_t batch,
+                     const std::optional<at::Tensor>& seqused_q, const std::optional<at::Tensor>& seqused_k,
+                     const std::optional<at::Tensor>& leftpad_k, const std::optional<at::Tensor>& block_table) {
+    check_index_tensor(seqused_q, "seqused_q", q, batch, false);
+    check_index_tensor(seqused_k, "seqused_k", q, batch, false);
+    check_index_tensor(leftpad_k, "leftpad_k", q, batch, false);
+    check_index_tensor(block_table, "block_table", q, batch, true);
+    TORCH_CHECK_VALUE(!(block_table.has_value() && leftpad_k.has_value()),
+                      "flashattn: leftpad_k cannot be combined with block_table (a paged KV cache)");
+    if (block_table.has_value()) {
+        TORCH_CHECK_VALUE(batch == 0 || block_table->size(1) == 0 || k.size(0) > 0,
+                          "flashattn: k holds no page but block_table lists ", str(block_table->size(1)),
+                          " per sequence");
+        TORCH_CHECK_VALUE(block_table->size(1) * k.size(1) <= INT32_MAX,
+                          "flashattn: block_table's pages x page_block_size must fit in int32");
+    }
+}
+
+// seqused_q, seqused_k, leftpad_k and block_table are for variable-length
+// batches only (before check_qkv: block_table changes k's expected rank).
+void check_needs_varlen(const Layout& layout, const std::optional<at::Tensor>& seqused_q,
+                        const std::optional<at::Tensor>& seqused_k, const std::optional<at::Tensor>& leftpad_k,
+                        const std::optional<at::Tensor>& block_table) {
+    for (const auto& [name, t] : {std::pair<const char*, const std::optional<at::Tensor>&>{"seqused_q", seqused_q},
+                                  {"seqused_k", seqused_k}, {"leftpad_k", leftpad_k}, {"block_table", block_table}}) {
+        TORCH_CHECK_VALUE(!t.has_value() || layout.varlen, "flashattn: ", name,
+                          " needs a variable-length batch (cu_seqlens_q and cu_seqlens_k)");
+    }
 }
 
 // flash_attn_with_kvcache's tensors: q, the cache (written in place, so read

@@ -67,6 +67,10 @@ inline const char* argument_name(int argument) {
         case flash::IndexArgument::kCacheBatchIdx: return "cache_batch_idx";
         case flash::IndexArgument::kBlockTable: return "block_table";
         case flash::IndexArgument::kRotaryPosition: return "rotary_cos/rotary_sin row of sequence";
+        case flash::IndexArgument::kSequsedQ: return "seqused_q";
+        case flash::IndexArgument::kSequsedK: return "seqused_k";
+        case flash::IndexArgument::kLeftpadK: return "leftpad_k";
+        case flash::IndexArgument::kCuSeqlensK: return "the length (cu_seqlens_k[b + 1] - cu_seqlens_k[b]) of sequence";
     }
     return "an index";
 }

@@ -97,6 +97,27 @@ void set_params(flash::FwdParams& params, const at::Tensor& q, const at::Tensor&
     params.max_smem_per_block = max_smem_per_block;
 }
 
+// The per-sequence options of a variable-length batch (checks.h:
+// check_sequences): lengths that narrow the sequences, and pages for k and v.
+void set_sequences(flash::FwdParams& params, const at::Tensor& q, const at::Tensor& k,
+                   const std::optional<at::Tensor>& seqused_q, const std::optional<at::Tensor>& seqused_k,
+                   const std::optional<at::Tensor>& leftpad_k, const std::optional<at::Tensor>& block_table) {
+    params.seqused_q = seqused_q.has_value() ? seqused_q->data_ptr<int>() : nullptr;
+    params.seqused_k = seqused_k.has_value() ? seqused_k->data_ptr<int>() : nullptr;
+    params.leftpad_k = leftpad_k.has_value() ? leftpad_k->data_ptr<int>() : nullptr;
+    if (block_table.has_value()) {
+        params.block_table = block_table->data_ptr<int>();
+        params.block_table_batch_stride = block_table->stride(0);
+        params.page_size = static_cast<int>(k.size(1));
+        params.kv_capacity = static_cast<int>(block_table->size(1) * k.size(1));
+        params.kv_cache_batch = static_cast<int>(k.size(0));
+        params.num_splits = 1;
+    }
+    if (seqused_q || seqused_k || leftpad_k || block_table) {  // values the kernels check (index_check.cuh)
+        params.faults = fault_sink(q.get_device(), c10::cuda::getCurrentCUDAStream(q.get_device()).stream());
+    }
+}
+
 void check_launch(cudaError_t err, const char* pass, const at::Tensor& q, const flash::FwdParams& params,
                   const Family& family) {
     TORCH_CHECK(err == cudaSuccess, "flashattn: ", pass, " kernel (", family.name, ", head_dim ",
@@ -117,19 +138,25 @@ std::tuple<at::Tensor, at::Tensor> mha_fwd(const at::Tensor& q,  // [B, Sq, H, D
                                            const std::optional<at::Tensor>& rng_state,
                                            const std::optional<at::Tensor>& cu_seqlens_q,
                                            const std::optional<at::Tensor>& cu_seqlens_k, int64_t max_seqlen_q,
-                                           int64_t max_seqlen_k) {
-    const Layout layout = check_varlen(q, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k);
+                                           int64_t max_seqlen_k, const std::optional<at::Tensor>& seqused_q,
+                                           const std::optional<at::Tensor>& seqused_k,
+                                           const std::optional<at::Tensor>& leftpad_k,
+                                           const std::optional<at::Tensor>& block_table) {
+    Layout layout = check_varlen(q, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k);
+    check_needs_varlen(layout, seqused_q, seqused_k, leftpad_k, block_table);
+    layout.paged = block_table.has_value();
     check_qkv(q, k, v, layout);
     const DeviceKernels kernels = device_kernels(q.get_device());
     raise_recorded_fault(q.get_device(), c10::cuda::getCurrentCUDAStream(q.get_device()).stream());
     const int64_t batch = layout.varlen ? cu_seqlens_q->size(0) - 1 : q.size(0);
     check_options(q, batch, window_left, window_right, alibi_slopes, dropout_p, rng_state);
+    check_sequences(q, k, layout, batch, seqused_q, seqused_k, leftpad_k, block_table);
     const c10::cuda::CUDAGuard device_guard(q.device());
     const int64_t rows = layout.rows(q), num_heads = q.size(-2);
-    // Rows past cu_seqlens_q[-1] belong to no sequence and no block writes them: zeros
-    // (batches padded for CUDA graphs carry such rows), as on CPU.
+    // Rows no block writes (past cu_seqlens_q[-1], which batches padded for CUDA
+    // graphs carry, or past a sequence's seqused_q): out 0 and lse -inf, as on CPU.
     at::Tensor out = layout.varlen ? at::zeros(q.sizes(), q.options()) : at::empty(q.sizes(), q.options());
-    at::Tensor lse = layout.varlen ? at::empty({num_heads, rows}, q.options().dtype(at::kFloat))
+    at::Tensor lse = layout.varlen ? at::full({num_heads, rows}, -INFINITY, q.options().dtype(at::kFloat))
                                    : at::empty({batch, num_heads, rows}, q.options().dtype(at::kFloat));
     if (batch == 0 || rows == 0 || num_heads == 0) return {out, lse};
 
@@ -138,6 +165,7 @@ std::tuple<at::Tensor, at::Tensor> mha_fwd(const at::Tensor& q,  // [B, Sq, H, D
     set_params(params, q_in, k_in, v_in, out, lse, layout, batch, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, dropout_p,
                rng_state, kernels.max_smem_per_block);
+    set_sequences(params, q, k, seqused_q, seqused_k, leftpad_k, block_table);
     check_launch(kernels.family->run_fwd(params, c10::cuda::getCurrentCUDAStream().stream()), "forward", q, params,
                  *kernels.family);
     return {out, lse};
@@ -159,13 +187,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> mha_bwd(
     double softmax_scale, bool causal, bool deterministic, int64_t window_left, int64_t window_right,
     double softcap, const std::optional<at::Tensor>& alibi_slopes, double dropout_p,
     const std::optional<at::Tensor>& rng_state, const std::optional<at::Tensor>& cu_seqlens_q,
-    const std::optional<at::Tensor>& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k) {
+    const std::optional<at::Tensor>& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
+    const std::optional<at::Tensor>& seqused_q, const std::optional<at::Tensor>& seqused_k,
+    const std::optional<at::Tensor>& leftpad_k) {
     const Layout layout = check_varlen(q, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k);
+    check_needs_varlen(layout, seqused_q, seqused_k, leftpad_k, std::nullopt);
     check_qkv(q, k, v, layout);
     const DeviceKernels kernels = device_kernels(q.get_device());
     raise_recorded_fault(q.get_device(), c10::cuda::getCurrentCUDAStream(q.get_device()).stream());
     const int64_t batch = layout.varlen ? cu_seqlens_q->size(0) - 1 : q.size(0);
     check_options(q, batch, window_left, window_right, alibi_slopes, dropout_p, rng_state);
+    check_sequences(q, k, layout, batch, seqused_q, seqused_k, leftpad_k, std::nullopt);
     check_tensor(dout, "dout", q, layout);
     check_input(out, "out", q, layout);
     TORCH_CHECK(dout.sizes() == q.sizes() && out.sizes() == q.sizes(), "flashattn: dout ", str(dout.sizes()),
@@ -189,8 +221,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> mha_bwd(
     }
     if (rows == 0) return {dq, dk.zero_(), dv.zero_()};
     // A key no query sees gets no block's attention in a variable-length batch
-    // whose sequences leave rows unassigned, nor does a query row past
-    // cu_seqlens_q[-1]; zeroing first covers them.
+    // whose sequences leave rows unassigned (or cut them with seqused_k,
+    // leftpad_k), nor does a query row past cu_seqlens_q[-1] or seqused_q;
+    // zeroing first covers them.
     if (layout.varlen) {
         dq.zero_();
         dk.zero_();
@@ -208,6 +241,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> mha_bwd(
     set_params(params, q_in, k_in, v_in, out_in, lse, layout, batch, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, dropout_p,
                rng_state, kernels.max_smem_per_block);
+    set_sequences(params, q, k, seqused_q, seqused_k, leftpad_k, std::nullopt);
     params.do_ptr = dout_rows.data_ptr();
     params.dq_ptr = dq.data_ptr();
     params.dk_ptr = dk.data_ptr();

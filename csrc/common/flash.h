@@ -16,6 +16,10 @@ enum class IndexArgument : int {
     kCacheBatchIdx,
     kBlockTable,
     kRotaryPosition,
+    kSequsedQ,
+    kSequsedK,
+    kLeftpadK,
+    kCuSeqlensK,  // a paged sequence's length (cu_seqlens_k) past its block table
 };
 
 // The first out-of-range index a device met, in host memory the kernels write
@@ -67,6 +71,15 @@ struct FwdParams {
     const int* __restrict__ cu_seqlens_k;
     int total_q;
     int total_k;
+    // Variable-length batches only, each nullptr or int32 [B] (device): sequence
+    // b uses its first seqused_q[b] queries (the rest of its rows are left
+    // alone) and its keys [leftpad_k[b], seqused_k[b]) counted from its first
+    // (the cu_seqlens lengths where nullptr; leftpad_k below). With block_table
+    // (below) k and v are pages and cu_seqlens_k / seqused_k give the lengths
+    // only: sequence b's key row r is row r of the pages its block-table row
+    // lists. Out-of-range values are clamped and recorded (index_check.cuh).
+    const int* __restrict__ seqused_q;
+    const int* __restrict__ seqused_k;
     // lse (and the backward's D) of row i of head h of sequence b:
     // lse_ptr[b * lse_batch_stride + h * lse_head_stride + row_start + i].
     int64_t lse_batch_stride, lse_head_stride;
@@ -103,12 +116,17 @@ struct FwdParams {
     // softcap, ALiBi or dropout is on: selects the kernels that implement them.
     bool has_extras;
 
-    // KV cache (flash_attn_with_kvcache, the Is_kvcache kernels): batch b's keys are
-    // rows [k_start, cache_seqlens[b] + seqlen_knew) of k/v's batch kv_batch_idx[b]
-    // (b if nullptr), k_start = leftpad_k[b] (0 if nullptr), seqlen_k counted from
-    // k_start. With block_table the cache is paged: key row r of batch b lies in
-    // page block_table[b * block_table_batch_stride + r / page_size] at row
-    // r % page_size, and k/v_batch_stride step from page to page.
+    // Keys read through a cache's indexing (the Is_kvcache kernels). For
+    // flash_attn_with_kvcache (cache_seqlens set): batch b's keys are rows
+    // [k_start, cache_seqlens[b] + seqlen_knew) of k/v's batch kv_batch_idx[b]
+    // (b if nullptr), k_start = leftpad_k[b] (0 if nullptr), seqlen_k counted
+    // from k_start. For a paged variable-length batch (cache_seqlens nullptr):
+    // the lengths above, rows counted from 0. With block_table the keys are
+    // paged: key row r of batch b lies in page block_table[b *
+    // block_table_batch_stride + r / page_size] at row r % page_size, and
+    // k/v_batch_stride step from page to page. leftpad_k also serves contiguous
+    // variable-length batches (any kernel): keys [cu_seqlens_k[b] + leftpad_k[b],
+    // cu_seqlens_k[b] + seqused_k[b]).
     const int* __restrict__ cache_seqlens;
     const int* __restrict__ leftpad_k;
     const int* __restrict__ kv_batch_idx;

@@ -24,25 +24,59 @@ struct Sequence {
     int kv_batch;
 };
 
+// flash_attn_with_kvcache's sequence b: its cache rows (flash.h).
+__device__ __forceinline__ Sequence cache_sequence_of(const FwdParams& params, int batch) {
+    const int cached = checked_index(params.cache_seqlens[batch], 0, params.kv_capacity - params.seqlen_knew,
+                                     params.faults, IndexArgument::kCacheSeqlens, batch);
+    const int k_start = params.leftpad_k == nullptr
+                            ? 0
+                            : checked_index(params.leftpad_k[batch], 0, cached, params.faults,
+                                            IndexArgument::kCacheLeftpad, batch);
+    const int kv_batch = params.kv_batch_idx == nullptr
+                             ? batch
+                             : checked_index(params.kv_batch_idx[batch], 0, params.kv_cache_batch - 1,
+                                             params.faults, IndexArgument::kCacheBatchIdx, batch);
+    return {params.seqlen_q, cached + params.seqlen_knew - k_start, 0, k_start, kv_batch};
+}
+
+// Sequence b of a variable-length batch: its cu_seqlens rows, cut by seqused_q/k
+// and leftpad_k, keys counted from 0 when paged (Is_kvcache with a block table).
+// The lengths that only narrow a sequence are clamped into it; cu_seqlens
+// themselves are the caller's promise (checks.h), except a paged sequence's
+// length, which must stay within its block-table row.
+template <bool Is_kvcache>
+__device__ __forceinline__ Sequence varlen_sequence_of(const FwdParams& params, int batch) {
+    const bool paged = Is_kvcache && params.block_table != nullptr;
+    const int q_start = params.cu_seqlens_q[batch];
+    int seqlen_q = params.cu_seqlens_q[batch + 1] - q_start;
+    if (params.seqused_q != nullptr) {
+        seqlen_q = checked_index(params.seqused_q[batch], 0, max(seqlen_q, 0), params.faults,
+                                 IndexArgument::kSequsedQ, batch);
+    }
+    int k_start = paged ? 0 : params.cu_seqlens_k[batch];
+    int k_end = params.cu_seqlens_k[batch + 1] - params.cu_seqlens_k[batch];
+    if (paged && params.seqused_k == nullptr) {
+        k_end = checked_index(k_end, 0, params.kv_capacity, params.faults, IndexArgument::kCuSeqlensK, batch);
+    }
+    if (params.seqused_k != nullptr) {
+        k_end = checked_index(params.seqused_k[batch], 0, paged ? params.kv_capacity : max(k_end, 0), params.faults,
+                              IndexArgument::kSequsedK, batch);
+    }
+    const int leftpad = params.leftpad_k == nullptr
+                            ? 0
+                            : checked_index(params.leftpad_k[batch], 0, max(k_end, 0), params.faults,
+                                            IndexArgument::kLeftpadK, batch);
+    k_start += leftpad;
+    return {seqlen_q, k_end - leftpad, q_start, k_start, batch};
+}
+
+// Sequence b's lengths and where its rows start (Is_kvcache: the kernels that
+// read keys through a cache's indexing, flash.h).
 template <bool Is_kvcache>
 __device__ __forceinline__ Sequence sequence_of(const FwdParams& params, int batch) {
-    if constexpr (Is_kvcache) {
-        const int cached = checked_index(params.cache_seqlens[batch], 0, params.kv_capacity - params.seqlen_knew,
-                                         params.faults, IndexArgument::kCacheSeqlens, batch);
-        const int k_start = params.leftpad_k == nullptr
-                                ? 0
-                                : checked_index(params.leftpad_k[batch], 0, cached, params.faults,
-                                                IndexArgument::kCacheLeftpad, batch);
-        const int kv_batch = params.kv_batch_idx == nullptr
-                                 ? batch
-                                 : checked_index(params.kv_batch_idx[batch], 0, params.kv_cache_batch - 1,
-                                                 params.faults, IndexArgument::kCacheBatchIdx, batch);
-        return {params.seqlen_q, cached + params.seqlen_knew - k_start, 0, k_start, kv_batch};
-    }
+    if (Is_kvcache && params.cache_seqlens != nullptr) return cache_sequence_of(params, batch);
     if (params.cu_seqlens_q == nullptr) return {params.seqlen_q, params.seqlen_k, 0, 0, batch};
-    const int q_start = params.cu_seqlens_q[batch], k_start = params.cu_seqlens_k[batch];
-    return {params.cu_seqlens_q[batch + 1] - q_start, params.cu_seqlens_k[batch + 1] - k_start, q_start, k_start,
-            batch};
+    return varlen_sequence_of<Is_kvcache>(params, batch);
 }
 
 struct Window {

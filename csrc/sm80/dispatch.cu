@@ -1,5 +1,5 @@
 // The sm80 family's forward and backward entry points (sm80.h): runtime (dtype,
-// head dim, local, extras) -> one compiled instantiation.
+// head dim, local, extras; paged keys) -> one compiled instantiation.
 #include "common/flash.h"
 #include "common/static_switch.h"
 #include "sm80/sm80.h"
@@ -11,6 +11,9 @@ template <typename Element, int kHeadDim, bool Is_local, bool Has_extras>
 cudaError_t run_fwd_(const FwdParams& params, cudaStream_t stream);
 template <typename Element, int kHeadDim, bool Is_local, bool Has_extras>
 cudaError_t run_bwd_(const BwdParams& params, cudaStream_t stream);
+// Defined in instantiations/sm80_fwd_paged_*.cu.
+template <typename Element, int kHeadDim>
+cudaError_t run_fwd_paged_(const FwdParams& params, cudaStream_t stream);
 
 int kernel_head_dim(int head_dim) {
     return FLASH_HEADDIM_SWITCH(head_dim, kHeadDim, [&] { return kHeadDim; });
@@ -19,6 +22,7 @@ int kernel_head_dim(int head_dim) {
 cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream) {
     return FLASH_DTYPE_SWITCH(params.dtype, Element, [&] {
         return FLASH_HEADDIM_SWITCH(params.head_dim, kHeadDim, [&] {
+            if (params.block_table != nullptr) return run_fwd_paged_<Element, kHeadDim>(params, stream);
             return FLASH_BOOL_SWITCH(params.is_local, Is_local, [&] {
                 return FLASH_BOOL_SWITCH(params.has_extras, Has_extras, [&] {
                     return run_fwd_<Element, kHeadDim, Is_local, Has_extras>(params, stream);

@@ -11,7 +11,8 @@ namespace flash::sm80 {
 template <typename Traits, bool Is_local, bool Has_extras, bool Is_kvcache = false>
 cudaError_t launch_fwd(const FwdParams& params, cudaStream_t stream) {
     auto kernel = &fwd_kernel<Traits, Is_local, Has_extras, Is_kvcache>;
-    constexpr int kSmem = Traits::kSmemBytes;
+    // The KV-cache kernels stage block-table entries after the tiles (kvcache/kv_rows.cuh).
+    constexpr int kSmem = Traits::kSmemBytes + (Is_kvcache ? PageEntryStage<Traits::kBlockN>::kBytes : 0);
     if (kSmem > params.max_smem_per_block) return cudaErrorInvalidConfiguration;
     // Dynamic shared memory above 48 KB must be opted into per kernel.
     if (kSmem > 48 * 1024) {
@@ -25,18 +26,34 @@ cudaError_t launch_fwd(const FwdParams& params, cudaStream_t stream) {
     return cudaGetLastError();
 }
 
-template <typename Element, int kHeadDim, bool Is_local, bool Has_extras>
-cudaError_t run_fwd_(const FwdParams& params, cudaStream_t stream) {
+// The fastest tile config of the head dim whose shared memory the device has.
+template <typename Element, int kHeadDim, bool Is_local, bool Has_extras, bool Is_kvcache = false>
+cudaError_t launch_fwd_fastest(const FwdParams& params, cudaStream_t stream) {
     using Fast = FwdTraitsFor<kHeadDim, Element>;
     using Small = FwdTraitsFor<kHeadDim, Element, FwdSmallSmemConfig<kHeadDim>>;
-    static_assert(Small::kSmemBytes <= kSmallSmemPerBlock, "the small-smem config must fit sm_86/sm_89");
-    if constexpr (Fast::kSmemBytes <= kSmallSmemPerBlock) {
-        return launch_fwd<Fast, Is_local, Has_extras>(params, stream);
+    constexpr int kStaged = Is_kvcache ? PageEntryStage<Fast::kBlockN>::kBytes : 0;
+    static_assert(Small::kSmemBytes + kStaged <= kSmallSmemPerBlock, "the small-smem config must fit sm_86/sm_89");
+    if constexpr (Fast::kSmemBytes + kStaged <= kSmallSmemPerBlock) {
+        return launch_fwd<Fast, Is_local, Has_extras, Is_kvcache>(params, stream);
     } else {
-        return params.max_smem_per_block >= Fast::kSmemBytes
-                   ? launch_fwd<Fast, Is_local, Has_extras>(params, stream)
-                   : launch_fwd<Small, Is_local, Has_extras>(params, stream);
+        return params.max_smem_per_block >= Fast::kSmemBytes + kStaged
+                   ? launch_fwd<Fast, Is_local, Has_extras, Is_kvcache>(params, stream)
+                   : launch_fwd<Small, Is_local, Has_extras, Is_kvcache>(params, stream);
     }
+}
+
+template <typename Element, int kHeadDim, bool Is_local, bool Has_extras>
+cudaError_t run_fwd_(const FwdParams& params, cudaStream_t stream) {
+    return launch_fwd_fastest<Element, kHeadDim, Is_local, Has_extras>(params, stream);
+}
+
+// A paged variable-length batch (block_table): the kernel that reads keys
+// through the block table, with the window and the extras decided at run time
+// (one instantiation per dtype and head dim), in the forward's tile config.
+template <typename Element, int kHeadDim>
+cudaError_t run_fwd_paged_(const FwdParams& params, cudaStream_t stream) {
+    return launch_fwd_fastest<Element, kHeadDim, /*Is_local=*/true, /*Has_extras=*/true, /*Is_kvcache=*/true>(
+        params, stream);
 }
 
 }  // namespace flash::sm80

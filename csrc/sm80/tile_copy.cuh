@@ -57,15 +57,16 @@ struct TileCopy {
     }
 
     // load_async for a tile whose rows are not evenly spaced: row r of the tile
-    // is at rows.row(first_row + r) (a paged KV cache). Rows past `rows_valid`
-    // are zero-filled without asking `rows` where they are.
+    // is at rows.row(first_row + r) (a paged KV cache), which must answer for
+    // every row of the tile (without a branch; a row past `rows_valid` may
+    // answer anything, it is zero-filled without being read).
     template <typename Element, typename Rows>
     __device__ __forceinline__ void load_async_rows(uint32_t smem_tile, const Rows& rows, int first_row,
                                                     int rows_valid, int cols_valid) const {
 #pragma unroll
         for (int pass = 0; pass < kPasses; ++pass) {
             const bool row_valid = row0 + pass * kRowsPerPass < rows_valid;
-            const Element* src = row_valid ? rows.row(first_row + row0 + pass * kRowsPerPass) : rows.base;
+            const Element* src = rows.row(first_row + row0 + pass * kRowsPerPass);
 #pragma unroll
             for (int blk = 0; blk < kBlocks; ++blk) {
                 const int col = col0 + blk * Tile::kBlockChunks * Tile::kChunkElems;

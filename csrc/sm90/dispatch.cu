@@ -47,8 +47,9 @@ cudaError_t run_fwd_head_dim(const FwdParams& params, cudaStream_t stream) {
 
 bool serves(const FwdParams& params) {
     const int smem = FLASH_HEADDIM_SWITCH(params.head_dim, kHeadDim, [&] { return fwd_smem_bytes<kHeadDim>(); });
+    // Paged keys (block_table) stay with sm80's paged path.
     return params.head_dim > 32 && params.alibi_slopes_ptr == nullptr && params.rng_state == nullptr &&
-           smem <= params.max_smem_per_block && tensor_maps_fit(params);
+           params.block_table == nullptr && smem <= params.max_smem_per_block && tensor_maps_fit(params);
 }
 
 cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream) {

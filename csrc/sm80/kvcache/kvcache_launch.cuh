@@ -34,7 +34,8 @@ cudaError_t run_fwd_kvcache_(const FwdParams& params, cudaStream_t stream) {
                                   : launch_decode<DecodeTraits<kHeadDim, Element, false>>(params, stream);
     }
     using Traits = KvcacheTraits<kHeadDim, Element>;
-    static_assert(Traits::kSmemBytes <= kSmallSmemPerBlock, "the KV-cache config must fit sm_86/sm_89");
+    static_assert(Traits::kSmemBytes + PageEntryStage<Traits::kBlockN>::kBytes <= kSmallSmemPerBlock,
+                  "the KV-cache config must fit sm_86/sm_89");
     const cudaError_t err =
         launch_fwd<Traits, /*Is_local=*/true, /*Has_extras=*/true, /*Is_kvcache=*/true>(params, stream);
     if (err != cudaSuccess || params.num_splits <= 1) return err;

@@ -1,0 +1,125 @@
+"""Paged against contiguous variable-length attention on the same tokens: flash_attn_varlen_func's
+forward with k and v in pages (block_table; page sizes 16 and 256, pages shuffled) and with the same
+keys packed, causal, bf16, H = 32, Hk = 8 (GQA), for full prefills and chunked prefills (a chunk of
+queries at the end of a longer cache). Each row checks that both give the same out, times both in one
+process and writes the ratio; results.csv and results.md go to the output folder.
+
+    python -m benchmarks paged [--out DIR]
+"""
+import csv
+import sys
+
+import torch
+
+from benchmarks.arguments import add_out
+from benchmarks.environment import dated_folder, gpu_header, header_lines, results_folder, slug
+from benchmarks.tables import table_lines
+from benchmarks.timing import FWD_REP_MS, FWD_WARMUP_MS
+
+PROG = "python -m benchmarks paged"
+HELP = "GPU: paged (block_table) vs contiguous varlen forward on the same tokens"
+HEADS, HEADS_K = 32, 8
+PAGE_SIZES = (16, 256)
+# name -> (query lengths, key lengths) per sequence: the queries are the last keys' positions.
+WORKLOADS = {
+    "prefill 8 x 2k": ([2048] * 8, [2048] * 8),
+    "chunk 512 of 4k x 8": ([512] * 8, [4096] * 8),
+    "chunk 1k of 16k x 2": ([1024] * 2, [16384] * 2),
+    "mixed 16 seqs": ([1, 37, 512, 900, 128, 2048, 1, 300, 64, 1500, 700, 33, 1024, 5, 256, 999],
+                      [4000, 37, 3000, 900, 8192, 2048, 17, 300, 5000, 1500, 700, 2000, 1024, 9000, 256, 999]),
+}
+
+
+def add_arguments(parser):
+    add_out(parser, "benchmarks/results/<date>-<gpu>-paged")
+    parser.add_argument("--head-dims", default="128,64", help="comma list of head dims (default 128,64)")
+
+
+def fwd_flops(lengths_q, lengths_k, head_dim):
+    """Causal forward FLOPs: 4 * D * H * (visible pairs), bottom-right aligned."""
+    pairs = sum(q * k - q * (q - 1) // 2 if k >= q else k * (k + 1) // 2 for q, k in zip(lengths_q, lengths_k))
+    return 4 * head_dim * HEADS * pairs
+
+
+def to_pages(keys, values, cu_k, lengths_k, page_size, gen):
+    """k and v as shuffled pages, and the block table."""
+    counts = [-(-n // page_size) for n in lengths_k]
+    num_pages = sum(counts)
+    order = torch.randperm(num_pages, generator=gen).tolist()
+    k_pages = keys.new_zeros((num_pages, page_size, *keys.shape[1:]))
+    v_pages = torch.zeros_like(k_pages)
+    table = torch.zeros(len(lengths_k), max(counts), dtype=torch.int32)
+    starts, used = cu_k.tolist(), 0
+    for b, n in enumerate(lengths_k):
+        for j in range(counts[b]):
+            page, rows = order[used], slice(starts[b] + j * page_size, min(starts[b] + (j + 1) * page_size, starts[b] + n))
+            used += 1
+            k_pages[page, : rows.stop - rows.start] = keys[rows]
+            v_pages[page, : rows.stop - rows.start] = values[rows]
+            table[b, j] = page
+    return k_pages, v_pages, table.to(keys.device)
+
+
+def run(args):
+    if not torch.cuda.is_available():
+        print(f"{PROG}: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    from triton.testing import do_bench
+
+    from flashattn import flash_attn_varlen_func
+
+    timing = f"triton.testing.do_bench median (warmup {FWD_WARMUP_MS} ms, rep {FWD_REP_MS} ms)"
+    header = gpu_header(timing)
+    print("\n".join(header_lines(header)), flush=True)
+    gen = torch.Generator().manual_seed(0)
+    rows = []
+    for head_dim in (int(d) for d in args.head_dims.split(",")):
+        for name, (lengths_q, lengths_k) in WORKLOADS.items():
+            cu_q = torch.tensor([0, *torch.tensor(lengths_q).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+            cu_k = torch.tensor([0, *torch.tensor(lengths_k).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+            q = torch.randn(sum(lengths_q), HEADS, head_dim, generator=gen).to("cuda", torch.bfloat16)
+            k, v = (torch.randn(sum(lengths_k), HEADS_K, head_dim, generator=gen).to("cuda", torch.bfloat16)
+                    for _ in range(2))
+            common = dict(max_seqlen_q=max(lengths_q), max_seqlen_k=max(lengths_k), causal=True)
+            contiguous = lambda: flash_attn_varlen_func(q, k, v, cu_q, cu_k, **common)  # noqa: E731
+            want = contiguous()
+            base_ms = do_bench(contiguous, warmup=FWD_WARMUP_MS, rep=FWD_REP_MS, return_mode="median")
+            # The same call through the kernel variant the paged path runs (softcap/ALiBi/dropout compiled
+            # in, switched off at run time: zero ALiBi slopes): what paging itself costs is paged / this.
+            zero_slopes = torch.zeros(HEADS, device="cuda")
+            extras = lambda: flash_attn_varlen_func(q, k, v, cu_q, cu_k, **common, alibi_slopes=zero_slopes)  # noqa: E731
+            extras_ms = do_bench(extras, warmup=FWD_WARMUP_MS, rep=FWD_REP_MS, return_mode="median")
+            flops = fwd_flops(lengths_q, lengths_k, head_dim)
+            for page_size in PAGE_SIZES:
+                k_pages, v_pages, table = to_pages(k, v, cu_k, lengths_k, page_size, gen)
+                paged = lambda: flash_attn_varlen_func(q, k_pages, v_pages, cu_q, cu_k, **common,  # noqa: E731
+                                                       block_table=table)
+                same = torch.equal(paged(), want)
+                ms = do_bench(paged, warmup=FWD_WARMUP_MS, rep=FWD_REP_MS, return_mode="median")
+                row = {"head_dim": head_dim, "workload": name, "page_size": page_size,
+                       "contiguous_ms": round(base_ms, 4), "contiguous_extras_kernel_ms": round(extras_ms, 4),
+                       "paged_ms": round(ms, 4),
+                       "paged_over_contiguous": round(ms / base_ms, 3),
+                       "contiguous_tflops": round(flops / base_ms / 1e9, 1), "paged_tflops": round(flops / ms / 1e9, 1),
+                       "same_out": same}
+                rows.append(row)
+                print(f"d{head_dim} {name:22s} page {page_size:3d}: contiguous {base_ms:.3f} ms (extras kernel "
+                      f"{extras_ms:.3f}), paged {ms:.3f} ms (x{ms / base_ms:.3f}), same out: {same}", flush=True)
+                del k_pages, v_pages
+    folder = results_folder(args.out, dated_folder(f"{slug(torch.cuda.get_device_name())}-paged"))
+    with open(folder / "results.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    lines = header_lines(header) + ["", *table_lines(["D", "workload", "page", "contiguous ms",
+                                                          "contiguous, extras kernel ms", "paged ms",
+                                                          "paged / contiguous", "TFLOP/s (contig / paged)", "same out"])]
+    lines += [f"| {r['head_dim']} | {r['workload']} | {r['page_size']} | {r['contiguous_ms']:.3f} | "
+              f"{r['contiguous_extras_kernel_ms']:.3f} | {r['paged_ms']:.3f} | "
+              f"{r['paged_over_contiguous']:.3f} | {r['contiguous_tflops']} / {r['paged_tflops']} | {r['same_out']} |"
+              for r in rows]
+    (folder / "results.md").write_text("\n".join(lines) + "\n")
+    print(f"wrote {folder / 'results.md'}")
+    worst = max(r["paged_over_contiguous"] for r in rows)
+    print(f"worst paged / contiguous: {worst:.3f}; every out identical: {all(r['same_out'] for r in rows)}")
+    return 0

@@ -1,0 +1,531 @@
+"""Paged and cut variable-length batches: flash_attn_varlen_func with block_table (chunked prefill
+over a paged KV cache), seqused_q / seqused_k, and leftpad_k (through the private
+_flash_attn_varlen_forward entry point and the operator).
+
+Each sequence is checked against the reference run on that sequence alone, on exactly the
+queries and keys it uses (forward and backward, within the bounds of tests/helpers.py, every
+feature of tests/test_features.py, dropout drawn with the sequence's index); rows no sequence
+uses get out 0, lse -inf and zero gradients. Pages are shuffled in a pool larger than the batch
+needs, pool rows no sequence uses hold random values, and block-table entries past a sequence's
+pages hold out-of-range values: reading any of them shows. Values out of range raise on CPU at
+the call and on CUDA at the next call (the kernels clamp and record them), the process going on.
+"""
+
+import itertools
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import (
+    DEVICES,
+    assert_grads_match_reference,
+    assert_matches_reference,
+    case_seed,
+    poisoned_allocations,
+    run_backward,
+    run_forward,
+)
+from test_features import FEATURES, HEADS, feature_options
+from test_varlen import offsets, sequence_options
+
+import flashattn
+from flashattn import flash_attn_varlen_func
+from flashattn.flash_attn_interface import _flash_attn_varlen_forward
+from flashattn.interface import _flash_attn_forward
+
+# (query lengths, key lengths) of the sequences; keys >= queries where the chunk's own keys are
+# in the cache (chunked prefill), and a few the other way.
+LENGTHS = {
+    "mixed": ([0, 1, 113, 3, 97, 17], [5, 0, 203, 113, 300, 17]),
+    "chunks": ([64, 1, 128], [64, 129, 1000]),
+}
+GPU_LENGTHS = {**LENGTHS, "long": ([512, 0, 777, 1], [2048, 7, 2000, 513])}
+PAGE_SIZES = [16, 1, 256, 7, 64]
+GPU_HEAD_DIMS = [32, 64, 96, 128, 192, 256, 40]  # 40: padded to 48 on CUDA
+CPU_HEAD_DIMS = [32, 59]
+GPU_DTYPES = [torch.float16, torch.bfloat16]
+CPU_DTYPES = [torch.float32, torch.bfloat16]
+
+
+def pages_of(keys: list[torch.Tensor], page_size: int, device: str, gen: torch.Generator,
+             shared: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """The sequences' keys (each [L, Hk, D]) scattered into shuffled pages of a pool with spare pages
+    (every pool row no sequence uses random), and the block table that lists them; entries past a
+    sequence's pages are out of range (never read). shared > 0: every sequence's first `shared`
+    pages are sequence 0's (prefix sharing; their keys are sequence 0's)."""
+    counts = [-(-len(k) // page_size) for k in keys]
+    num_pages = sum(counts) + 3
+    width = max(counts, default=0) + 1
+    hk, d = keys[0].shape[1:] if keys else (1, 8)
+    dtype = keys[0].dtype if keys else torch.float32
+    pool = torch.randn(num_pages, page_size, hk, d, generator=gen, device=device).to(dtype)
+    order = torch.randperm(num_pages, generator=torch.Generator().manual_seed(int(gen.initial_seed()) % 2**31))
+    table = torch.tensor([[[-7, num_pages + 5][(b + j) % 2] for j in range(width)] for b in range(len(keys))],
+                         dtype=torch.int32)
+    used = 0
+    for b, k in enumerate(keys):
+        for j in range(counts[b]):
+            if j < shared and b > 0 and j < counts[0]:
+                table[b, j] = table[0, j]
+                continue
+            page = int(order[used])
+            used += 1
+            rows = k[j * page_size : (j + 1) * page_size]
+            pool[page, : len(rows)] = rows
+            table[b, j] = page
+    return pool, table.to(device)
+
+
+def sequence_keys(pool: torch.Tensor, table: torch.Tensor, b: int, length: int) -> torch.Tensor:
+    """Sequence b's first `length` key rows, gathered from its pages."""
+    pages = table[b, : -(-length // pool.shape[1])].long()
+    return pool[pages].flatten(0, 1)[:length]
+
+
+def paged_batch(lengths_q, lengths_k, heads, head_dim, dtype, device, seed, page_size, cut_q=False):
+    """q (total_q, H, D), k and v pages, the varlen arguments with block_table, and per sequence
+    (query rows, key length) that it uses. cut_q: seqused_q cuts some sequences' queries."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    num_heads, num_heads_k = heads
+    q = torch.randn(sum(lengths_q), num_heads, head_dim, generator=gen, device=device).to(dtype)
+    keys = [torch.randn(n, num_heads_k, head_dim, generator=gen, device=device).to(dtype) for n in lengths_k]
+    values = [torch.randn(n, num_heads_k, head_dim, generator=gen, device=device).to(dtype) for n in lengths_k]
+    k_pages, table = pages_of(keys, page_size, device, gen)
+    v_pages = torch.randn(k_pages.shape, generator=gen, device=device).to(dtype)
+    for b, v in enumerate(values):  # the same pages as k's
+        for j in range(-(-len(v) // page_size)):
+            rows = v[j * page_size : (j + 1) * page_size]
+            v_pages[table[b, j], : len(rows)] = rows
+    used_q = [n - (n // 3 if cut_q and b % 2 == 0 else 0) for b, n in enumerate(lengths_q)]
+    varlen = {
+        "cu_seqlens_q": offsets(lengths_q, device),
+        "cu_seqlens_k": offsets(lengths_k, device),
+        "max_seqlen_q": max(lengths_q),
+        "max_seqlen_k": max(lengths_k),
+        "block_table": table,
+    }
+    if cut_q:
+        varlen["seqused_q"] = torch.tensor(used_q, dtype=torch.int32, device=device)
+    starts = varlen["cu_seqlens_q"].tolist()
+    uses = [(slice(starts[b], starts[b] + used_q[b]), lengths_k[b]) for b in range(len(lengths_q))]
+    return q, k_pages, v_pages, varlen, uses
+
+
+def assert_unused_rows(out, lse, q_rows_used: list[slice]) -> None:
+    """Rows no sequence uses: out exactly 0, lse -inf."""
+    unused = torch.ones(out.shape[0], dtype=torch.bool, device=out.device)
+    for rows in q_rows_used:
+        unused[rows] = False
+    assert torch.equal(out[unused], torch.zeros_like(out[unused]))
+    assert (lse[:, unused] == -torch.inf).all()
+
+
+def _case_id(feature, dtype, head_dim, lengths, heads, page_size) -> str:
+    return f"{feature}-{str(dtype).removeprefix('torch.')}-d{head_dim}-{lengths}-h{heads[0]}kv{heads[1]}-p{page_size}"
+
+
+def _cases(device: str) -> list:
+    """Every feature x dtype x head dim (GPU) or every feature (CPU), the rest cycling."""
+    cases = []
+    if device == "cuda":
+        grid = itertools.product(enumerate(FEATURES), GPU_DTYPES, enumerate(GPU_HEAD_DIMS))
+        for i, ((f, feature), dtype, (d, head_dim)) in enumerate(grid):
+            lengths = list(GPU_LENGTHS)[(f + d) % len(GPU_LENGTHS)]
+            case = (feature, dtype, head_dim, lengths, HEADS[(f + d) % 3], PAGE_SIZES[i % len(PAGE_SIZES)])
+            cases.append(pytest.param(*case, id=_case_id(*case)))
+    else:
+        for f, feature in enumerate(FEATURES):
+            case = (feature, CPU_DTYPES[f % 2], CPU_HEAD_DIMS[f % 2], list(LENGTHS)[f % 2], HEADS[f % 3],
+                    PAGE_SIZES[f % len(PAGE_SIZES)])  # fmt: skip
+            cases.append(pytest.param(*case, id=_case_id(*case)))
+    return cases
+
+
+def _check_paged_forward(device, feature, dtype, head_dim, lengths, heads, page_size):
+    lengths_q, lengths_k = GPU_LENGTHS[lengths]
+    seed = case_seed("paged forward", device, feature, dtype, head_dim, lengths, heads, page_size)
+    cut_q = seed % 2 == 0
+    q, k, v, varlen, uses = paged_batch(lengths_q, lengths_k, heads, head_dim, dtype, device, seed, page_size, cut_q)
+    causal, scale, options = feature_options(feature, len(lengths_q), heads[0], device, seed)
+    scale = head_dim**-0.5 if scale is None else scale
+    out, lse = run_forward(q, k, v, scale, causal, **options, **varlen)
+    assert out.shape == q.shape and lse.shape == (heads[0], q.shape[0])
+    table = varlen["block_table"]
+    for b, (rows, length) in enumerate(uses):
+        k_b, v_b = sequence_keys(k, table, b, length), sequence_keys(v, table, b, length)
+        assert_matches_reference(
+            out[rows][None], lse[:, rows][None], q[rows][None], k_b[None], v_b[None], scale, causal,
+            batch_start=b, **sequence_options(options, b),
+        )  # fmt: skip
+    assert_unused_rows(out, lse, [rows for rows, _ in uses])
+    if device == "cuda":
+        flashattn.check_faults()  # the out-of-range entries past each sequence's pages were never read
+
+
+@pytest.mark.parametrize("feature, dtype, head_dim, lengths, heads, page_size", _cases("cpu"))
+def test_paged_forward_cpu(feature, dtype, head_dim, lengths, heads, page_size):
+    _check_paged_forward("cpu", feature, dtype, head_dim, lengths, heads, page_size)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("feature, dtype, head_dim, lengths, heads, page_size", _cases("cuda"))
+def test_paged_forward_gpu(feature, dtype, head_dim, lengths, heads, page_size):
+    _check_paged_forward("cuda", feature, dtype, head_dim, lengths, heads, page_size)
+
+
+def _check_paged_backward(device, feature, dtype, head_dim, lengths, heads, page_size, deterministic):
+    lengths_q, lengths_k = GPU_LENGTHS[lengths]
+    seed = case_seed("paged backward", device, feature, dtype, head_dim, lengths, heads, page_size)
+    q, k, v, varlen, uses = paged_batch(lengths_q, lengths_k, heads, head_dim, dtype, device, seed, page_size,
+                                        cut_q=seed % 2 == 0)  # fmt: skip
+    dout = torch.randn(q.shape, generator=torch.Generator(device).manual_seed(seed + 1), device=device).to(dtype)
+    causal, scale, options = feature_options(feature, len(lengths_q), heads[0], device, seed)
+    scale = head_dim**-0.5 if scale is None else scale
+    dq, dk, dv = run_backward(q, k, v, dout, scale, causal, deterministic, **options, **varlen)
+    assert dk.shape == k.shape and dv.shape == v.shape
+    out, _ = _flash_attn_forward(q, k, v, scale, causal, **options, **varlen)
+    table = varlen["block_table"]
+    touched = torch.zeros(k.shape[:2], dtype=torch.bool, device=device)  # pool rows some sequence uses
+    for b, (rows, length) in enumerate(uses):
+        pages = table[b, : -(-length // page_size)].long()
+        first_rows = page_size * torch.arange(len(pages), device=device)[:, None]
+        touched[pages] |= torch.arange(page_size, device=device) < length - first_rows
+        k_b, v_b = sequence_keys(k, table, b, length), sequence_keys(v, table, b, length)
+        dk_b, dv_b = sequence_keys(dk, table, b, length), sequence_keys(dv, table, b, length)
+        if rows.start == rows.stop or length == 0:
+            for grad in (dq[rows], dk_b, dv_b):
+                assert torch.equal(grad, torch.zeros_like(grad))
+            continue
+        assert_grads_match_reference(
+            (dq[rows][None], dk_b[None], dv_b[None]), q[rows][None], k_b[None], v_b[None], dout[rows][None], scale,
+            causal, stored_out=out[rows][None], batch_start=b, **sequence_options(options, b),
+        )  # fmt: skip
+    for grad in (dk, dv):  # rows of the pool that no sequence uses
+        assert torch.equal(grad[~touched], torch.zeros_like(grad[~touched]))
+    unused_q = torch.ones(q.shape[0], dtype=torch.bool, device=device)
+    for rows, _ in uses:
+        unused_q[rows] = False
+    assert torch.equal(dq[unused_q], torch.zeros_like(dq[unused_q]))
+
+
+@pytest.mark.parametrize("feature", ["causal-window", "softcap", "alibi-batch-heads", "dropout"])
+def test_paged_backward_cpu(feature):
+    _check_paged_backward("cpu", feature, torch.float32, 32, "mixed", (4, 2), 16, False)
+
+
+def _backward_cases() -> list:
+    cases = []
+    for i, ((f, feature), dtype) in enumerate(itertools.product(enumerate(FEATURES), GPU_DTYPES)):
+        case = (feature, dtype, GPU_HEAD_DIMS[i % len(GPU_HEAD_DIMS)], list(GPU_LENGTHS)[i % 3], HEADS[i % 3],
+                PAGE_SIZES[i % len(PAGE_SIZES)])  # fmt: skip
+        cases.append(pytest.param(*case, id=_case_id(*case)))
+    return cases
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])
+@pytest.mark.parametrize("feature, dtype, head_dim, lengths, heads, page_size", _backward_cases())
+def test_paged_backward_gpu(feature, dtype, head_dim, lengths, heads, page_size, deterministic):
+    _check_paged_backward("cuda", feature, dtype, head_dim, lengths, heads, page_size, deterministic)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_paged_is_contiguous_varlen_on_the_same_tokens(device):
+    """The same tokens packed or paged (page 16, 256 and 1): the same bits of out and lse (one kernel
+    per tile of keys either way), and gradients that agree once gathered."""
+    lengths_q, lengths_k = [100, 1, 37], [300, 20, 37]
+    seed = case_seed("paged-vs-packed", device)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    dtype = torch.bfloat16
+    q = torch.randn(sum(lengths_q), 4, 64, generator=gen, device=device).to(dtype)
+    k, v = (torch.randn(sum(lengths_k), 2, 64, generator=gen, device=device).to(dtype) for _ in range(2))
+    cu_q, cu_k = offsets(lengths_q, device), offsets(lengths_k, device)
+    args = dict(max_seqlen_q=max(lengths_q), max_seqlen_k=max(lengths_k), causal=True)
+    packed = flash_attn_varlen_func(q, k, v, cu_q, cu_k, **args, return_attn_probs=True)
+    starts = cu_k.tolist()
+    for page_size in (16, 256, 1):
+        keys = [k[starts[b] : starts[b + 1]] for b in range(3)]
+        k_pages, table = pages_of(keys, page_size, device, gen)
+        v_pages = k_pages.clone()
+        for b in range(3):
+            for j in range(-(-lengths_k[b] // page_size)):
+                rows = v[starts[b] + j * page_size : min(starts[b] + (j + 1) * page_size, starts[b + 1])]
+                v_pages[table[b, j], : len(rows)] = rows
+        paged = flash_attn_varlen_func(q, k_pages, v_pages, cu_q, cu_k, **args, return_attn_probs=True,
+                                       block_table=table)  # fmt: skip
+        assert torch.equal(paged[0], packed[0]) and torch.equal(paged[1], packed[1]), page_size
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_shared_pages_sum_their_gradients(device):
+    """Two sequences listing the same first pages (a shared prompt prefix): dk and dv of a shared page
+    are the sum of both sequences' shares, as the packed batch with the prefix copied gives them."""
+    seed = case_seed("shared pages", device)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    dtype, page_size = torch.float16 if device == "cuda" else torch.float32, 16
+    lengths_q, lengths_k = [20, 33], [70, 90]
+    q = torch.randn(sum(lengths_q), 2, 32, generator=gen, device=device).to(dtype)
+    prefix = torch.randn(32, 2, 32, generator=gen, device=device).to(dtype)  # 2 pages
+    keys = [torch.cat([prefix, torch.randn(n - 32, 2, 32, generator=gen, device=device).to(dtype)])
+            for n in lengths_k]  # fmt: skip
+    k_pages, table = pages_of(keys, page_size, device, gen, shared=2)
+    v_pages = k_pages.clone()  # values = keys: enough for the sums
+    dout = torch.randn(q.shape, generator=gen, device=device).to(dtype)
+    cu_q, cu_k = offsets(lengths_q, device), offsets(lengths_k, device)
+    leaves = [t.detach().requires_grad_() for t in (q, k_pages, v_pages)]
+    out = flash_attn_varlen_func(*leaves, cu_q, cu_k, 33, 90, causal=True, block_table=table)
+    dq, dk, dv = torch.autograd.grad(out, leaves, dout)
+    packed = [torch.cat(keys).detach().requires_grad_() for _ in range(2)]
+    q_leaf = q.detach().requires_grad_()
+    out_packed = flash_attn_varlen_func(q_leaf, *packed, cu_q, cu_k, 33, 90, causal=True)
+    dq_p, dk_p, dv_p = torch.autograd.grad(out_packed, [q_leaf, *packed], dout)
+    assert torch.equal(out, out_packed) and torch.equal(dq, dq_p)
+    for grad, grad_packed in ((dk, dk_p), (dv, dv_p)):
+        want = torch.zeros(k_pages.shape, dtype=torch.float32, device=device)
+        start = 0
+        for b, n in enumerate(lengths_k):
+            for j in range(-(-n // page_size)):
+                rows = grad_packed[start + j * page_size : min(start + (j + 1) * page_size, start + n)].float()
+                want[table[b, j], : len(rows)] += rows
+            start += n
+        torch.testing.assert_close(grad.float(), want.to(dtype).float(), rtol=0, atol=2 * torch.finfo(dtype).eps *
+                                   want.abs().max().item())  # fmt: skip
+
+
+# ---------------------------------------------------------------------- seqused_q, seqused_k, leftpad_k
+
+def _cut_cases(device: str) -> list:
+    cases = []
+    dtypes, dims = (GPU_DTYPES, GPU_HEAD_DIMS) if device == "cuda" else (CPU_DTYPES, CPU_HEAD_DIMS)
+    for i, ((f, feature), dtype) in enumerate(itertools.product(enumerate(FEATURES), dtypes)):
+        if device == "cpu" and i % 2:
+            continue
+        case = (feature, dtype, dims[i % len(dims)], HEADS[i % 3], ["q", "k", "qk", "qk-leftpad"][i % 4])
+        cases.append(pytest.param(*case, id=f"{feature}-{str(dtype)[6:]}-d{case[2]}-h{case[3][0]}kv{case[3][1]}-{case[4]}"))
+    return cases
+
+
+def _cut_batch(device, dtype, head_dim, heads, cut, seed):
+    """A packed batch whose sequences use part of their cu_seqlens ranges: seqused_q (cut "q"),
+    seqused_k ("k"), leftpad_k ("leftpad"); the used (query rows, key rows) of each sequence."""
+    lengths_q, lengths_k = [0, 1, 113, 30, 97, 17], [5, 0, 203, 113, 300, 17]
+    gen = torch.Generator(device=device).manual_seed(seed)
+    q = torch.randn(sum(lengths_q) + 3, heads[0], head_dim, generator=gen, device=device).to(dtype)
+    k, v = (torch.randn(sum(lengths_k), heads[1], head_dim, generator=gen, device=device).to(dtype)
+            for _ in range(2))  # fmt: skip
+    used_q = [n - n // 4 for n in lengths_q] if "q" in cut else lengths_q
+    used_k = [n - n // 5 for n in lengths_k] if "k" in cut else lengths_k
+    pads = [u // 3 for u in used_k] if "leftpad" in cut else [0] * len(lengths_k)
+    i32 = lambda values: torch.tensor(values, dtype=torch.int32, device=device)  # noqa: E731
+    varlen = {"cu_seqlens_q": offsets(lengths_q, device), "cu_seqlens_k": offsets(lengths_k, device),
+              "max_seqlen_q": max(lengths_q), "max_seqlen_k": max(lengths_k)}  # fmt: skip
+    if "q" in cut:
+        varlen["seqused_q"] = i32(used_q)
+    if "k" in cut:
+        varlen["seqused_k"] = i32(used_k)
+    if "leftpad" in cut:
+        varlen["leftpad_k"] = i32(pads)
+    starts_q, starts_k = varlen["cu_seqlens_q"].tolist(), varlen["cu_seqlens_k"].tolist()
+    uses = [(slice(starts_q[b], starts_q[b] + used_q[b]), slice(starts_k[b] + pads[b], starts_k[b] + used_k[b]))
+            for b in range(len(lengths_q))]  # fmt: skip
+    return q, k, v, varlen, uses
+
+
+def _check_cut(device, feature, dtype, head_dim, heads, cut):
+    seed = case_seed("cut varlen", device, feature, dtype, head_dim, heads, cut)
+    q, k, v, varlen, uses = _cut_batch(device, dtype, head_dim, heads, cut, seed)
+    causal, scale, options = feature_options(feature, len(uses), heads[0], device, seed)
+    scale = head_dim**-0.5 if scale is None else scale
+    out, lse = run_forward(q, k, v, scale, causal, **options, **varlen)
+    for b, (rows, keys) in enumerate(uses):
+        assert_matches_reference(
+            out[rows][None], lse[:, rows][None], q[rows][None], k[keys][None], v[keys][None], scale, causal,
+            batch_start=b, **sequence_options(options, b),
+        )  # fmt: skip
+    assert_unused_rows(out, lse, [rows for rows, _ in uses])
+    dout = torch.randn(q.shape, generator=torch.Generator(device).manual_seed(seed + 1), device=device).to(dtype)
+    dq, dk, dv = run_backward(q, k, v, dout, scale, causal, seed % 2 == 0, **options, **varlen)
+    used_k = torch.zeros(k.shape[0], dtype=torch.bool, device=device)
+    for b, (rows, keys) in enumerate(uses):
+        used_k[keys] = True
+        if rows.start == rows.stop or keys.start == keys.stop:
+            for grad in (dq[rows], dk[keys], dv[keys]):
+                assert torch.equal(grad, torch.zeros_like(grad))
+            continue
+        assert_grads_match_reference(
+            (dq[rows][None], dk[keys][None], dv[keys][None]), q[rows][None], k[keys][None], v[keys][None],
+            dout[rows][None], scale, causal, stored_out=out[rows][None], batch_start=b,
+            **sequence_options(options, b),
+        )  # fmt: skip
+    unused_q = torch.ones(q.shape[0], dtype=torch.bool, device=device)
+    for rows, _ in uses:
+        unused_q[rows] = False
+    for grad, unused in ((dq, unused_q), (dk, ~used_k), (dv, ~used_k)):
+        assert torch.equal(grad[unused], torch.zeros_like(grad[unused]))
+    if device == "cuda":
+        flashattn.check_faults()
+
+
+@pytest.mark.parametrize("feature, dtype, head_dim, heads, cut", _cut_cases("cpu"))
+def test_cut_sequences_cpu(feature, dtype, head_dim, heads, cut):
+    _check_cut("cpu", feature, dtype, head_dim, heads, cut)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("feature, dtype, head_dim, heads, cut", _cut_cases("cuda"))
+def test_cut_sequences_gpu(feature, dtype, head_dim, heads, cut):
+    _check_cut("cuda", feature, dtype, head_dim, heads, cut)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_private_varlen_forward_takes_every_sequence_option(device):
+    """flash-attn 2.8's _flash_attn_varlen_forward with block_table, seqused_k or leftpad_k: what the
+    operator gives (flash-attn's semantics: leftpad_k starts each sequence's keys, seqused_k ends them)."""
+    seed = case_seed("private sequence options", device)
+    q, k, v, varlen, uses = _cut_batch(device, torch.bfloat16, 64, (4, 2), "qk-leftpad", seed)
+    varlen.pop("seqused_q")
+    cu_q, cu_k, max_q, max_k = (varlen[n] for n in ("cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k"))
+    out, lse, _, _ = _flash_attn_varlen_forward(q, k, v, cu_q, cu_k, max_q, max_k, 0.0, 0.125, True,
+                                                seqused_k=varlen["seqused_k"], leftpad_k=varlen["leftpad_k"])
+    want, want_lse = _flash_attn_forward(q, k, v, 0.125, True, **varlen)
+    assert torch.equal(out, want) and torch.equal(lse, want_lse)
+    lengths_q, lengths_k = LENGTHS["mixed"]
+    q, k_pages, v_pages, paged, _ = paged_batch(lengths_q, lengths_k, (4, 2), 64, torch.bfloat16, device, seed, 16)
+    out, lse, _, _ = _flash_attn_varlen_forward(q, k_pages, v_pages, paged["cu_seqlens_q"], paged["cu_seqlens_k"],
+                                                paged["max_seqlen_q"], paged["max_seqlen_k"], 0.0, 0.125, False,
+                                                block_table=paged["block_table"])  # fmt: skip
+    want, want_lse = _flash_attn_forward(q, k_pages, v_pages, 0.125, False, **paged)
+    assert torch.equal(out, want) and torch.equal(lse, want_lse)
+
+
+# ------------------------------------------------------------------------------------------------ errors
+
+def _small_paged(device: str) -> dict:
+    gen = torch.Generator(device=device).manual_seed(0)
+    q = torch.randn(10, 4, 16, generator=gen, device=device, dtype=torch.float16)
+    k, v = (torch.randn(6, 4, 2, 16, generator=gen, device=device, dtype=torch.float16) for _ in range(2))
+    i32 = lambda *values: torch.tensor(values, dtype=torch.int32, device=device)  # noqa: E731
+    return dict(q=q, k=k, v=v, cu_seqlens_q=i32(0, 4, 10), cu_seqlens_k=i32(0, 8, 12), max_seqlen_q=6,
+                max_seqlen_k=8, block_table=i32(0, 1, 2, 3, 4, 5).reshape(2, 3))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(
+    "change, error, match",
+    [
+        (lambda a: {**a, "block_table": a["block_table"].long()}, TypeError, r"block_table must be int32"),
+        (lambda a: {**a, "block_table": a["block_table"][:1]}, ValueError,
+         r"block_table must have shape \(2, max_blocks_per_seq\), got \(1, 3\)"),
+        (lambda a: {**a, "k": a["k"].flatten(0, 1)}, ValueError,
+         r"k must be 4-D \(num_blocks, page_block_size, nheads_k, headdim\), got shape \(24, 2, 16\)"),
+        (lambda a: {**a, "seqused_q": torch.ones(3, dtype=torch.int32, device=a["q"].device)}, ValueError,
+         r"seqused_q must have shape \(2,\), got \(3,\)"),
+        (lambda a: {**a, "seqused_k": torch.ones(2, device=a["q"].device)}, TypeError, r"seqused_k must be int32"),
+        (lambda a: {**a, "seqused_k": [4, 4]}, TypeError, r"seqused_k must be None or an int32 tensor, got list"),
+        (lambda a: {**a, "k": a["k"][:0], "v": a["v"][:0]}, ValueError,
+         r"k holds no page but block_table lists 3 per sequence"),
+    ],
+    ids=["table-dtype", "table-rows", "k-rank", "seqused_q-shape", "seqused_k-dtype", "seqused_k-list", "no-pages"],
+)
+def test_paged_argument_errors(device, change, error, match):
+    with pytest.raises(error, match=match):
+        flash_attn_varlen_func(**change(_small_paged(device)))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_sequence_options_need_varlen(device):
+    q = torch.randn(2, 5, 4, 16, device=device, dtype=torch.float16)
+    used = torch.ones(2, dtype=torch.int32, device=device)
+    for name in ("seqused_q", "seqused_k", "leftpad_k", "block_table"):
+        value = used[:, None] if name == "block_table" else used
+        with pytest.raises(ValueError, match=f"{name} needs a variable-length batch"):
+            _flash_attn_forward(q, q, q, 0.25, False, **{name: value})
+    args = _small_paged(device)
+    with pytest.raises(ValueError, match="leftpad_k cannot be combined with block_table"):
+        _flash_attn_forward(args["q"], args["k"], args["v"], 0.25, False, leftpad_k=used,
+                            **{n: args[n] for n in ("cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k",
+                                                    "block_table")})  # fmt: skip
+
+
+def _call(a: dict) -> torch.Tensor:
+    """The operator's forward on _small_paged's arguments (flash_attn_varlen_func takes no leftpad_k)."""
+    a = dict(a)
+    q, k, v = a.pop("q"), a.pop("k"), a.pop("v")
+    return _flash_attn_forward(q, k, v, 0.25, False, **a)[0]
+
+
+# name -> (how the bad call differs, the CUDA error's words, the CPU error's): values only the device
+# reads (sequence 0 has 4 queries and 8 keys in 2 pages, sequence 1 6 and 4 in 1; 3 pages of 4 rows each).
+BAD_VALUES = {
+    "block_table": ("a['block_table'] = a['block_table'].clone(); a['block_table'][0, 1] = 99",
+                    "block_table[0][1] = 99, outside [0, 5]", "block_table[0][1] = 99 is outside [0, 5]"),
+    "length": ("a['cu_seqlens_k'] = i32(0, 8, 22); a['max_seqlen_k'] = 14",
+               "the length (cu_seqlens_k[b + 1] - cu_seqlens_k[b]) of sequence[1] = 14, outside [0, 12]",
+               "the length (cu_seqlens_k[b + 1] - cu_seqlens_k[b]) of sequence 1 is 14, past the 12 rows"),
+    "seqused_k": ("a['seqused_k'] = i32(3, 13)", "seqused_k[1] = 13, outside [0, 12]",
+                  "seqused_k[1] = 13 is outside [0, 12]"),
+    "seqused_q": ("a['seqused_q'] = i32(5, 2)", "seqused_q[0] = 5, outside [0, 4]",
+                  "seqused_q[0] = 5 is outside [0, 4]"),
+    "leftpad_k": ("a.pop('block_table'); a['k'] = a['k'].flatten(0, 1); a['v'] = a['v'].flatten(0, 1); "
+                  "a['leftpad_k'] = i32(0, 5)", "leftpad_k[1] = 5, outside [0, 4]", "leftpad_k[1] = 5 is outside [0, 4]"),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_VALUES))
+def test_bad_values_raise_at_the_call_on_cpu(name):
+    change, _, words = BAD_VALUES[name]
+    a = _small_paged("cpu")
+    i32 = lambda *values: torch.tensor(values, dtype=torch.int32)  # noqa: E731, F841 (used by `change`)
+    exec(change)
+    with pytest.raises(ValueError, match=re.escape(words)):
+        _call(a)
+    _call(_small_paged("cpu"))  # the arguments as they were still run
+
+
+SURVIVE = textwrap.dedent("""
+    import sys
+    import torch
+    import flashattn
+    sys.path.insert(0, {tests!r})
+    from test_paged_varlen import _call, _small_paged
+
+    def i32(*values):
+        return torch.tensor(values, dtype=torch.int32, device="cuda")
+
+    before = _call(_small_paged("cuda"))
+    a = _small_paged("cuda")
+    {change}
+    _call(a)
+    torch.cuda.synchronize()
+    print("bad call returned", flush=True)
+    try:
+        _call(_small_paged("cuda"))
+        print("no error", flush=True)
+    except RuntimeError as error:
+        print(f"caught: {{error}}", flush=True)
+    after = _call(_small_paged("cuda"))
+    torch.cuda.synchronize()
+    print("same result after" if torch.equal(before, after) else "DIFFERENT RESULT AFTER", flush=True)
+    flashattn.check_faults()
+    print("clean", flush=True)
+""")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(BAD_VALUES))
+def test_bad_values_never_kill_the_context(name):
+    """The bad call returns (its value clamped), the next call raises naming the argument, and a
+    correct call afterwards gives what it gave before; in a fresh interpreter, so that a trap could
+    not take the suite's context with it."""
+    change, words, _ = BAD_VALUES[name]
+    script = SURVIVE.format(tests=str(Path(__file__).parent), change=change)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    lines = result.stdout.splitlines()
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert lines[0] == "bad call returned", lines
+    assert lines[1].startswith("caught: ") and words in lines[1], lines
+    assert lines[2:] == ["same result after", "clean"], lines
