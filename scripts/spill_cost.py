@@ -68,6 +68,17 @@ def sass(so: Path) -> int:
     return 0
 
 
+def report(line: str) -> str:
+    print(line, flush=True)
+    return line
+
+
+def save(lines: list[str], out: Path | None) -> int:
+    if out is not None:
+        out.write_text("\n".join(lines) + "\n")
+    return 0
+
+
 def run_workload(name: str) -> int:
     import torch
 
@@ -105,11 +116,8 @@ def profile(out: Path | None) -> int:
                    f"ld/st {local_inst:.0f} of {number('smsp__inst_executed.sum'):.0f} instructions "
                    f"({100 * local_inst / number('smsp__inst_executed.sum'):.4f}%), local bytes {local_bytes:.0f} vs "
                    f"global load bytes {number('l1tex__t_bytes_pipe_lsu_mem_global_op_ld.sum'):.0f}")
-            print(row, flush=True)
-            results.append(row)
-    if out is not None:
-        out.write_text("\n".join(results) + "\n")
-    return 0
+            results.append(report(row))
+    return save(results, out)
 
 
 def stalls(out: Path | None) -> int:
@@ -145,11 +153,8 @@ def stalls(out: Path | None) -> int:
                 local += count
         line = (f"{name}: {local:.0f} of {total:.0f} sampled warp stalls on LDL/STL "
                 f"({100 * local / max(total, 1):.2f}% of the kernel's warp time)")
-        print(line, flush=True)
-        lines.append(line)
-    if out is not None:
-        out.write_text("\n".join(lines) + "\n")
-    return 0
+        lines.append(report(line))
+    return save(lines, out)
 
 
 def main() -> int:
