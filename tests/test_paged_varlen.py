@@ -382,6 +382,33 @@ def test_cut_sequences_gpu(feature, dtype, head_dim, heads, cut):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("cut", ["none", "k", "qk-leftpad"])
+def test_keys_no_sequence_uses_never_reach_a_result(device, head_dim, causal, cut):
+    """NaN and Inf in the key rows that no sequence uses (before leftpad_k, after seqused_k, past
+    cu_seqlens_k[-1]) change nothing: a kernel that copies whole tiles of packed rows reads them,
+    and only zero weights keep them out of P V, where 0 * Inf is NaN."""
+    seed = case_seed("unused keys poisoned", device, head_dim, causal, cut)
+    q, k, v, varlen, uses = _cut_batch(device, torch.bfloat16, head_dim, (4, 2), cut, seed)
+    k, v = (torch.cat([t, torch.randn_like(t[:9])]) for t in (k, v))  # rows past cu_seqlens_k[-1]
+    unused = torch.ones(k.shape[0], dtype=torch.bool, device=device)
+    for _, keys in uses:
+        unused[keys] = False
+    clean_k, clean_v = k.masked_fill(unused[:, None, None], 0), v.masked_fill(unused[:, None, None], 0)
+    bad_k, bad_v = k.masked_fill(unused[:, None, None], torch.nan), v.masked_fill(unused[:, None, None], torch.inf)
+    bad_v[unused.nonzero()[::2, 0]] = torch.nan
+    want, want_lse = run_forward(q, clean_k, clean_v, 0.125, causal, **varlen)
+    out, lse = run_forward(q, bad_k, bad_v, 0.125, causal, **varlen)
+    assert torch.equal(out, want) and torch.equal(lse, want_lse)
+    dout = torch.randn_like(q)
+    want_grads = run_backward(q, clean_k, clean_v, dout, 0.125, causal, True, **varlen)
+    grads = run_backward(q, bad_k, bad_v, dout, 0.125, causal, True, **varlen)
+    for grad, want_grad in zip(grads, want_grads):
+        assert torch.equal(grad, want_grad)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_private_varlen_forward_takes_every_sequence_option(device):
     """flash-attn 2.8's _flash_attn_varlen_forward with block_table, seqused_k or leftpad_k: what the
     operator gives (flash-attn's semantics: leftpad_k starts each sequence's keys, seqused_k ends them)."""

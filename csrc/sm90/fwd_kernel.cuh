@@ -236,6 +236,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     // tile, and the last tile's P V) pairs with one arrival of the other (the
     // second warpgroup's last phase has no partner: it arrives no more).
     constexpr int kPingPongThreads = 2 * 128;
+    constexpr int kTailBarrier = 3;  // after the ping-pong's 1 and 2
     const int issue_phases = num_tiles > 0 ? num_tiles + 1 : 0;
     int phase = 0;
     auto before_issue = [&] { named_barrier_sync(1 + consumer, kPingPongThreads); };
@@ -244,6 +245,29 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         ++phase;
     };
     if (consumer == 1 && issue_phases > 0) named_barrier_arrive(1, kPingPongThreads);
+
+    // The first tile walked is the only one that can reach past the sequence's
+    // last key. Past the tensor map's rows the copy engine fills zeros; but the
+    // rows after a packed sequence (the next sequence's, or what follows
+    // seqused_k) are memory it copies as is, and a NaN or Inf there would turn
+    // P's zeros into NaN in O += P V (0 * Inf). Both consumer warpgroups zero
+    // those rows of V's stage 0 before either issues its first P V: uniform
+    // across the block, once per block.
+    const bool tail_is_memory = params.cu_seqlens_k != nullptr || params.seqused_k != nullptr;
+    auto zero_tail_rows_of_v = [&](int n_block) {
+        const int first_row = seq.seqlen_k - n_block * kBlockN;  // of the tile
+        if (!tail_is_memory || first_row >= kBlockN) return;
+        constexpr int kChunksPerRow = kSwizzleBytes / 16;
+        const int chunks = (kBlockN - first_row) * kChunksPerRow;
+        mbarrier_wait(layout.v_full(0), 0);
+        const int thread = threadIdx.x - 128;
+        for (int cb = 0; cb < Traits::kColBlocks; ++cb) {
+            const uint32_t block = layout.v(0) + cb * Traits::kKVBlockBytes + first_row * kSwizzleBytes;
+            for (int c = thread; c < chunks; c += Traits::kConsumerWarpgroups * 128) store_zero_16(block + 16 * c);
+        }
+        fence_proxy_async_shared();
+        named_barrier_sync(kTailBarrier, Traits::kConsumerWarpgroups * 128);
+    };
 
     // Intra-warpgroup overlap: S_i = Q K_i^T and O += P_{i-1} V_{i-1} are issued
     // together; the softmax of tile i runs while the tensor cores finish O,
@@ -263,6 +287,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         softmax.fold_max(s_frag, params.softmax_scale_log2);  // O is still 0: nothing to rescale
         softmax.exponentiate(s_frag, params.softmax_scale_log2);
         pack_p(s_frag);
+        zero_tail_rows_of_v(n_block);
     };
     auto step = [&](int i, int n_block, auto is_masked) {
         const StageOf<Traits> s(i), previous(i - 1);

@@ -149,6 +149,20 @@ __device__ __forceinline__ void pin_registers(uint32_t (&r)[kRows][4]) {
         for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(r[i][j])::"memory");
 }
 
+// ---- generic writes that the async proxy reads ------------------------------
+
+// st.shared.v4 of 16 zero bytes at a shared-memory address.
+__device__ __forceinline__ void store_zero_16(uint32_t addr) {
+    asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(addr), "r"(0) : "memory");
+}
+
+// fence.proxy.async: this thread's earlier shared-memory writes become visible
+// to the async proxy (wgmma's operand reads, the copy engine) that is ordered
+// after it (through a barrier).
+__device__ __forceinline__ void fence_proxy_async_shared() {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
 // ---- named barriers ----------------------------------------------------------
 
 // bar.sync: waits until `threads` threads (a multiple of 32; this warp's count
