@@ -125,6 +125,28 @@ def test_sm90_serves_or_delegates(case):
     assert names and all(expected in name for name in names), names
 
 
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9 or not sm90_in_build(),
+                    reason="the sm90 family runs on 9.x GPUs of builds that include 9.0a")
+@pytest.mark.parametrize("page_size, head_dim, family", [(16, 128, "sm90"), (256, 64, "sm90"), (256, 256, "sm90"),
+                                                         (7, 128, "sm80"), (4, 64, "sm80")])
+def test_sm90_takes_pages_it_can_copy_in_boxes(page_size, head_dim, family):
+    """Paged keys run on sm90 where every box of a key tile lies in one page and spans at least 8
+    rows (kv_box_rows); smaller or odd pages on sm80."""
+    if flashattn.kernel_family() != "sm90":
+        pytest.skip("FLASHATTN_FAMILY forces another family")
+    lengths = [150, 40]
+    blocks = [-(-n // page_size) for n in lengths]
+    q = torch.randn(sum(lengths), 4, head_dim, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(sum(blocks), page_size, 2, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    table = torch.arange(sum(blocks), device="cuda", dtype=torch.int32).flip(0)
+    table = torch.stack([table[: blocks[0]], torch.nn.functional.pad(table[blocks[0]:], (0, blocks[0] - blocks[1]))])
+    cu = torch.tensor([0, lengths[0], sum(lengths)], device="cuda", dtype=torch.int32)
+    run = lambda: flashattn.flash_attn_varlen_func(q, k, v, cu, cu, max(lengths), max(lengths), causal=True,  # noqa: E731
+                                                   block_table=table)
+    names = [n for n in kernels_run_by(run) if "fwd_kernel" in n]
+    assert names and all(f"flash::{family}::" in name for name in names), names
+
+
 def test_an_unknown_family_is_a_clear_error():
     out = run_with_family("sm75")
     assert out.startswith("ValueError") and "FLASHATTN_FAMILY=sm75" in out and "sm80" in out, out

@@ -236,7 +236,8 @@ def test_paged_backward_gpu(feature, dtype, head_dim, lengths, heads, page_size,
 @pytest.mark.parametrize("device", DEVICES)
 def test_paged_is_contiguous_varlen_on_the_same_tokens(device):
     """The same tokens packed or paged (page 16, 256 and 1): the same bits of out and lse (one kernel
-    per tile of keys either way), and gradients that agree once gathered."""
+    per tile of keys either way), and gradients that agree once gathered. On a Hopper GPU pages of
+    one row run on the sm80 family and packed keys on sm90: there the two agree to rounding."""
     lengths_q, lengths_k = [100, 1, 37], [300, 20, 37]
     seed = case_seed("paged-vs-packed", device)
     gen = torch.Generator(device=device).manual_seed(seed)
@@ -257,7 +258,11 @@ def test_paged_is_contiguous_varlen_on_the_same_tokens(device):
                 v_pages[table[b, j], : len(rows)] = rows
         paged = flash_attn_varlen_func(q, k_pages, v_pages, cu_q, cu_k, **args, return_attn_probs=True,
                                        block_table=table)  # fmt: skip
-        assert torch.equal(paged[0], packed[0]) and torch.equal(paged[1], packed[1]), page_size
+        if device == "cuda" and page_size == 1 and flashattn.kernel_family() == "sm90":
+            torch.testing.assert_close(paged[0], packed[0], rtol=2 * torch.finfo(dtype).eps, atol=2 * torch.finfo(dtype).eps)
+            torch.testing.assert_close(paged[1], packed[1], rtol=0, atol=1e-5)
+        else:
+            assert torch.equal(paged[0], packed[0]) and torch.equal(paged[1], packed[1]), page_size
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -43,13 +43,28 @@ cudaError_t run_fwd_head_dim(const FwdParams& params, cudaStream_t stream) {
     }
 }
 
+// Keys per tile at a head dim (0: no sm90 kernel).
+template <int kHeadDim>
+int fwd_block_n() {
+    if constexpr (kHasKernel<kHeadDim>) {
+        return FwdConfig<kHeadDim>::kBlockN;
+    } else {
+        return 0;
+    }
+}
+
 }  // namespace
 
 bool serves(const FwdParams& params) {
     const int smem = FLASH_HEADDIM_SWITCH(params.head_dim, kHeadDim, [&] { return fwd_smem_bytes<kHeadDim>(); });
-    // Paged keys (block_table) stay with sm80's paged path.
-    return params.head_dim > 32 && params.alibi_slopes_ptr == nullptr && params.rng_state == nullptr &&
-           params.block_table == nullptr && smem <= params.max_smem_per_block && tensor_maps_fit(params);
+    // Paged keys: pages whose boxes the copy engine can take (kv_box_rows), keys
+    // counted from each sequence's first page (leftpad_k, which shifts them off
+    // the boxes, stays with sm80).
+    const int block_n = FLASH_HEADDIM_SWITCH(params.head_dim, kHeadDim, [&] { return fwd_block_n<kHeadDim>(); });
+    const bool pages_fit = params.block_table == nullptr ||
+                           (params.leftpad_k == nullptr && kv_box_rows(params.page_size, block_n) > 0);
+    return params.head_dim > 32 && params.alibi_slopes_ptr == nullptr && params.rng_state == nullptr && pages_fit &&
+           smem <= params.max_smem_per_block && tensor_maps_fit(params);
 }
 
 cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream) {

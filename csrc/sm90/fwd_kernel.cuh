@@ -4,8 +4,9 @@
 //   producer warpgroup: one thread copies Q once, then the K and V tiles into
 //     kStages shared-memory stages with the bulk tensor copy (TMA, 128-byte
 //     swizzle), each stage's arrival tracked by a "full" mbarrier and its
-//     release by the consumers by an "empty" one. The rest of the warpgroup
-//     gives its registers back (setmaxnreg) and exits.
+//     release by the consumers by an "empty" one (paged keys: one warp, a
+//     box per page, KeyTileSource). The rest of the warpgroup gives its
+//     registers back (setmaxnreg) and exits.
 //   consumer warpgroups: 64 query rows each; per key tile: wait K, S = Q K^T
 //     (wgmma, both operands from shared memory), release K, mask, online
 //     softmax, wait V, O += P V (wgmma, P from registers, V read transposed
@@ -31,6 +32,7 @@
 
 #include "common/extras.cuh"
 #include "common/flash.h"
+#include "common/index_check.cuh"
 #include "common/mask.cuh"
 #include "common/ptx.cuh"
 #include "common/softmax.cuh"
@@ -85,6 +87,65 @@ __device__ __forceinline__ void load_tile(uint32_t dst, const CUtensorMap* map, 
     }
 }
 
+// Where the producer warp copies a key (and value) tile from: rows of k and v
+// in the layout of their tensor maps. Contiguous keys: lane 0 copies the whole
+// tile, one box per column block (rows past the tensor arrive as zeros). Paged
+// keys (block_table): the tile is cut into boxes of kv_box_rows rows, each in
+// one page; lane j looks up box j's page (recorded and clamped when out of
+// range, index_check.cuh) and copies it. Boxes wholly past the sequence are not
+// copied: the consumers mask their keys and zero their value rows.
+template <typename Traits>
+struct KeyTileSource {
+    struct Box {
+        int count;  // boxes this lane copies: 0 or 1 (paged), kColBlocks' worth at lane 0 (contiguous)
+        int bytes;  // the tile's bytes in all (lane 0 expects them on the barrier)
+        int row, page, shared_offset;
+    };
+
+    const FwdParams& params;
+    const Sequence& seq;
+    const int* table;  // this sequence's block-table row (paged)
+    int batch, head_k, lane, box_rows, page_size;
+    bool paged;
+
+    __device__ __forceinline__ KeyTileSource(const FwdParams& params_, const Sequence& seq_, int batch_, int head_k_,
+                                             int lane_)
+        : params(params_), seq(seq_), batch(batch_), head_k(head_k_), lane(lane_) {
+        paged = params.block_table != nullptr;
+        table = paged ? params.block_table + batch * params.block_table_batch_stride : nullptr;
+        page_size = params.page_size;
+        box_rows = paged ? kv_box_rows(page_size, Traits::kBlockN) : Traits::kBlockN;
+    }
+
+    // The box this lane copies of the tile of keys [n0, n0 + kBlockN).
+    __device__ __forceinline__ Box box_of(int n0) const {
+        if (!paged) {
+            const int row = seq.k_start + n0;
+            return {lane == 0 ? 1 : 0, Traits::kKVBytes, row, params.cu_seqlens_k == nullptr ? batch : 0, 0};
+        }
+        const int boxes = min(Traits::kBlockN / box_rows, (seq.seqlen_k - n0 + box_rows - 1) / box_rows);
+        const int bytes = boxes * box_rows * kSwizzleBytes * Traits::kColBlocks;
+        if (lane >= boxes) return {0, bytes, 0, 0, 0};
+        const int key = n0 + lane * box_rows;  // paged keys count from 0 (sequence_of)
+        const int entry = key / page_size;
+        const int page = checked_index(table[entry], 0, params.kv_cache_batch - 1, params.faults,
+                                       IndexArgument::kBlockTable, batch, entry);
+        return {1, bytes, key - entry * page_size, page, lane * box_rows * kSwizzleBytes};
+    }
+
+    // Copies the box into a stage (dst) whose arrival `full` tracks.
+    __device__ __forceinline__ void load(uint32_t dst, const CUtensorMap* map, uint32_t full, const Box& box) const {
+        if (lane == 0) mbarrier_arrive_expect_tx(full, box.bytes);
+        if (paged) __syncwarp();  // the expected bytes are set before any box lands
+        if (box.count == 0) return;
+#pragma unroll
+        for (int cb = 0; cb < Traits::kColBlocks; ++cb) {
+            tma_load_4d(dst + cb * Traits::kKVBlockBytes + box.shared_offset, map, full, cb * kSwizzleCols, box.row,
+                        head_k, box.page);
+        }
+    }
+};
+
 template <typename Traits, bool Is_local, bool Has_softcap>
 __global__ void __launch_bounds__(Traits::kNThreads, 1)
     fwd_kernel(const __grid_constant__ FwdParams params, const __grid_constant__ CUtensorMap tma_q,
@@ -102,7 +163,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                                  : static_cast<int>(blockIdx.x);
     const int head = blockIdx.y;
     const int batch = blockIdx.z;
-    const Sequence seq = sequence_of<false>(params, batch);
+    const Sequence seq = sequence_of<true>(params, batch);  // paged keys too (no cache here)
     const int m0 = m_block * kBlockM;
     if (m0 >= seq.seqlen_q) return;  // a shorter sequence of a variable-length batch
     const Window window = window_of(params, seq.seqlen_q, seq.seqlen_k);
@@ -125,30 +186,32 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
 
     const int warpgroup = threadIdx.x / 128;
     if (warpgroup == 0) {
-        // Producer. A variable-length batch's rows are packed: its tensor maps
-        // have one batch entry and the sequence's rows start at q_start / k_start.
+        // Producer: thread 0 (warp 0 for paged keys, KeyTileSource); the rest
+        // of the warpgroup gives its registers back and exits. A
+        // variable-length batch's rows are packed: its tensor maps have one
+        // batch entry and the sequence's rows start at q_start / k_start.
         release_registers<Traits::kProducerRegs>();
-        if (threadIdx.x != 0 || num_tiles == 0) return;  // no key tile: no copy, Q included
-        prefetch_tensor_map(&tma_q);
-        prefetch_tensor_map(&tma_k);
-        prefetch_tensor_map(&tma_v);
-        const int batch_coord = params.cu_seqlens_q == nullptr ? batch : 0;
+        const int copiers = params.block_table != nullptr ? 32 : 1;
+        if (threadIdx.x >= copiers || num_tiles == 0) return;  // no key tile: no copy, Q included
+        const int lane = threadIdx.x;
         const int head_k = head / params.heads_per_kv_head;
-        mbarrier_arrive_expect_tx(layout.q_full(), Traits::kQBytes);
-        load_tile<Traits>(layout.q(), &tma_q, layout.q_full(), seq.q_start + m0, head, batch_coord,
-                          Traits::kQBlockBytes);
+        if (lane == 0) {
+            prefetch_tensor_map(&tma_q);
+            prefetch_tensor_map(&tma_k);
+            prefetch_tensor_map(&tma_v);
+            mbarrier_arrive_expect_tx(layout.q_full(), Traits::kQBytes);
+            load_tile<Traits>(layout.q(), &tma_q, layout.q_full(), seq.q_start + m0, head,
+                              params.cu_seqlens_q == nullptr ? batch : 0, Traits::kQBlockBytes);
+        }
+        const KeyTileSource<Traits> source(params, seq, batch, head_k, lane);
         for (int i = 0; i < num_tiles; ++i) {
             const StageOf<Traits> s(i);
-            const int key_row = seq.k_start + (key_tiles.n_end - 1 - i) * kBlockN;
+            const auto box = source.box_of((key_tiles.n_end - 1 - i) * kBlockN);
             // A stage's first use needs no release; its u-th waits for release u - 1.
             if (i >= kStages) mbarrier_wait(layout.k_empty(s.stage), s.phase ^ 1);
-            mbarrier_arrive_expect_tx(layout.k_full(s.stage), Traits::kKVBytes);
-            load_tile<Traits>(layout.k(s.stage), &tma_k, layout.k_full(s.stage), key_row, head_k, batch_coord,
-                              Traits::kKVBlockBytes);
+            source.load(layout.k(s.stage), &tma_k, layout.k_full(s.stage), box);
             if (i >= kStages) mbarrier_wait(layout.v_empty(s.stage), s.phase ^ 1);
-            mbarrier_arrive_expect_tx(layout.v_full(s.stage), Traits::kKVBytes);
-            load_tile<Traits>(layout.v(s.stage), &tma_v, layout.v_full(s.stage), key_row, head_k, batch_coord,
-                              Traits::kKVBlockBytes);
+            source.load(layout.v(s.stage), &tma_v, layout.v_full(s.stage), box);
         }
         return;
     }
@@ -253,7 +316,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     // P's zeros into NaN in O += P V (0 * Inf). Both consumer warpgroups zero
     // those rows of V's stage 0 before either issues its first P V: uniform
     // across the block, once per block.
-    const bool tail_is_memory = params.cu_seqlens_k != nullptr || params.seqused_k != nullptr;
+    const bool tail_is_memory =
+        params.cu_seqlens_k != nullptr || params.seqused_k != nullptr || params.block_table != nullptr;
     auto zero_tail_rows_of_v = [&](int n_block) {
         const int first_row = seq.seqlen_k - n_block * kBlockN;  // of the tile
         if (!tail_is_memory || first_row >= kBlockN) return;

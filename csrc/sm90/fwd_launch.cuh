@@ -15,7 +15,9 @@ template <typename Element, int kHeadDim, bool Is_local, bool Has_softcap>
 cudaError_t run_fwd_(const FwdParams& params, cudaStream_t stream) {
     using Traits = FwdTraitsFor<kHeadDim, Element>;
     CUtensorMap tma_q{}, tma_k{}, tma_v{};
-    cudaError_t err = make_fwd_tensor_maps(params, Traits::kBlockM, Traits::kBlockN, &tma_q, &tma_k, &tma_v);
+    const int box_rows_kv =
+        params.block_table != nullptr ? kv_box_rows(params.page_size, Traits::kBlockN) : Traits::kBlockN;
+    cudaError_t err = make_fwd_tensor_maps(params, Traits::kBlockM, box_rows_kv, &tma_q, &tma_k, &tma_v);
     if (err != cudaSuccess) return err;
     auto kernel = &fwd_kernel<Traits, Is_local, Has_softcap>;
     // Dynamic shared memory above 48 KB must be opted into per kernel.

@@ -81,6 +81,22 @@ template <> struct FwdConfig<128> { static constexpr int kBlockN = 128; };
 template <> struct FwdConfig<192> { static constexpr int kBlockN = 96; };
 template <> struct FwdConfig<256> { static constexpr int kBlockN = 80; };
 
+// Paged keys (block_table): a key tile is copied in boxes of kv_box_rows rows,
+// each inside one page, so that a box's rows are consecutive in memory: the
+// largest common divisor of the page size and the tile height. A tile starts at
+// a multiple of kBlockN, so every box starts at a multiple of the box height,
+// which divides the page size. Boxes under 8 rows (a swizzle atom) are not
+// taken: 0, and such pages stay with the sm80 family.
+constexpr int kv_box_rows(int page_size, int block_n) {
+    int a = page_size, b = block_n;
+    while (b != 0) {
+        const int r = a % b;
+        a = b;
+        b = r;
+    }
+    return a >= 8 ? a : 0;
+}
+
 template <int kHeadDim, typename Element>
 using FwdTraitsFor = FwdTraits<kHeadDim, FwdConfig<kHeadDim>::kBlockN, Element>;
 

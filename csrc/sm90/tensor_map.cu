@@ -64,8 +64,13 @@ View q_view(const FwdParams& params) {
             params.q_row_stride, params.q_head_stride, params.q_batch_stride};
 }
 
+// Paged keys: (head dim, row in page, head, page), the pages as the batch.
 View kv_view(const FwdParams& params, const void* ptr, int64_t row_stride, int64_t head_stride,
              int64_t batch_stride) {
+    if (params.block_table != nullptr) {
+        return {ptr, params.page_size, params.num_heads_k, params.kv_cache_batch, row_stride, head_stride,
+                batch_stride};
+    }
     const bool varlen = params.cu_seqlens_k != nullptr;
     return {ptr, varlen ? params.total_k : params.seqlen_k, params.num_heads_k, varlen ? 1 : params.batch,
             row_stride, head_stride, batch_stride};

@@ -14,7 +14,8 @@ namespace flash::sm90 {
 // Tensor maps over q, k and v, each 4-D: (head dim, rows, heads, batch), the
 // head dim contiguous, boxes of 64 columns x box_rows_q (q) or box_rows_kv (k,
 // v) rows in the 128-byte swizzle. Variable-length batches get one batch entry
-// and all total_q (total_k) rows. Reads outside a tensor arrive as zeros.
+// and all total_q (total_k) rows; paged k and v (block_table) have the pages
+// as the batch and page_size rows. Reads outside a tensor arrive as zeros.
 // Returns the error of the driver call, or cudaErrorInvalidValue.
 cudaError_t make_fwd_tensor_maps(const FwdParams& params, int box_rows_q, int box_rows_kv, CUtensorMap* q,
                                  CUtensorMap* k, CUtensorMap* v);
