@@ -23,8 +23,17 @@ cudaError_t run_fwd_(const FwdParams& params, cudaStream_t stream) {
     // Dynamic shared memory above 48 KB must be opted into per kernel.
     err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes);
     if (err != cudaSuccess) return err;
-    const dim3 grid((params.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM, params.num_heads, params.batch);
-    kernel<<<grid, Traits::kNThreads, Traits::kSmemBytes, stream>>>(params, tma_q, tma_k, tma_v);
+    // Persistent: one block per SM (or per query tile, when there are fewer),
+    // each walking its share of the tiles (fwd_kernel.cuh: WorkTile).
+    const int64_t tiles = static_cast<int64_t>((params.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM) *
+                          params.num_heads * params.batch;
+    if (tiles == 0) return cudaSuccess;
+    int device = 0, sms = 0;
+    err = cudaGetDevice(&device);
+    if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    if (err != cudaSuccess) return err;
+    const int blocks = static_cast<int>(tiles < sms ? tiles : sms);
+    kernel<<<blocks, Traits::kNThreads, Traits::kSmemBytes, stream>>>(params, tma_q, tma_k, tma_v);
     return cudaGetLastError();
 }
 

@@ -33,8 +33,8 @@ struct FwdTraits {
     static constexpr int kNThreads = 128 * (1 + kConsumerWarpgroups);
     // setmaxnreg: the producer keeps the minimum, the consumers take the rest
     // (the 65536 registers of an SM, one block per SM).
-    static constexpr int kProducerRegs = 24;
-    static constexpr int kConsumerRegs = 240;
+    static constexpr int kProducerRegs = 40;
+    static constexpr int kConsumerRegs = 232;
 
     // Tiles are whole column blocks wide: head dim 96 is stored (and its P V
     // computed) 128 columns wide, the last 32 zeros from the copies' bounds,
@@ -59,7 +59,7 @@ struct FwdTraits {
     static constexpr int kSmemKOffset = kSmemQOffset + kQBytes;
     static constexpr int kSmemVOffset = kSmemKOffset + kStages * kKVBytes;
     static constexpr int kSmemBarrierOffset = kSmemVOffset + kStages * kKVBytes;
-    static constexpr int kBarriers = 1 + 4 * kStages;  // Q full; K, V full and empty per stage
+    static constexpr int kBarriers = 2 + 4 * kStages;  // Q full and empty; K, V full and empty per stage
     static constexpr int kSmemAlign = kSwizzleAtomBytes;
     static constexpr int kSmemBytes = kSmemBarrierOffset + 8 * kBarriers + kSmemAlign;
 
