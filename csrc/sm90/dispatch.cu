@@ -22,9 +22,10 @@ constexpr bool kHasKernel = kHeadDim > 32;
 
 // The forward's shared memory at a compiled head dim (the same for both dtypes).
 template <int kHeadDim>
-int fwd_smem_bytes() {
+int fwd_smem_bytes(bool is_local) {
     if constexpr (kHasKernel<kHeadDim>) {
-        return FwdTraitsFor<kHeadDim, __half>::kSmemBytes;
+        return is_local ? FwdTraitsFor<kHeadDim, __half, true>::kSmemBytes
+                        : FwdTraitsFor<kHeadDim, __half, false>::kSmemBytes;
     } else {
         return 0;
     }
@@ -45,9 +46,9 @@ cudaError_t run_fwd_head_dim(const FwdParams& params, cudaStream_t stream) {
 
 // Keys per tile at a head dim (0: no sm90 kernel).
 template <int kHeadDim>
-int fwd_block_n() {
+int fwd_block_n(bool is_local) {
     if constexpr (kHasKernel<kHeadDim>) {
-        return FwdConfig<kHeadDim>::kBlockN;
+        return is_local ? FwdConfig<kHeadDim, true>::kBlockN : FwdConfig<kHeadDim, false>::kBlockN;
     } else {
         return 0;
     }
@@ -56,11 +57,11 @@ int fwd_block_n() {
 }  // namespace
 
 bool serves(const FwdParams& params) {
-    const int smem = FLASH_HEADDIM_SWITCH(params.head_dim, kHeadDim, [&] { return fwd_smem_bytes<kHeadDim>(); });
+    const int smem = FLASH_HEADDIM_SWITCH(params.head_dim, kHeadDim, [&] { return fwd_smem_bytes<kHeadDim>(params.is_local); });
     // Paged keys: pages whose boxes the copy engine can take (kv_box_rows), keys
     // counted from each sequence's first page (leftpad_k, which shifts them off
     // the boxes, stays with sm80).
-    const int block_n = FLASH_HEADDIM_SWITCH(params.head_dim, kHeadDim, [&] { return fwd_block_n<kHeadDim>(); });
+    const int block_n = FLASH_HEADDIM_SWITCH(params.head_dim, kHeadDim, [&] { return fwd_block_n<kHeadDim>(params.is_local); });
     const bool pages_fit = params.block_table == nullptr ||
                            (params.leftpad_k == nullptr && kv_box_rows(params.page_size, block_n) > 0);
     return params.head_dim > 32 && params.alibi_slopes_ptr == nullptr && params.rng_state == nullptr && pages_fit &&

@@ -147,11 +147,12 @@ struct KeyTileSource {
     }
 };
 
-// The work of a persistent block: tile t of the grid's list, t = blockIdx.x,
-// blockIdx.x + gridDim.x, ... Heads are walked one after the other, each
-// head's query tiles in a row, so that the blocks at work at one time share
-// their heads' K and V in L2; with a causal mask or a window (Is_local) the
-// bottom query tiles, which see the most keys, come first in each head.
+// The work of a block: query tiles t = blockIdx.x, blockIdx.x + gridDim.x, ...
+// of the list in which heads come one after the other, each head's query
+// tiles in a row, so that the blocks at work at one time share their heads' K
+// and V in L2; with a causal mask or a window (Is_local) the bottom query
+// tiles, which see the most keys, come first in each head. The launcher picks
+// the grid (fwd_launch.cuh): persistent, or one block per tile.
 template <typename Traits, bool Is_local>
 struct WorkTile {
     int m_block, head, batch;
@@ -175,9 +176,8 @@ struct WorkTile {
     }
 };
 
-// Launched with min(#tiles, #SMs) blocks of one producer and
-// kConsumerWarpgroups consumer warpgroups; params.seqlen_q is the longest
-// sequence's query count (varlen: max_seqlen_q).
+// Blocks of one producer and kConsumerWarpgroups consumer warpgroups;
+// params.seqlen_q is the longest sequence's query count (varlen: max_seqlen_q).
 template <typename Traits, bool Is_local, bool Has_softcap>
 __global__ void __launch_bounds__(Traits::kNThreads, 1)
     fwd_kernel(const __grid_constant__ FwdParams params, const __grid_constant__ CUtensorMap tma_q,

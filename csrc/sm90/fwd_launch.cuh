@@ -13,7 +13,7 @@ namespace flash::sm90 {
 
 template <typename Element, int kHeadDim, bool Is_local, bool Has_softcap>
 cudaError_t run_fwd_(const FwdParams& params, cudaStream_t stream) {
-    using Traits = FwdTraitsFor<kHeadDim, Element>;
+    using Traits = FwdTraitsFor<kHeadDim, Element, Is_local>;
     CUtensorMap tma_q{}, tma_k{}, tma_v{};
     const int box_rows_kv =
         params.block_table != nullptr ? kv_box_rows(params.page_size, Traits::kBlockN) : Traits::kBlockN;
@@ -23,16 +23,22 @@ cudaError_t run_fwd_(const FwdParams& params, cudaStream_t stream) {
     // Dynamic shared memory above 48 KB must be opted into per kernel.
     err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes);
     if (err != cudaSuccess) return err;
-    // Persistent: one block per SM (or per query tile, when there are fewer),
-    // each walking its share of the tiles (fwd_kernel.cuh: WorkTile).
     const int64_t tiles = static_cast<int64_t>((params.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM) *
                           params.num_heads * params.batch;
     if (tiles == 0) return cudaSuccess;
-    int device = 0, sms = 0;
-    err = cudaGetDevice(&device);
-    if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-    if (err != cudaSuccess) return err;
-    const int blocks = static_cast<int>(tiles < sms ? tiles : sms);
+    // Query tiles of equal work (no mask that cuts keys): persistent, one block
+    // per SM walking its share, the next tile's loads under this one's
+    // epilogue. Under a causal mask or a window the tiles' work differs, and a
+    // static share leaves some SMs idle at the end (the H100 A/B in NOTES.md):
+    // one block per tile, handed out by the hardware as SMs free up.
+    int blocks = static_cast<int>(tiles);
+    if (!Is_local) {
+        int device = 0, sms = 0;
+        err = cudaGetDevice(&device);
+        if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+        if (err != cudaSuccess) return err;
+        if (sms < blocks) blocks = sms;
+    }
     kernel<<<blocks, Traits::kNThreads, Traits::kSmemBytes, stream>>>(params, tma_q, tma_k, tma_v);
     return cudaGetLastError();
 }

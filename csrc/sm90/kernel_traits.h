@@ -73,13 +73,14 @@ struct FwdTraits {
 };
 
 // Keys per step for each compiled head dim: two stages of K and V tiles plus Q
-// within 227 KB.
-template <int kHeadDim> struct FwdConfig;
-template <> struct FwdConfig<64> { static constexpr int kBlockN = 128; };
-template <> struct FwdConfig<96> { static constexpr int kBlockN = 128; };
-template <> struct FwdConfig<128> { static constexpr int kBlockN = 128; };
-template <> struct FwdConfig<192> { static constexpr int kBlockN = 96; };
-template <> struct FwdConfig<256> { static constexpr int kBlockN = 80; };
+// within 227 KB. Without a mask that cuts keys (Is_local), d128 takes 176 keys
+// per step: fewer, longer steps for the same bytes of shared memory.
+template <int kHeadDim, bool Is_local> struct FwdConfig;
+template <bool Is_local> struct FwdConfig<64, Is_local> { static constexpr int kBlockN = 128; };
+template <bool Is_local> struct FwdConfig<96, Is_local> { static constexpr int kBlockN = 128; };
+template <bool Is_local> struct FwdConfig<128, Is_local> { static constexpr int kBlockN = Is_local ? 128 : 176; };
+template <bool Is_local> struct FwdConfig<192, Is_local> { static constexpr int kBlockN = Is_local ? 96 : 112; };
+template <bool Is_local> struct FwdConfig<256, Is_local> { static constexpr int kBlockN = 80; };
 
 // Paged keys (block_table): a key tile is copied in boxes of kv_box_rows rows,
 // each inside one page, so that a box's rows are consecutive in memory: the
@@ -97,7 +98,7 @@ constexpr int kv_box_rows(int page_size, int block_n) {
     return a >= 8 ? a : 0;
 }
 
-template <int kHeadDim, typename Element>
-using FwdTraitsFor = FwdTraits<kHeadDim, FwdConfig<kHeadDim>::kBlockN, Element>;
+template <int kHeadDim, typename Element, bool Is_local>
+using FwdTraitsFor = FwdTraits<kHeadDim, FwdConfig<kHeadDim, Is_local>::kBlockN, Element>;
 
 }  // namespace flash::sm90
