@@ -13,9 +13,9 @@ seconds, works on CPU tensors, and the build says why and the one command that
 gets the kernels (`pip install -v` shows it; so does the error a CUDA tensor
 gets).
 
-Each kernel family (csrc/sm80/, later csrc/sm90/) is compiled only for the
-archs of TORCH_CUDA_ARCH_LIST that it targets (FAMILY_ARCHS below); the
-binding (csrc/api/) is host code.
+Each kernel family (csrc/sm80/, csrc/sm90/) is compiled only for the archs of
+TORCH_CUDA_ARCH_LIST that it targets (FAMILY_ARCHS below); the binding
+(csrc/api/) is host code, told which families are in (FLASHATTN_HAS_SM90).
 
 What the extension was built against is written next to it, as
 ``_C.<python tag>.json`` (in the wheel, or beside the .so of an editable
@@ -345,11 +345,14 @@ def _extension_kwargs():
         "-Xptxas=-warn-spills",      # a spill in the main loop is a bug: make it loud
         "-DNDEBUG",
     ]
+    # The binding's family table (csrc/api/family.h) names a family's entry points
+    # only when the family is compiled in.
+    family_defines = [f"-DFLASHATTN_HAS_{family.upper()}" for family in families if family != "sm80"]
     ext = CUDAExtension(
         name="flashattn._C",
         sources=sources,
         include_dirs=[str(csrc)],
-        extra_compile_args={"cxx": ["-O3"], "nvcc": nvcc_flags},
+        extra_compile_args={"cxx": ["-O3", *family_defines], "nvcc": nvcc_flags},
     )
     # One build directory per torch: ninja's objects of one torch never meet another's.
     build_base = f"build/{tag}-torch{torch.__version__}"

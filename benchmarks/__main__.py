@@ -4,7 +4,7 @@ import argparse
 import shlex
 import sys
 
-from benchmarks import decode, decode_layouts, decode_overhead, features, paged, sweep
+from benchmarks import decode, decode_layouts, decode_overhead, families, features, paged, sweep
 from benchmarks.suite import cli as suite
 from benchmarks.suite import redraw
 
@@ -12,6 +12,7 @@ COMMANDS = {
     "suite": suite,
     "sweep": sweep,
     "features": features,
+    "families": families,
     "decode": decode,
     "decode-layouts": decode_layouts,
     "decode-overhead": decode_overhead,

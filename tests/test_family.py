@@ -1,5 +1,10 @@
 """Which kernel family serves a GPU (csrc/api/family.h): chosen from the compute
-capability, forced with FLASHATTN_FAMILY, and visible in the kernels that run."""
+capability, forced with FLASHATTN_FAMILY, and visible in the kernels that run.
+
+A 9.x GPU runs the sm90 family when the build includes 9.0a: its forward kernels
+(namespace flash::sm90::) serve what csrc/sm90/sm90.h's serves() accepts, and
+everything else (the backward, ALiBi, dropout, head dims up to 32) runs on the sm80
+family's kernels (flash::sm80::) on the same GPU. FLASHATTN_FAMILY=sm80 forces sm80."""
 import os
 import subprocess
 import sys
@@ -8,6 +13,7 @@ import pytest
 import torch
 
 import flashattn
+from flashattn._extension import BUILD_INFO
 
 pytestmark = pytest.mark.gpu
 
@@ -22,14 +28,48 @@ except ValueError as err:
 torch.cuda.synchronize()
 """
 
+# Prints the namespaces of the forward kernels one call runs (one line: sorted, space-separated).
+FORWARD_KERNELS_SCRIPT = """
+import torch, flashattn
+q, k, v = (torch.randn(2, 300, 4, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+flashattn.flash_attn_func(q, k, v, causal=True)  # warm-up: module load outside the profile
+torch.cuda.synchronize()
+with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+    flashattn.flash_attn_func(q, k, v, causal=True)
+    torch.cuda.synchronize()
+names = {e.name.split("fwd_kernel")[0].split()[-1] for e in prof.events()
+         if e.device_type == torch.autograd.DeviceType.CUDA and "fwd_kernel" in e.name}
+print(" ".join(sorted(names)))
+"""
 
-def run_with_family(value: str | None) -> str:
+
+def sm90_in_build() -> bool:
+    arch_list = (BUILD_INFO or {}).get("arch_list", "")
+    return any(arch.strip().removesuffix("+PTX") == "9.0a" for arch in arch_list.replace(" ", ";").split(";"))
+
+
+def default_family() -> str:
+    """The family the current GPU gets without FLASHATTN_FAMILY."""
+    major = torch.cuda.get_device_capability()[0]
+    return "sm90" if major == 9 and sm90_in_build() else "sm80"
+
+
+def family_env(value: str | None) -> dict:
     env = {k: v for k, v in os.environ.items() if k != "FLASHATTN_FAMILY"}
     if value is not None:
         env["FLASHATTN_FAMILY"] = value
-    result = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, timeout=300)
+    return env
+
+
+def run_script(script: str, value: str | None) -> str:
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=family_env(value),
+                            timeout=300)
     assert result.returncode == 0, result.stderr
     return result.stdout.strip()
+
+
+def run_with_family(value: str | None) -> str:
+    return run_script(SCRIPT, value)
 
 
 def kernels_run_by(fn) -> list[str]:
@@ -39,24 +79,72 @@ def kernels_run_by(fn) -> list[str]:
     return [event.name for event in prof.events() if event.device_type == torch.autograd.DeviceType.CUDA]
 
 
-def test_every_gpu_gets_the_sm80_family_today():
-    assert flashattn.kernel_family() == "sm80"
-    assert flashattn.kernel_family(torch.device("cuda", torch.cuda.current_device())) == "sm80"
+def test_the_default_family_follows_the_compute_capability():
+    assert flashattn.kernel_family() == default_family()
+    assert flashattn.kernel_family(torch.device("cuda", torch.cuda.current_device())) == default_family()
 
 
 def test_the_forward_and_backward_run_the_family_kernels():
+    """The forward runs the family's own kernel; the backward runs sm80's kernels on every family."""
     family = flashattn.kernel_family()
     q, k, v = (torch.randn(2, 300, 4, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
     names = kernels_run_by(lambda: flashattn.flash_attn_func(q, k, v, causal=True).sum().backward())
     ours = [name for name in names if "flash::" in name]
     assert any(f"flash::{family}::fwd_kernel" in name for name in ours), names
-    assert any(f"flash::{family}::bwd_dk_dv_kernel" in name for name in ours), names
-    assert all(f"flash::{family}::" in name for name in ours), ours
+    assert any("flash::sm80::bwd_dk_dv_kernel" in name for name in ours), names
+    assert all(f"flash::{family}::" in name or "flash::sm80::bwd" in name for name in ours), ours
 
 
 @pytest.mark.parametrize("value", [None, "auto", "sm80"])
 def test_flashattn_family_selects_a_family(value):
-    assert run_with_family(value) == "family sm80"
+    assert run_with_family(value) == f"family {default_family() if value in (None, 'auto') else value}"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9 or not sm90_in_build(),
+                    reason="the sm90 family runs on 9.x GPUs of builds that include 9.0a")
+@pytest.mark.parametrize("value, namespace", [(None, "flash::sm90::"), ("sm90", "flash::sm90::"),
+                                              ("sm80", "flash::sm80::")])
+def test_hopper_forward_runs_sm90_kernels_unless_forced(value, namespace):
+    """On a 9.x GPU the forward runs the sm90 kernels by default and the sm80 ones under
+    FLASHATTN_FAMILY=sm80, so that a test sweep cannot silently test the other family."""
+    assert run_script(FORWARD_KERNELS_SCRIPT, value) == namespace
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9 or not sm90_in_build(),
+                    reason="the sm90 family runs on 9.x GPUs of builds that include 9.0a")
+@pytest.mark.parametrize("case", ["alibi", "dropout", "d32", "softcap", "window", "d256"])
+def test_sm90_serves_or_delegates(case):
+    """What the sm90 forward kernels do not serve (ALiBi, dropout, head dims up to 32) runs on
+    sm80's kernels under the sm90 family; softcap, windows and every other head dim on sm90's."""
+    head_dim = {"d32": 32, "d256": 256}.get(case, 64)
+    q, k, v = (torch.randn(2, 200, 4, head_dim, device="cuda", dtype=torch.float16) for _ in range(3))
+    options = {"alibi": {"alibi_slopes": torch.rand(4, device="cuda")}, "dropout": {"dropout_p": 0.1},
+               "softcap": {"softcap": 30.0}, "window": {"window_size": (50, 10)}}.get(case, {})
+    names = [n for n in kernels_run_by(lambda: flashattn.flash_attn_func(q, k, v, **options)) if "fwd_kernel" in n]
+    expected = "flash::sm80::" if case in ("alibi", "dropout", "d32") else "flash::sm90::"
+    assert names and all(expected in name for name in names), names
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9 or not sm90_in_build(),
+                    reason="the sm90 family runs on 9.x GPUs of builds that include 9.0a")
+@pytest.mark.parametrize("page_size, head_dim, family", [(16, 128, "sm90"), (256, 64, "sm90"), (256, 256, "sm90"),
+                                                         (7, 128, "sm80"), (4, 64, "sm80")])
+def test_sm90_takes_pages_it_can_copy_in_boxes(page_size, head_dim, family):
+    """Paged keys run on sm90 where every box of a key tile lies in one page and spans at least 8
+    rows (kv_box_rows); smaller or odd pages on sm80."""
+    if flashattn.kernel_family() != "sm90":
+        pytest.skip("FLASHATTN_FAMILY forces another family")
+    lengths = [150, 40]
+    blocks = [-(-n // page_size) for n in lengths]
+    q = torch.randn(sum(lengths), 4, head_dim, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(sum(blocks), page_size, 2, head_dim, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    table = torch.arange(sum(blocks), device="cuda", dtype=torch.int32).flip(0)
+    table = torch.stack([table[: blocks[0]], torch.nn.functional.pad(table[blocks[0]:], (0, blocks[0] - blocks[1]))])
+    cu = torch.tensor([0, lengths[0], sum(lengths)], device="cuda", dtype=torch.int32)
+    run = lambda: flashattn.flash_attn_varlen_func(q, k, v, cu, cu, max(lengths), max(lengths), causal=True,  # noqa: E731
+                                                   block_table=table)
+    names = [n for n in kernels_run_by(run) if "fwd_kernel" in n]
+    assert names and all(f"flash::{family}::" in name for name in names), names
 
 
 def test_an_unknown_family_is_a_clear_error():

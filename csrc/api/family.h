@@ -2,9 +2,10 @@
 // compute capability, before any params are filled. A family is a table of
 // entry points; the binding calls nothing else of it.
 //
-// Families: sm80 (mma.sync; every GPU from sm_80 on). FLASHATTN_FAMILY=sm80
-// forces a family on a GPU that has a newer one (A/B runs and tests); unset or
-// "auto", each device gets the newest family built for it.
+// Families: sm90 (wgmma, TMA; sm_90 only, compiled in when the build includes
+// 9.0a: FLASHATTN_HAS_SM90), sm80 (mma.sync; every GPU from sm_80 on).
+// FLASHATTN_FAMILY=sm80 forces a family on a GPU that has a newer one (A/B runs
+// and tests); unset or "auto", each device gets the newest family built for it.
 #pragma once
 
 #include <c10/cuda/CUDAException.h>
@@ -19,6 +20,9 @@
 
 #include "common/flash.h"
 #include "sm80/sm80.h"
+#ifdef FLASHATTN_HAS_SM90
+#include "sm90/sm90.h"
+#endif
 
 namespace flashattn_api {
 
@@ -31,6 +35,7 @@ struct Family {
     cudaError_t (*run_kvcache_append)(const flash::AppendParams&, cudaStream_t);
     cudaError_t (*run_fwd_kvcache)(const flash::FwdParams&, cudaStream_t);
     int (*kernel_head_dim)(int);
+    int max_major = INT_MAX;  // the newest compute capability (major) it runs on (sm_90a code runs on 9.x only)
 };
 
 inline constexpr Family kSm80{"sm80",
@@ -42,8 +47,24 @@ inline constexpr Family kSm80{"sm80",
                               &flash::sm80::run_fwd_kvcache,
                               &flash::sm80::kernel_head_dim};
 
+#ifdef FLASHATTN_HAS_SM90
+inline constexpr Family kSm90{"sm90",
+                              9,
+                              &flash::sm90::run_fwd,
+                              &flash::sm90::run_bwd,
+                              &flash::sm90::plan_kvcache,
+                              &flash::sm90::run_kvcache_append,
+                              &flash::sm90::run_fwd_kvcache,
+                              &flash::sm90::kernel_head_dim,
+                              9};
+#endif
+
 // Newest first: a device gets the first family it can run.
-inline constexpr const Family* kFamilies[] = {&kSm80};
+inline constexpr const Family* kFamilies[] = {
+#ifdef FLASHATTN_HAS_SM90
+    &kSm90,
+#endif
+    &kSm80};
 
 // The family a call on `device` runs, and the shared memory a block may opt
 // into there. Refuses GPUs older than sm_80. FLASHATTN_MAX_SMEM_PER_BLOCK
@@ -70,10 +91,12 @@ inline DeviceKernels device_kernels(int device) {
         return env == nullptr || std::strcmp(env, "") == 0 || std::strcmp(env, "auto") == 0 ? nullptr : env;
     }();
     for (const Family* family : kFamilies) {
-        if (forced != nullptr ? std::strcmp(forced, family->name) != 0 : major < family->min_major) continue;
-        TORCH_CHECK(major >= family->min_major, "flashattn: FLASHATTN_FAMILY=", forced, " needs compute capability ",
-                    std::to_string(family->min_major), ".0 or newer; cuda:", std::to_string(device), " is ",
-                    std::to_string(major), ".", std::to_string(minor));
+        const bool runs_here = major >= family->min_major && major <= family->max_major;
+        if (forced != nullptr ? std::strcmp(forced, family->name) != 0 : !runs_here) continue;
+        TORCH_CHECK(runs_here, "flashattn: FLASHATTN_FAMILY=", forced, " needs compute capability ",
+                    std::to_string(family->min_major), ".0 or newer",
+                    family->max_major == INT_MAX ? "" : " (major " + std::to_string(family->max_major) + " at most)",
+                    "; cuda:", std::to_string(device), " is ", std::to_string(major), ".", std::to_string(minor));
         return {family, std::min(smem, smem_cap)};
     }
     std::string names;

@@ -69,6 +69,7 @@ void set_params(flash::FwdParams& params, const at::Tensor& q, const at::Tensor&
     params.cu_seqlens_q = layout.varlen ? cu_seqlens_q->data_ptr<int>() : nullptr;
     params.cu_seqlens_k = layout.varlen ? cu_seqlens_k->data_ptr<int>() : nullptr;
     params.total_q = static_cast<int>(layout.rows(q) * (layout.varlen ? 1 : batch));
+    params.total_k = static_cast<int>(layout.rows(k) * (layout.varlen ? 1 : batch));
     // lse: [B, H, Sq] padded, [H, total_q] packed.
     params.lse_batch_stride = layout.varlen ? 0 : lse.stride(0);
     params.lse_head_stride = lse.stride(-2);

@@ -65,11 +65,12 @@ struct FwdParams {
 
     // Variable-length batches: cu_seqlens_q/k [B + 1] (int32, device), or nullptr
     // for the padded layout. With them, the *_batch_stride are 0, seqlen_q/k are
-    // the longest sequences (the grid is sized from them) and total_q is the
-    // number of q rows.
+    // the longest sequences (the grid is sized from them) and total_q, total_k
+    // are the numbers of q and k rows.
     const int* __restrict__ cu_seqlens_q;
     const int* __restrict__ cu_seqlens_k;
     int total_q;
+    int total_k;
     // Variable-length batches only, each nullptr or int32 [B] (device): sequence
     // b uses its first seqused_q[b] queries (the rest of its rows are left
     // alone) and its keys [leftpad_k[b], seqused_k[b]) counted from its first

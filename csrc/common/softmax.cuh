@@ -30,6 +30,13 @@ struct OnlineSoftmax {
         }
     }
 
+    // exp(m_old - m_new) per row (1 exactly when the max did not move), and
+    // whether any row max of the warp moved.
+    struct Correction {
+        float factor[kRows];
+        bool any_moved;
+    };
+
     // Folds one tile of scores into the running state: updates the row max,
     // rescales the output accumulator and the running sum by exp(m_old - m_new),
     // and overwrites the scores with p = exp(score * scale - m_new * scale).
@@ -38,8 +45,18 @@ struct OnlineSoftmax {
     template <int kNTilesS, int kNTilesO>
     __device__ __forceinline__ void update(float (&s)[kMTiles][kNTilesS][4],
                                            float (&o)[kMTiles][kNTilesO][4], float scale_log2) {
-        float offset[kRows];      // m_new * scale_log2, the exponent subtracted from every score
-        float correction[kRows];  // exp(m_old - m_new): 1 exactly when the max did not move
+        const Correction correction = fold_max(s, scale_log2);
+        rescale(o, correction);
+        exponentiate(s, scale_log2);
+    }
+
+    // update() in its three steps, for kernels that rescale the output later
+    // (the sm90 kernel, whose O += P V of the previous tile is still running
+    // while this tile's scores are folded in). fold_max: the new row max, the
+    // running sums rescaled; returns the output's correction.
+    template <int kNTilesS>
+    __device__ __forceinline__ Correction fold_max(const float (&s)[kMTiles][kNTilesS][4], float scale_log2) {
+        Correction correction;
         bool max_moved = false;
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt) {
@@ -55,32 +72,30 @@ struct OnlineSoftmax {
                 m_new = fmaxf(m_new, __shfl_xor_sync(0xffffffffu, m_new, 2));
                 // A row that has seen only masked keys keeps max = -inf; subtracting 0
                 // instead keeps exp2(-inf - offset) = 0 rather than exp2(-inf + inf) = NaN.
-                offset[r] = (m_new == -INFINITY) ? 0.f : m_new * scale_log2;
+                const float offset = (m_new == -INFINITY) ? 0.f : m_new * scale_log2;
                 // The difference of the two stored offsets, not row_max * scale_log2 -
                 // offset: the compiler contracts that into an FMA whose result is the
                 // product's rounding error, not 0, when the max did not move, and a
                 // factor 2^err != 1 on every key tile adds up over a long row (1e-3 in
                 // the LSE at 256k keys). A row that saw no key yet has nothing to scale.
-                correction[r] = (row_max[r] == -INFINITY) ? 0.f : exp2_approx(row_offset[r] - offset[r]);
+                correction.factor[r] = (row_max[r] == -INFINITY) ? 0.f : exp2_approx(row_offset[r] - offset);
                 max_moved |= m_new != row_max[r];
                 row_max[r] = m_new;
-                row_offset[r] = offset[r];
-                row_sum[r] *= correction[r];
+                row_offset[r] = offset;
+                row_sum[r] *= correction.factor[r];
             }
         }
         // Late in the key loop most tiles leave every row max of the warp where it
-        // was; then every correction is exactly 1 and the kNTilesO * 4 multiplies
-        // per row pair are skipped (a warp-uniform branch, so no divergence).
-        if (__any_sync(0xffffffffu, max_moved)) {
-#pragma unroll
-            for (int mt = 0; mt < kMTiles; ++mt) {
-#pragma unroll
-                for (int j = 0; j < kNTilesO; ++j) {
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) o[mt][j][e] *= correction[mt * 2 + e / 2];
-                }
-            }
-        }
+        // was; then every correction is exactly 1 and rescale() skips its
+        // multiplies (a warp-uniform branch, so no divergence).
+        correction.any_moved = __any_sync(0xffffffffu, max_moved);
+        return correction;
+    }
+
+    // The scores, after fold_max, overwritten by p = exp2(score * scale_log2 -
+    // row_offset), and added to the running sums.
+    template <int kNTilesS>
+    __device__ __forceinline__ void exponentiate(float (&s)[kMTiles][kNTilesS][4], float scale_log2) {
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
@@ -91,12 +106,27 @@ struct OnlineSoftmax {
                 for (int j = 0; j < kNTilesS; ++j) {
 #pragma unroll
                     for (int e = 0; e < 2; ++e) {
-                        const float p = exp2_approx(fmaf(s[mt][j][2 * half + e], scale_log2, -offset[r]));
+                        const float p = exp2_approx(fmaf(s[mt][j][2 * half + e], scale_log2, -row_offset[r]));
                         s[mt][j][2 * half + e] = p;
                         sum += p;
                     }
                 }
                 row_sum[r] += sum;
+            }
+        }
+    }
+
+    // The output accumulator times the correction of its rows.
+    template <int kNTilesO>
+    __device__ __forceinline__ static void rescale(float (&o)[kMTiles][kNTilesO][4], const Correction& correction) {
+        if (correction.any_moved) {
+#pragma unroll
+            for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+                for (int j = 0; j < kNTilesO; ++j) {
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) o[mt][j][e] *= correction.factor[mt * 2 + e / 2];
+                }
             }
         }
     }

@@ -1,0 +1,132 @@
+"""Forward speed of each kernel family of this build against SDPA's cuDNN backend, in one run
+(GPU only):
+
+    python -m benchmarks families [--out DIR] [--head-dims 64,128] [--seqlens 2048,8192] [--dtype bf16]
+
+Shapes as the sweep's: B * S = 16k tokens, H * D = 2048, Sq = Sk, causal and not. The default family of
+the GPU (sm90 on an H100 whose build includes 9.0a) runs in this process; every other family that runs
+on the GPU (sm80) runs the same shapes in a child process with FLASHATTN_FAMILY set (the binding reads
+it once per process), on the same GPU, right after. cuDNN runs in this process. Each row also gives the
+largest difference between the default family's output and cuDNN's, as a sanity check (the tests are
+the correctness check). TFLOP/s = 4 * B * H * S^2 * D, halved for causal, over the median time.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+import torch
+
+from benchmarks.arguments import add_out, int_list
+from benchmarks.backends import SDPA_BACKENDS, sdpa_fn
+from benchmarks.environment import REPO_ROOT, dated_folder, header_lines, results_folder, slug, start_gpu_run
+from flashattn.testing import attention_flops
+
+HELP = "the forward of each kernel family against SDPA cuDNN, one run (GPU)"
+TOKENS, WIDTH = 16384, 2048  # B * S and H * D of every shape
+WARMUP_MS, REP_MS = 25, 100
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+OTHER_FAMILIES = ["sm80"]  # forced in a child process where the default family is another one
+
+
+def add_arguments(parser):
+    add_out(parser, "benchmarks/results/<date>-<gpu>-families")
+    parser.add_argument("--head-dims", type=int_list, default=[64, 128])
+    parser.add_argument("--seqlens", type=int_list, default=[2048, 8192])
+    parser.add_argument("--dtype", choices=list(DTYPES), default="bf16")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)  # prints JSON rows only
+
+
+def shapes(args):
+    for head_dim in args.head_dims:
+        for seqlen in args.seqlens:
+            for causal in (False, True):
+                yield head_dim, seqlen, causal
+
+
+def inputs(head_dim, seqlen, dtype):
+    gen = torch.Generator(device="cuda").manual_seed(head_dim * 100003 + seqlen)
+    shape = (TOKENS // seqlen, seqlen, WIDTH // head_dim, head_dim)
+    return [torch.randn(shape, generator=gen, dtype=dtype, device="cuda") for _ in range(3)]
+
+
+def time_flashattn(args, timer):
+    """{(head_dim, seqlen, causal): (family, ms)} of this process's family."""
+    import flashattn
+    family = flashattn.kernel_family()
+    times = {}
+    for head_dim, seqlen, causal in shapes(args):
+        q, k, v = inputs(head_dim, seqlen, DTYPES[args.dtype])
+        times[(head_dim, seqlen, causal)] = timer(lambda: flashattn.flash_attn_func(q, k, v, causal=causal))
+    return family, times
+
+
+def run_child(args, family):
+    """The same shapes timed in a child process with FLASHATTN_FAMILY=family: ({shape: ms}), or an error."""
+    argv = [sys.executable, "-m", "benchmarks", "families", "--child", "--dtype", args.dtype,
+            "--head-dims", ",".join(map(str, args.head_dims)), "--seqlens", ",".join(map(str, args.seqlens))]
+    result = subprocess.run(argv, cwd=REPO_ROOT, capture_output=True, text=True,
+                            env={**os.environ, "FLASHATTN_FAMILY": family})
+    if result.returncode != 0:
+        return None, result.stderr.strip().splitlines()[-1:] or ["failed"]
+    rows = json.loads(result.stdout.strip().splitlines()[-1])
+    return {tuple(row["shape"]): row["ms"] for row in rows["times"]}, rows["family"]
+
+
+def run(args):
+    started = start_gpu_run("benchmarks families", {"fwd": (WARMUP_MS, REP_MS)})
+    if started is None:
+        return 1
+    timers, header = started
+    timer = timers["fwd"]
+    family, ours = time_flashattn(args, timer)
+    if args.child:
+        print(json.dumps({"family": family,
+                          "times": [{"shape": list(shape), "ms": ms} for shape, ms in ours.items()]}))
+        return 0
+
+    others = {}
+    for other in OTHER_FAMILIES:
+        if other != family:
+            times, name = run_child(args, other)
+            if times is None:
+                print(f"benchmarks families: FLASHATTN_FAMILY={other} failed: {name}", file=sys.stderr)
+            else:
+                others[name] = times
+
+    import flashattn
+    rows = []
+    for head_dim, seqlen, causal in shapes(args):
+        q, k, v = inputs(head_dim, seqlen, DTYPES[args.dtype])
+        flops = attention_flops(TOKENS // seqlen, WIDTH // head_dim, seqlen, head_dim, causal)
+        cudnn = sdpa_fn(q, k, v, causal, head_dim**-0.5)
+        with torch.nn.attention.sdpa_kernel(SDPA_BACKENDS["cudnn"]):
+            cudnn_ms = timer(cudnn)
+            diff = (flashattn.flash_attn_func(q, k, v, causal=causal).float() - cudnn().float()).abs().max().item()
+        shape = (head_dim, seqlen, causal)
+        row = {"head dim": head_dim, "S": seqlen, "B": TOKENS // seqlen, "H": WIDTH // head_dim,
+               "causal": causal, family: flops / ours[shape] / 1e9}
+        for name, times in others.items():
+            row[name] = flops / times[shape] / 1e9
+        row["cuDNN"] = flops / cudnn_ms / 1e9
+        row[f"{family} / cuDNN"] = row[family] / row["cuDNN"]
+        row[f"max |{family} - cuDNN|"] = diff
+        rows.append(row)
+
+    columns = list(rows[0])
+    lines = [f"# Forward, {args.dtype}, TFLOP/s (B * S = {TOKENS}, H * D = {WIDTH})", "", *header_lines(header),
+             f"- families: {family} (this process){''.join(f', {n} (FLASHATTN_FAMILY={n})' for n in others)}", "",
+             "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for row in rows:
+        cells = [f"{v:.3g}" if isinstance(v, float) and k.startswith("max") else
+                 f"{v:.2f}" if isinstance(v, float) and "/" in k else
+                 f"{v:.0f}" if isinstance(v, float) else str(v) for k, v in row.items()]
+        lines.append("| " + " | ".join(cells) + " |")
+    text = "\n".join(lines) + "\n"
+    folder = results_folder(args.out, dated_folder(f"{slug(header['GPU'])}-families"))
+    (folder / "families.md").write_text(text)
+    print(text)
+    return 0

@@ -1,0 +1,96 @@
+// The sm90 family's entry points (sm90.h): runtime (dtype, head dim, local,
+// softcap) -> one compiled forward instantiation, or the sm80 family for what
+// the sm90 kernels do not serve.
+#include "common/flash.h"
+#include "common/static_switch.h"
+#include "sm80/sm80.h"
+#include "sm90/kernel_traits.h"
+#include "sm90/sm90.h"
+#include "sm90/tensor_map.h"
+
+namespace flash::sm90 {
+
+// Defined in instantiations/sm90_fwd_*.cu.
+template <typename Element, int kHeadDim, bool Is_local, bool Has_softcap>
+cudaError_t run_fwd_(const FwdParams& params, cudaStream_t stream);
+
+namespace {
+
+// Head dims up to 32 have no sm90 kernel (serves() sends them to sm80 first).
+template <int kHeadDim>
+constexpr bool kHasKernel = kHeadDim > 32;
+
+// The forward's shared memory at a compiled head dim (the same for both dtypes).
+template <int kHeadDim>
+int fwd_smem_bytes(bool is_local) {
+    if constexpr (kHasKernel<kHeadDim>) {
+        return is_local ? FwdTraitsFor<kHeadDim, __half, true>::kSmemBytes
+                        : FwdTraitsFor<kHeadDim, __half, false>::kSmemBytes;
+    } else {
+        return 0;
+    }
+}
+
+template <typename Element, int kHeadDim>
+cudaError_t run_fwd_head_dim(const FwdParams& params, cudaStream_t stream) {
+    if constexpr (kHasKernel<kHeadDim>) {
+        return FLASH_BOOL_SWITCH(params.is_local, Is_local, [&] {
+            return FLASH_BOOL_SWITCH(params.softcap > 0.f, Has_softcap, [&] {
+                return run_fwd_<Element, kHeadDim, Is_local, Has_softcap>(params, stream);
+            });
+        });
+    } else {
+        return sm80::run_fwd(params, stream);
+    }
+}
+
+// Keys per tile at a head dim (0: no sm90 kernel).
+template <int kHeadDim>
+int fwd_block_n(bool is_local) {
+    if constexpr (kHasKernel<kHeadDim>) {
+        return is_local ? FwdConfig<kHeadDim, true>::kBlockN : FwdConfig<kHeadDim, false>::kBlockN;
+    } else {
+        return 0;
+    }
+}
+
+}  // namespace
+
+bool serves(const FwdParams& params) {
+    const int smem = FLASH_HEADDIM_SWITCH(params.head_dim, kHeadDim, [&] { return fwd_smem_bytes<kHeadDim>(params.is_local); });
+    // Paged keys: pages whose boxes the copy engine can take (kv_box_rows), keys
+    // counted from each sequence's first page (leftpad_k, which shifts them off
+    // the boxes, stays with sm80).
+    const int block_n = FLASH_HEADDIM_SWITCH(params.head_dim, kHeadDim, [&] { return fwd_block_n<kHeadDim>(params.is_local); });
+    const bool pages_fit = params.block_table == nullptr ||
+                           (params.leftpad_k == nullptr && kv_box_rows(params.page_size, block_n) > 0);
+    return params.head_dim > 32 && params.alibi_slopes_ptr == nullptr && params.rng_state == nullptr && pages_fit &&
+           smem <= params.max_smem_per_block && tensor_maps_fit(params);
+}
+
+cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream) {
+    if (!serves(params)) return sm80::run_fwd(params, stream);
+    return FLASH_DTYPE_SWITCH(params.dtype, Element, [&] {
+        return FLASH_HEADDIM_SWITCH(params.head_dim, kHeadDim,
+                                    [&] { return run_fwd_head_dim<Element, kHeadDim>(params, stream); });
+    });
+}
+
+cudaError_t run_bwd(const BwdParams& params, cudaStream_t stream) { return sm80::run_bwd(params, stream); }
+
+KvcacheWorkspace plan_kvcache(FwdParams& params, int64_t requested_splits) {
+    return sm80::plan_kvcache(params, requested_splits);
+}
+
+cudaError_t run_kvcache_append(const AppendParams& params, cudaStream_t stream) {
+    return sm80::run_kvcache_append(params, stream);
+}
+
+cudaError_t run_fwd_kvcache(const FwdParams& params, cudaStream_t stream) {
+    return sm80::run_fwd_kvcache(params, stream);
+}
+
+// The sm90 forward kernels round head dims as the sm80 ones do (32 is sm80's alone).
+int kernel_head_dim(int head_dim) { return sm80::kernel_head_dim(head_dim); }
+
+}  // namespace flash::sm90

@@ -1,0 +1,481 @@
+// The sm90 forward kernel: one block per (query tile of kBlockM rows, head,
+// batch), warp-specialised.
+//
+//   producer warpgroup: one thread copies Q once, then the K and V tiles into
+//     kStages shared-memory stages with the bulk tensor copy (TMA, 128-byte
+//     swizzle), each stage's arrival tracked by a "full" mbarrier and its
+//     release by the consumers by an "empty" one (paged keys: one warp, a
+//     box per page, KeyTileSource). The rest of the warpgroup gives its
+//     registers back (setmaxnreg) and exits.
+//   consumer warpgroups: 64 query rows each; per key tile: wait K, S = Q K^T
+//     (wgmma, both operands from shared memory), release K, mask, online
+//     softmax, wait V, O += P V (wgmma, P from registers, V read transposed
+//     through the descriptor), release V. Two overlaps hide the softmax
+//     behind the tensor cores: within a warpgroup, S of tile i is issued with
+//     O += P V of tile i - 1 and its softmax runs while that GEMM does; between
+//     the two warpgroups, named barriers let one issue its GEMMs only after the
+//     other has issued its own (ping-pong).
+//
+// Key tiles are walked from the last to the first, as in the sm80 kernel, so
+// that the tiles that need a mask at the top (sequence tail, causal diagonal, a
+// window's right edge) come first, then every whole tile unmasked, then the
+// window's left edge (mask.cuh: key_tile_range). The online softmax, the mask
+// and the LSE are the sm80 family's (common/): a wgmma accumulator row block
+// of a warp has the layout of an mma.m16n8 accumulator, so they apply as is.
+#pragma once
+
+#include <cuda.h>
+
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#include "common/extras.cuh"
+#include "common/flash.h"
+#include "common/index_check.cuh"
+#include "common/mask.cuh"
+#include "common/ptx.cuh"
+#include "common/softmax.cuh"
+#include "sm90/kernel_traits.h"
+#include "sm90/ptx.cuh"
+
+namespace flash::sm90 {
+
+// The accumulator fragment of one warp, [1][n8 blocks][4], seen as the flat
+// register list a wgmma of N = 8 * kNTiles columns takes.
+template <int kNTiles>
+__device__ __forceinline__ float (&flat(float (&frag)[1][kNTiles][4]))[kNTiles * 4] {
+    return reinterpret_cast<float(&)[kNTiles * 4]>(frag);
+}
+
+// The shared-memory addresses of a block's tiles and barriers.
+template <typename Traits>
+struct SmemLayout {
+    uint32_t base;  // aligned to a swizzle atom
+
+    __device__ __forceinline__ explicit SmemLayout(const char* smem) {
+        base = (smem_addr(smem) + Traits::kSmemAlign - 1) & ~static_cast<uint32_t>(Traits::kSmemAlign - 1);
+    }
+    __device__ __forceinline__ uint32_t q() const { return base + Traits::kSmemQOffset; }
+    __device__ __forceinline__ uint32_t k(int stage) const { return base + Traits::kSmemKOffset + stage * Traits::kKVBytes; }
+    __device__ __forceinline__ uint32_t v(int stage) const { return base + Traits::kSmemVOffset + stage * Traits::kKVBytes; }
+    __device__ __forceinline__ uint32_t barrier(int i) const { return base + Traits::kSmemBarrierOffset + 8 * i; }
+    __device__ __forceinline__ uint32_t q_full() const { return barrier(0); }
+    __device__ __forceinline__ uint32_t q_empty() const { return barrier(1); }
+    __device__ __forceinline__ uint32_t k_full(int stage) const { return barrier(2 + stage); }
+    __device__ __forceinline__ uint32_t v_full(int stage) const { return barrier(2 + Traits::kStages + stage); }
+    __device__ __forceinline__ uint32_t k_empty(int stage) const { return barrier(2 + 2 * Traits::kStages + stage); }
+    __device__ __forceinline__ uint32_t v_empty(int stage) const { return barrier(2 + 3 * Traits::kStages + stage); }
+};
+
+// The i-th key tile a block walks (0, 1, ...) uses stage i % kStages for the
+// (i / kStages)-th time: the phase of that stage's barriers to wait for.
+template <typename Traits>
+struct StageOf {
+    int stage;
+    uint32_t phase;
+    __device__ __forceinline__ explicit StageOf(int i) : stage(i % Traits::kStages), phase((i / Traits::kStages) & 1) {}
+};
+
+// Each copy covers one column block of 64 elements: coordinates (column,
+// row, head, batch) of the tensor maps built by make_fwd_tensor_maps.
+template <typename Traits>
+__device__ __forceinline__ void load_tile(uint32_t dst, const CUtensorMap* map, uint32_t bar, int row, int head,
+                                          int batch, int block_bytes) {
+#pragma unroll
+    for (int cb = 0; cb < Traits::kColBlocks; ++cb) {
+        tma_load_4d(dst + cb * block_bytes, map, bar, cb * kSwizzleCols, row, head, batch);
+    }
+}
+
+// Where the producer warp copies a key (and value) tile from: rows of k and v
+// in the layout of their tensor maps. Contiguous keys: lane 0 copies the whole
+// tile, one box per column block (rows past the tensor arrive as zeros). Paged
+// keys (block_table): the tile is cut into boxes of kv_box_rows rows, each in
+// one page; lane j looks up box j's page (recorded and clamped when out of
+// range, index_check.cuh) and copies it. Boxes wholly past the sequence are not
+// copied: the consumers mask their keys and zero their value rows.
+template <typename Traits>
+struct KeyTileSource {
+    struct Box {
+        int count;  // boxes this lane copies: 0 or 1 (paged), kColBlocks' worth at lane 0 (contiguous)
+        int bytes;  // the tile's bytes in all (lane 0 expects them on the barrier)
+        int row, page, shared_offset;
+    };
+
+    const FwdParams& params;
+    const Sequence& seq;
+    const int* table;  // this sequence's block-table row (paged)
+    int batch, head_k, lane, box_rows, page_size;
+    bool paged;
+
+    __device__ __forceinline__ KeyTileSource(const FwdParams& params_, const Sequence& seq_, int batch_, int head_k_,
+                                             int lane_)
+        : params(params_), seq(seq_), batch(batch_), head_k(head_k_), lane(lane_) {
+        paged = params.block_table != nullptr;
+        table = paged ? params.block_table + batch * params.block_table_batch_stride : nullptr;
+        page_size = params.page_size;
+        box_rows = paged ? kv_box_rows(page_size, Traits::kBlockN) : Traits::kBlockN;
+    }
+
+    // The box this lane copies of the tile of keys [n0, n0 + kBlockN).
+    __device__ __forceinline__ Box box_of(int n0) const {
+        if (!paged) {
+            const int row = seq.k_start + n0;
+            return {lane == 0 ? 1 : 0, Traits::kKVBytes, row, params.cu_seqlens_k == nullptr ? batch : 0, 0};
+        }
+        const int boxes = min(Traits::kBlockN / box_rows, (seq.seqlen_k - n0 + box_rows - 1) / box_rows);
+        const int bytes = boxes * box_rows * kSwizzleBytes * Traits::kColBlocks;
+        if (lane >= boxes) return {0, bytes, 0, 0, 0};
+        const int key = n0 + lane * box_rows;  // paged keys count from 0 (sequence_of)
+        const int entry = key / page_size;
+        const int page = checked_index(table[entry], 0, params.kv_cache_batch - 1, params.faults,
+                                       IndexArgument::kBlockTable, batch, entry);
+        return {1, bytes, key - entry * page_size, page, lane * box_rows * kSwizzleBytes};
+    }
+
+    // Copies the box into a stage (dst) whose arrival `full` tracks.
+    __device__ __forceinline__ void load(uint32_t dst, const CUtensorMap* map, uint32_t full, const Box& box) const {
+        if (lane == 0) mbarrier_arrive_expect_tx(full, box.bytes);
+        if (paged) __syncwarp();  // the expected bytes are set before any box lands
+        if (box.count == 0) return;
+#pragma unroll
+        for (int cb = 0; cb < Traits::kColBlocks; ++cb) {
+            tma_load_4d(dst + cb * Traits::kKVBlockBytes + box.shared_offset, map, full, cb * kSwizzleCols, box.row,
+                        head_k, box.page);
+        }
+    }
+};
+
+// The work of a block: query tiles t = blockIdx.x, blockIdx.x + gridDim.x, ...
+// of the list in which heads come one after the other, each head's query
+// tiles in a row, so that the blocks at work at one time share their heads' K
+// and V in L2; with a causal mask or a window (Is_local) the bottom query
+// tiles, which see the most keys, come first in each head. The launcher picks
+// the grid (fwd_launch.cuh): persistent, or one block per tile.
+template <typename Traits, bool Is_local>
+struct WorkTile {
+    int m_block, head, batch;
+    Sequence seq;
+    Window window;
+    KeyTileRange key_tiles;
+    int num_tiles;  // key tiles to walk; 0 also when the query tile is past the sequence
+    bool has_rows;  // the query tile starts inside its sequence (it writes out and lse)
+
+    __device__ __forceinline__ WorkTile(const FwdParams& params, int t, int num_m_blocks) {
+        const int m = t % num_m_blocks;
+        m_block = Is_local ? num_m_blocks - 1 - m : m;
+        head = (t / num_m_blocks) % params.num_heads;
+        batch = t / num_m_blocks / params.num_heads;
+        seq = sequence_of<true>(params, batch);  // paged keys too (no cache here)
+        const int m0 = m_block * Traits::kBlockM;
+        has_rows = m0 < seq.seqlen_q;
+        window = window_of(params, seq.seqlen_q, seq.seqlen_k);
+        key_tiles = key_tile_range<Traits::kBlockM, Traits::kBlockN>(m0, seq.seqlen_q, window);
+        num_tiles = has_rows ? key_tiles.n_end - key_tiles.n_begin : 0;
+    }
+};
+
+// Blocks of one producer and kConsumerWarpgroups consumer warpgroups;
+// params.seqlen_q is the longest sequence's query count (varlen: max_seqlen_q).
+template <typename Traits, bool Is_local, bool Has_softcap>
+__global__ void __launch_bounds__(Traits::kNThreads, 1)
+    fwd_kernel(const __grid_constant__ FwdParams params, const __grid_constant__ CUtensorMap tma_q,
+               const __grid_constant__ CUtensorMap tma_k, const __grid_constant__ CUtensorMap tma_v) {
+    using Element = typename Traits::Element;
+    using Work = WorkTile<Traits, Is_local>;
+    constexpr int kBlockM = Traits::kBlockM;
+    constexpr int kBlockN = Traits::kBlockN;
+    constexpr int kStages = Traits::kStages;
+
+    extern __shared__ char smem[];
+    const SmemLayout<Traits> layout(smem);
+    const int num_m_blocks = (params.seqlen_q + kBlockM - 1) / kBlockM;
+    const int num_work = num_m_blocks * params.num_heads * params.batch;
+
+    if (threadIdx.x == 0) {
+        mbarrier_init(layout.q_full(), 1);
+        // One arrival per consumer warp, once its last Q K^T of a query tile is complete.
+        mbarrier_init(layout.q_empty(), Traits::kConsumerWarpgroups * 4);
+        for (int stage = 0; stage < kStages; ++stage) {
+            mbarrier_init(layout.k_full(stage), 1);  // the producer's arrive.expect_tx
+            mbarrier_init(layout.v_full(stage), 1);
+            // One arrival per consumer warp: each warp releases a stage once its
+            // own wgmma reads of it are complete.
+            mbarrier_init(layout.k_empty(stage), Traits::kConsumerWarpgroups * 4);
+            mbarrier_init(layout.v_empty(stage), Traits::kConsumerWarpgroups * 4);
+        }
+        fence_barrier_init();
+    }
+    __syncthreads();  // the barriers exist before anyone waits on them; the last block-wide barrier
+
+    // Producer and consumers walk the same work tiles, and count the same
+    // things: the query tiles with a key tile (q_count: Q's barrier phases) and
+    // the key tiles (tile_count: the stages and their phases).
+    const int warpgroup = threadIdx.x / 128;
+    if (warpgroup == 0) {
+        // Producer: thread 0 (warp 0 for paged keys, KeyTileSource); the rest
+        // of the warpgroup gives its registers back and exits. A
+        // variable-length batch's rows are packed: its tensor maps have one
+        // batch entry and the sequence's rows start at q_start / k_start.
+        release_registers<Traits::kProducerRegs>();
+        const int copiers = params.block_table != nullptr ? 32 : 1;
+        if (threadIdx.x >= copiers) return;
+        const int lane = threadIdx.x;
+        if (lane == 0) {
+            prefetch_tensor_map(&tma_q);
+            prefetch_tensor_map(&tma_k);
+            prefetch_tensor_map(&tma_v);
+        }
+        int q_count = 0, tile_count = 0;
+        for (int t = blockIdx.x; t < num_work; t += gridDim.x) {
+            const Work work(params, t, num_m_blocks);
+            if (work.num_tiles == 0) continue;  // no key tile: no copy, Q included
+            const int head_k = work.head / params.heads_per_kv_head;
+            if (lane == 0) {
+                // The consumers are done with the previous query tile's Q.
+                if (q_count > 0) mbarrier_wait(layout.q_empty(), (q_count - 1) & 1);
+                mbarrier_arrive_expect_tx(layout.q_full(), Traits::kQBytes);
+                load_tile<Traits>(layout.q(), &tma_q, layout.q_full(), work.seq.q_start + work.m_block * kBlockM,
+                                  work.head, params.cu_seqlens_q == nullptr ? work.batch : 0, Traits::kQBlockBytes);
+            }
+            ++q_count;
+            const KeyTileSource<Traits> source(params, work.seq, work.batch, head_k, lane);
+            for (int i = 0; i < work.num_tiles; ++i, ++tile_count) {
+                const StageOf<Traits> s(tile_count);
+                const auto box = source.box_of((work.key_tiles.n_end - 1 - i) * kBlockN);
+                // A stage's first use needs no release; its u-th waits for release u - 1.
+                if (tile_count >= kStages) mbarrier_wait(layout.k_empty(s.stage), s.phase ^ 1);
+                source.load(layout.k(s.stage), &tma_k, layout.k_full(s.stage), box);
+                if (tile_count >= kStages) mbarrier_wait(layout.v_empty(s.stage), s.phase ^ 1);
+                source.load(layout.v(s.stage), &tma_v, layout.v_full(s.stage), box);
+            }
+        }
+        return;
+    }
+
+    // Consumers.
+    claim_registers<Traits::kConsumerRegs>();
+    const int consumer = warpgroup - 1;
+    const int lane = threadIdx.x % 32;
+    const int warp_in_group_row0 = consumer * Traits::kWarpgroupRows + (threadIdx.x / 32) % 4 * 16;
+
+    // Q (K-major): this warpgroup's 64 rows of each column block. K (K-major)
+    // and V (MN-major: keys are the K dimension, the head dim the N dimension,
+    // 64 columns per column block) per stage.
+    const uint64_t q_desc = smem_descriptor_sw128(layout.q() + consumer * Traits::kWarpgroupRows * kSwizzleBytes,
+                                                  kUnusedLeadingBytes, kSwizzleAtomBytes);
+
+    // Ping-pong: a warpgroup issues its GEMMs only after the other one has
+    // issued its own, so that one warpgroup's softmax runs while the tensor
+    // cores work on the other's GEMMs. Warpgroup c waits at barrier 1 + c
+    // before each issue and, once its GEMMs are issued, lets the other one go.
+    // The second warpgroup lets the first one start; its last arrival is taken
+    // by the first warpgroup's last wait, after the last work tile.
+    constexpr int kPingPongThreads = 2 * 128;
+    constexpr int kTailBarrier = 3;  // after the ping-pong's 1 and 2
+    auto before_issue = [&] { named_barrier_sync(1 + consumer, kPingPongThreads); };
+    auto after_issue = [&] { named_barrier_arrive(2 - consumer, kPingPongThreads); };
+    if (consumer == 1) named_barrier_arrive(1, kPingPongThreads);
+
+    const bool tail_is_memory =
+        params.cu_seqlens_k != nullptr || params.seqused_k != nullptr || params.block_table != nullptr;
+    int q_count = 0, tile_count = 0;
+    for (int t = blockIdx.x; t < num_work; t += gridDim.x) {
+        const Work work(params, t, num_m_blocks);
+        if (!work.has_rows) continue;
+        const Sequence& seq = work.seq;
+        const int num_tiles = work.num_tiles;
+        const KeyTileRange& key_tiles = work.key_tiles;
+        const int warp_row0 = work.m_block * kBlockM + warp_in_group_row0;  // this warp's first row
+
+        float o[1][Traits::kNTilesO][4];
+#pragma unroll
+        for (int j = 0; j < Traits::kNTilesO; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) o[0][j][e] = 0.f;
+        OnlineSoftmax<1> softmax;
+        const ScoreExtras extras(params, work.batch, work.head, work.window.diagonal);
+
+        if (num_tiles > 0) mbarrier_wait(layout.q_full(), q_count & 1);
+
+        // The steps of one key tile, named.
+        auto issue_qk = [&](float (&s_frag)[1][Traits::kNTilesS][4], const StageOf<Traits>& s) {  // S = Q K^T
+            const uint64_t k_desc = smem_descriptor_sw128(layout.k(s.stage), kUnusedLeadingBytes, kSwizzleAtomBytes);
+            mbarrier_wait(layout.k_full(s.stage), s.phase);
+            wgmma_fence();
+#pragma unroll
+            for (int k = 0; k < Traits::kKStepsQK; ++k) {
+                // k16 step k: 32 bytes into a 128-byte row, column block k / 4.
+                const uint32_t offset_q = (k / 4) * Traits::kQBlockBytes + (k % 4) * 32;
+                const uint32_t offset_k = (k / 4) * Traits::kKVBlockBytes + (k % 4) * 32;
+                Wgmma<kBlockN>::template ss<Element>(flat(s_frag), advance_descriptor(q_desc, offset_q),
+                                                     advance_descriptor(k_desc, offset_k), /*scale_d=*/k > 0);
+            }
+            wgmma_commit();
+        };
+        uint32_t p[Traits::kKStepsPV][4];  // P of the last tile whose scores were exponentiated
+        auto issue_pv = [&](const StageOf<Traits>& s) {  // O += P V
+            const uint64_t v_desc =
+                smem_descriptor_sw128(layout.v(s.stage), Traits::kKVBlockBytes, kSwizzleAtomBytes);
+            mbarrier_wait(layout.v_full(s.stage), s.phase);
+            wgmma_fence();
+#pragma unroll
+            for (int k = 0; k < Traits::kKStepsPV; ++k) {
+                // k16 step k: 16 keys = 16 rows of 128 bytes further.
+                Wgmma<Traits::kTileCols>::template rs<Element>(flat(o), p[k],
+                                                                advance_descriptor(v_desc, k * 16 * kSwizzleBytes),
+                                                                /*scale_d=*/1);
+            }
+            wgmma_commit();
+        };
+        // The warp's reads of a stage (or of Q) are complete (after the
+        // wgmma_wait of its GEMM): one arrival per warp lets the producer
+        // refill it.
+        auto release = [&](uint32_t empty) {
+            if (lane == 0) mbarrier_arrive(empty);
+        };
+        auto scores = [&](float (&s_frag)[1][Traits::kNTilesS][4], int n_block, auto is_masked) {
+            const int n0 = n_block * kBlockN;
+            if constexpr (Has_softcap) apply_score_extras<false>(s_frag, extras, warp_row0, n0, lane);
+            if constexpr (decltype(is_masked)::value) {
+                apply_mask<Is_local>(s_frag, warp_row0, n0, work.window, lane);
+            }
+        };
+        // P, re-packed from the accumulator into the A fragments of the k16
+        // steps of P V: step k holds n8 blocks 2k and 2k + 1.
+        auto pack_p = [&](const float (&s_frag)[1][Traits::kNTilesS][4]) {
+#pragma unroll
+            for (int k = 0; k < Traits::kKStepsPV; ++k) {
+                p[k][0] = pack2<Element>(s_frag[0][2 * k][0], s_frag[0][2 * k][1]);
+                p[k][1] = pack2<Element>(s_frag[0][2 * k][2], s_frag[0][2 * k][3]);
+                p[k][2] = pack2<Element>(s_frag[0][2 * k + 1][0], s_frag[0][2 * k + 1][1]);
+                p[k][3] = pack2<Element>(s_frag[0][2 * k + 1][2], s_frag[0][2 * k + 1][3]);
+            }
+        };
+
+        // The first tile walked is the only one that can reach past the
+        // sequence's last key. Past the tensor map's rows the copy engine fills
+        // zeros; but the rows after a packed sequence (the next sequence's, or
+        // what follows seqused_k, or a page's unused rows) are memory it copies
+        // as is, or boxes it skips (stale), and a NaN or Inf there would turn
+        // P's zeros into NaN in O += P V (0 * Inf). Both consumer warpgroups
+        // zero those rows of the stage before either issues its P V: uniform
+        // across the block, once per query tile.
+        auto zero_tail_rows_of_v = [&](const StageOf<Traits>& s, int n_block) {
+            const int first_row = seq.seqlen_k - n_block * kBlockN;  // of the tile
+            if (!tail_is_memory || first_row >= kBlockN) return;
+            constexpr int kChunksPerRow = kSwizzleBytes / 16;
+            const int chunks = (kBlockN - first_row) * kChunksPerRow;
+            mbarrier_wait(layout.v_full(s.stage), s.phase);
+            const int thread = threadIdx.x - 128;
+            for (int cb = 0; cb < Traits::kColBlocks; ++cb) {
+                const uint32_t block = layout.v(s.stage) + cb * Traits::kKVBlockBytes + first_row * kSwizzleBytes;
+                for (int c = thread; c < chunks; c += Traits::kConsumerWarpgroups * 128) {
+                    store_zero_16(block + 16 * c);
+                }
+            }
+            fence_proxy_async_shared();
+            named_barrier_sync(kTailBarrier, Traits::kConsumerWarpgroups * 128);
+        };
+
+        // Intra-warpgroup overlap: S_i = Q K_i^T and O += P_{i-1} V_{i-1} are
+        // issued together; the softmax of tile i runs while the tensor cores
+        // finish O, whose rescale by tile i's new row max waits for them. The
+        // first tile (no P V yet) is peeled off, so that every issue of a wgmma
+        // in the loop meets its wait on every path (ptxas serialises the wgmma
+        // otherwise: C7514).
+        auto first_step = [&](int n_block, auto is_masked) {
+            const StageOf<Traits> s(tile_count);
+            float s_frag[1][Traits::kNTilesS][4];
+            before_issue();
+            issue_qk(s_frag, s);
+            after_issue();
+            wgmma_wait<0>();
+            pin_registers(flat(s_frag));
+            release(layout.k_empty(s.stage));
+            scores(s_frag, n_block, is_masked);
+            softmax.fold_max(s_frag, params.softmax_scale_log2);  // O is still 0: nothing to rescale
+            softmax.exponentiate(s_frag, params.softmax_scale_log2);
+            pack_p(s_frag);
+            zero_tail_rows_of_v(s, n_block);
+        };
+        auto step = [&](int i, int n_block, auto is_masked) {
+            const StageOf<Traits> s(tile_count + i), previous(tile_count + i - 1);
+            float s_frag[1][Traits::kNTilesS][4];
+            before_issue();
+            issue_qk(s_frag, s);
+            issue_pv(previous);
+            after_issue();
+            wgmma_wait<1>();
+            pin_registers(flat(s_frag));
+            release(layout.k_empty(s.stage));
+            scores(s_frag, n_block, is_masked);
+            const auto correction = softmax.fold_max(s_frag, params.softmax_scale_log2);
+            softmax.exponentiate(s_frag, params.softmax_scale_log2);
+            wgmma_wait<0>();
+            pin_registers(flat(o));
+            pin_registers(p);
+            release(layout.v_empty(previous.stage));
+            softmax.rescale(o, correction);
+            pack_p(s_frag);
+        };
+
+        // Tiles [full_begin, full_end) need no mask (mask.cuh: key_tile_range).
+        if (num_tiles > 0) {
+            int i = 0;
+            int n_block = key_tiles.n_end - 1;
+            if (n_block >= key_tiles.full_end || n_block < key_tiles.full_begin) {
+                first_step(n_block, std::true_type{});
+            } else {
+                first_step(n_block, std::false_type{});
+            }
+            --n_block;
+            ++i;
+            for (; n_block >= key_tiles.full_end; --n_block, ++i) step(i, n_block, std::true_type{});
+            for (; n_block >= key_tiles.full_begin; --n_block, ++i) step(i, n_block, std::false_type{});
+            for (; n_block >= key_tiles.n_begin; --n_block, ++i) step(i, n_block, std::true_type{});
+            // Every Q K^T of this query tile is complete: the producer may load the next Q.
+            release(layout.q_empty());
+            // The last tile's O += P V.
+            const StageOf<Traits> last(tile_count + num_tiles - 1);
+            before_issue();
+            issue_pv(last);
+            after_issue();
+            wgmma_wait<0>();
+            pin_registers(flat(o));
+            release(layout.v_empty(last.stage));
+            ++q_count;
+            tile_count += num_tiles;
+        }
+
+        // Epilogue: normalise, then each thread writes its rows' LSE and its
+        // pairs of output columns (rows past the sequence, columns past the
+        // head dim stay unwritten).
+        float lse[2];
+        softmax.finalize(o, lse);
+        Element* out = static_cast<Element*>(params.o_ptr) + work.batch * params.o_batch_stride +
+                       work.head * params.o_head_stride + static_cast<int64_t>(seq.q_start) * params.o_row_stride;
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            const int row = warp_row0 + half * 8 + lane / 4;
+            if (row >= seq.seqlen_q) continue;
+            if (lane % 4 == 0) {
+                params.lse_ptr[work.batch * params.lse_batch_stride + work.head * params.lse_head_stride +
+                               seq.q_start + row] = lse[half];
+            }
+            Element* out_row = out + static_cast<int64_t>(row) * params.o_row_stride;
+#pragma unroll
+            for (int j = 0; j < Traits::kNTilesO; ++j) {
+                const int col = j * 8 + (lane % 4) * 2;
+                if (col < params.head_dim) {
+                    *reinterpret_cast<uint32_t*>(out_row + col) =
+                        pack2<Element>(o[0][j][2 * half], o[0][j][2 * half + 1]);
+                }
+            }
+        }
+    }
+    if (consumer == 0) before_issue();  // the second warpgroup's last arrival
+}
+
+}  // namespace flash::sm90

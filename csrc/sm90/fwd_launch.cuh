@@ -1,0 +1,46 @@
+// Launches the sm90 forward kernel for one (dtype, head dim, local, softcap)
+// instantiation (instantiations/sm90_fwd_*.cu).
+#pragma once
+
+#include <cuda.h>
+
+#include "common/flash.h"
+#include "sm90/fwd_kernel.cuh"
+#include "sm90/kernel_traits.h"
+#include "sm90/tensor_map.h"
+
+namespace flash::sm90 {
+
+template <typename Element, int kHeadDim, bool Is_local, bool Has_softcap>
+cudaError_t run_fwd_(const FwdParams& params, cudaStream_t stream) {
+    using Traits = FwdTraitsFor<kHeadDim, Element, Is_local>;
+    CUtensorMap tma_q{}, tma_k{}, tma_v{};
+    const int box_rows_kv =
+        params.block_table != nullptr ? kv_box_rows(params.page_size, Traits::kBlockN) : Traits::kBlockN;
+    cudaError_t err = make_fwd_tensor_maps(params, Traits::kBlockM, box_rows_kv, &tma_q, &tma_k, &tma_v);
+    if (err != cudaSuccess) return err;
+    auto kernel = &fwd_kernel<Traits, Is_local, Has_softcap>;
+    // Dynamic shared memory above 48 KB must be opted into per kernel.
+    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes);
+    if (err != cudaSuccess) return err;
+    const int64_t tiles = static_cast<int64_t>((params.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM) *
+                          params.num_heads * params.batch;
+    if (tiles == 0) return cudaSuccess;
+    // Query tiles of equal work (no mask that cuts keys): persistent, one block
+    // per SM walking its share, the next tile's loads under this one's
+    // epilogue. Under a causal mask or a window the tiles' work differs, and a
+    // static share leaves some SMs idle at the end (the H100 A/B in NOTES.md):
+    // one block per tile, handed out by the hardware as SMs free up.
+    int blocks = static_cast<int>(tiles);
+    if (!Is_local) {
+        int device = 0, sms = 0;
+        err = cudaGetDevice(&device);
+        if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+        if (err != cudaSuccess) return err;
+        if (sms < blocks) blocks = sms;
+    }
+    kernel<<<blocks, Traits::kNThreads, Traits::kSmemBytes, stream>>>(params, tma_q, tma_k, tma_v);
+    return cudaGetLastError();
+}
+
+}  // namespace flash::sm90

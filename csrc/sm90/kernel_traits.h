@@ -1,0 +1,104 @@
+// Tile shapes and the shared-memory layout of the sm90 forward kernel, derived
+// from the head dim and the key tile and checked at compile time. Host code
+// reads them too (serves(), the launcher), so nothing here is device-only.
+#pragma once
+
+#include <cstdint>
+
+namespace flash::sm90 {
+
+// Tiles live in shared memory in the layout the copy engine writes with the
+// 128-byte swizzle and wgmma reads through its descriptors: a [rows, kHeadDim]
+// tile is cut into column blocks of 64 elements (one 128-byte row each), every
+// block [rows, 64] stored row after row, 8-row atoms of 1024 bytes.
+constexpr int kSwizzleBytes = 128;
+constexpr int kSwizzleCols = kSwizzleBytes / 2;  // 16-bit elements per swizzled row
+constexpr int kSwizzleAtomBytes = 8 * kSwizzleBytes;
+
+// The shared memory a block may take on sm_90 (227 KB).
+constexpr int kMaxSmemPerBlock = 227 * 1024;
+
+// CTA: one producer warpgroup (one thread issues every copy; the rest of it
+// exits) and kConsumerWarpgroups consumer warpgroups of 64 query rows each
+// (the M of wgmma), which walk the same key tiles.
+template <int kHeadDim_, int kBlockN_, typename Element_>
+struct FwdTraits {
+    using Element = Element_;  // __half or __nv_bfloat16
+    static constexpr int kHeadDim = kHeadDim_;
+    static constexpr int kWarpgroupRows = 64;
+    static constexpr int kConsumerWarpgroups = 2;
+    static constexpr int kBlockM = kConsumerWarpgroups * kWarpgroupRows;  // query rows per block
+    static constexpr int kBlockN = kBlockN_;                              // keys per main-loop step
+    static constexpr int kStages = 2;                                     // K and V tiles in flight
+    static constexpr int kNThreads = 128 * (1 + kConsumerWarpgroups);
+    // setmaxnreg: the producer keeps the minimum, the consumers take the rest
+    // (the 65536 registers of an SM, one block per SM).
+    static constexpr int kProducerRegs = 40;
+    static constexpr int kConsumerRegs = 232;
+
+    // Tiles are whole column blocks wide: head dim 96 is stored (and its P V
+    // computed) 128 columns wide, the last 32 zeros from the copies' bounds,
+    // since the swizzle atom of V, read MN-major, is 64 columns wide.
+    static constexpr int kColBlocks = (kHeadDim + kSwizzleCols - 1) / kSwizzleCols;
+    static constexpr int kTileCols = kColBlocks * kSwizzleCols;
+    static constexpr int kKStepsQK = kHeadDim / 16;  // k16 steps of S = Q K^T
+    static constexpr int kKStepsPV = kBlockN / 16;   // k16 steps of O += P V
+    static constexpr int kNTilesS = kBlockN / 8;     // n8 blocks of a warp's S fragment
+    static constexpr int kNTilesO = kTileCols / 8;   // n8 blocks of a warp's O fragment
+
+    // Bytes of one column block, and of a whole tile (what a tile's copies
+    // deliver, out-of-bounds zeros included).
+    static constexpr int kQBlockBytes = kBlockM * kSwizzleBytes;
+    static constexpr int kKVBlockBytes = kBlockN * kSwizzleBytes;
+    static constexpr int kQBytes = kColBlocks * kQBlockBytes;
+    static constexpr int kKVBytes = kColBlocks * kKVBlockBytes;
+
+    // Q, then kStages K tiles, then kStages V tiles, then the mbarriers; the
+    // base is aligned up to an atom at run time (kSmemAlign spare bytes).
+    static constexpr int kSmemQOffset = 0;
+    static constexpr int kSmemKOffset = kSmemQOffset + kQBytes;
+    static constexpr int kSmemVOffset = kSmemKOffset + kStages * kKVBytes;
+    static constexpr int kSmemBarrierOffset = kSmemVOffset + kStages * kKVBytes;
+    static constexpr int kBarriers = 2 + 4 * kStages;  // Q full and empty; K, V full and empty per stage
+    static constexpr int kSmemAlign = kSwizzleAtomBytes;
+    static constexpr int kSmemBytes = kSmemBarrierOffset + 8 * kBarriers + kSmemAlign;
+
+    static_assert(kHeadDim % 32 == 0 && kHeadDim <= 256, "head dims 64, 96, 128, 192, 256");
+    static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "wgmma N and the k16 steps of P V");
+    static_assert(kQBlockBytes % kSwizzleAtomBytes == 0 && kKVBlockBytes % kSwizzleAtomBytes == 0,
+                  "every column block starts on a swizzle atom");
+    static_assert(kConsumerWarpgroups * 128 * kConsumerRegs + 128 * kProducerRegs <= 65536,
+                  "setmaxnreg: the warpgroups' registers must fit the SM's 64K");
+    static_assert(kSmemBytes <= kMaxSmemPerBlock, "shared memory over the sm_90 per-block limit");
+};
+
+// Keys per step for each compiled head dim: two stages of K and V tiles plus Q
+// within 227 KB. Without a mask that cuts keys (Is_local), d128 takes 176 keys
+// per step: fewer, longer steps for the same bytes of shared memory.
+template <int kHeadDim, bool Is_local> struct FwdConfig;
+template <bool Is_local> struct FwdConfig<64, Is_local> { static constexpr int kBlockN = 128; };
+template <bool Is_local> struct FwdConfig<96, Is_local> { static constexpr int kBlockN = 128; };
+template <bool Is_local> struct FwdConfig<128, Is_local> { static constexpr int kBlockN = Is_local ? 128 : 176; };
+template <bool Is_local> struct FwdConfig<192, Is_local> { static constexpr int kBlockN = Is_local ? 96 : 112; };
+template <bool Is_local> struct FwdConfig<256, Is_local> { static constexpr int kBlockN = 80; };
+
+// Paged keys (block_table): a key tile is copied in boxes of kv_box_rows rows,
+// each inside one page, so that a box's rows are consecutive in memory: the
+// largest common divisor of the page size and the tile height. A tile starts at
+// a multiple of kBlockN, so every box starts at a multiple of the box height,
+// which divides the page size. Boxes under 8 rows (a swizzle atom) are not
+// taken: 0, and such pages stay with the sm80 family.
+constexpr int kv_box_rows(int page_size, int block_n) {
+    int a = page_size, b = block_n;
+    while (b != 0) {
+        const int r = a % b;
+        a = b;
+        b = r;
+    }
+    return a >= 8 ? a : 0;
+}
+
+template <int kHeadDim, typename Element, bool Is_local>
+using FwdTraitsFor = FwdTraits<kHeadDim, FwdConfig<kHeadDim, Is_local>::kBlockN, Element>;
+
+}  // namespace flash::sm90

@@ -1,0 +1,272 @@
+// Tiny named wrappers around the Hopper (sm_90a) instructions the sm90 family
+// uses: mbarriers, the bulk tensor copy (TMA), warpgroup MMA (wgmma), register
+// reallocation and the shared-memory matrix descriptors. One PTX instruction
+// (or one fixed idiom) each; the note above each says which.
+#pragma once
+
+#include <cuda.h>  // CUtensorMap (a type only: nothing here calls the driver)
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <type_traits>
+
+namespace flash::sm90 {
+
+// ---- mbarriers (shared memory, 64 bit) --------------------------------------
+
+// mbarrier.init: a barrier whose phase completes after `count` arrivals (and,
+// once a thread has announced them, the transaction bytes a copy delivers).
+__device__ __forceinline__ void mbarrier_init(uint32_t bar, uint32_t count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+
+// fence.mbarrier_init: makes the initialised barriers visible to the copy
+// engine (the async proxy) before any copy may complete on them.
+__device__ __forceinline__ void fence_barrier_init() {
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+
+// mbarrier.arrive.expect_tx: arrive once and announce `bytes` bytes that copies
+// will deliver to this phase.
+__device__ __forceinline__ void mbarrier_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+
+// mbarrier.arrive: one arrival.
+__device__ __forceinline__ void mbarrier_arrive(uint32_t bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+
+// mbarrier.try_wait.parity in a loop: returns once the phase of parity `parity`
+// has completed (phases alternate 0, 1, 0, ...; a fresh barrier is in phase 0).
+__device__ __forceinline__ void mbarrier_wait(uint32_t bar, uint32_t parity) {
+    uint32_t done;
+    do {
+        asm volatile(
+            "{\n.reg .pred p;\n"
+            "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+            "selp.u32 %0, 1, 0, p;\n}\n"
+            : "=r"(done)
+            : "r"(bar), "r"(parity)
+            : "memory");
+    } while (!done);
+}
+
+// ---- the bulk tensor copy (TMA) -------------------------------------------
+
+// prefetch.tensormap: brings a tensor map (a __grid_constant__ kernel
+// parameter) into the copy engine's cache ahead of its first use.
+__device__ __forceinline__ void prefetch_tensor_map(const CUtensorMap* map) {
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+}
+
+// cp.async.bulk.tensor.4d (global -> shared, tile mode): copies the box of `map`
+// at coordinates (c0 innermost .. c3) to `dst`; the bytes complete on `bar`.
+// Elements outside the tensor arrive as zeros.
+__device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1,
+                                            int c2, int c3) {
+    asm volatile(
+        "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+        " [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst),
+        "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
+        : "memory");
+}
+
+// ---- warp specialisation ------------------------------------------------------
+
+// setmaxnreg.dec / .inc: hand registers back to the pool (the producer) or take
+// them (the consumers); every warp of the warpgroup executes it.
+template <int kRegs>
+__device__ __forceinline__ void release_registers() {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+
+template <int kRegs>
+__device__ __forceinline__ void claim_registers() {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+
+// ---- shared-memory matrix descriptors -----------------------------------------
+
+// The wgmma descriptor of a tile stored in the 128-byte swizzle (the layout TMA
+// writes with CU_TENSOR_MAP_SWIZZLE_128B): rows of 128 bytes, 8-row atoms of
+// 1024 bytes whose 16-byte chunks are XOR-permuted by the row index; the atom
+// must start 1024-byte aligned (base offset 0). Fields: start address >> 4
+// (bits 0-13), leading byte offset >> 4 (16-29), stride byte offset >> 4
+// (32-45), swizzle mode 1 = 128 B (62-63).
+//   K-major operand (Q, K): the stride offset steps 8 rows (1024 B); the
+//   leading offset is unused (the k16 slice lies within one 128-byte row:
+//   kUnusedLeadingBytes).
+//   MN-major operand (V read transposed): the stride offset steps 8 rows of
+//   the K dimension (1024 B), the leading offset steps 64 columns of the MN
+//   dimension (from one 128-byte-wide column block to the next).
+constexpr uint32_t kUnusedLeadingBytes = 16;
+
+__device__ __forceinline__ uint64_t smem_descriptor_sw128(uint32_t addr, uint32_t leading_bytes,
+                                                          uint32_t stride_bytes) {
+    return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(leading_bytes >> 4) << 16) |
+           (static_cast<uint64_t>(stride_bytes >> 4) << 32) | (1ull << 62);
+}
+
+// A descriptor moved `bytes` further into shared memory (bytes a multiple of 16,
+// the address field does not overflow: shared memory is under 256 KB).
+__device__ __forceinline__ uint64_t advance_descriptor(uint64_t desc, uint32_t bytes) {
+    return desc + (bytes >> 4);
+}
+
+// ---- warpgroup MMA (wgmma) ---------------------------------------------------------
+
+// wgmma.fence: orders this thread's earlier register writes (accumulators, the
+// A fragment) before the wgmma that reads them.
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+
+// wgmma.commit_group: closes the group of wgmma issued since the last commit.
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+
+// wgmma.wait_group: waits until at most kPending committed groups are in flight.
+template <int kPending>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+}
+
+// Pins registers at this point of the program: the compiler may neither read
+// an accumulator before the wgmma_wait that completes it nor move a write after
+// the wgmma that reads it (the asynchronous MMA is invisible to it otherwise).
+template <int kRegs>
+__device__ __forceinline__ void pin_registers(float (&r)[kRegs]) {
+#pragma unroll
+    for (int i = 0; i < kRegs; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+
+// The same for A fragments: keeps registers an issued wgmma still reads live
+// (unreused) until this point, after the wait that completes it.
+template <int kRows>
+__device__ __forceinline__ void pin_registers(uint32_t (&r)[kRows][4]) {
+#pragma unroll
+    for (int i = 0; i < kRows; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(r[i][j])::"memory");
+}
+
+// ---- generic writes that the async proxy reads ------------------------------
+
+// st.shared.v4 of 16 zero bytes at a shared-memory address.
+__device__ __forceinline__ void store_zero_16(uint32_t addr) {
+    asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(addr), "r"(0) : "memory");
+}
+
+// fence.proxy.async: this thread's earlier shared-memory writes become visible
+// to the async proxy (wgmma's operand reads, the copy engine) that is ordered
+// after it (through a barrier).
+__device__ __forceinline__ void fence_proxy_async_shared() {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// ---- named barriers ----------------------------------------------------------
+
+// bar.sync: waits until `threads` threads (a multiple of 32; this warp's count
+// included) have arrived at barrier `id` (1..15; 0 is __syncthreads').
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+// bar.arrive: counts this warp's arrival at barrier `id` without waiting.
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+// wgmma.mma_async m64nNk16 with fp32 accumulators d[N / 2] (the warpgroup's
+// 64 x N tile; warp w holds rows 16w..16w+15 in the layout of mma.m16n8
+// accumulators, n8 block j at d[4j..4j+3]). `ss`: A and B from shared memory
+// (descriptors), both K-major. `rs`: A from registers (4 x 32 bits: the
+// m16k16 A fragment of mma.m16n8k16), B from shared memory MN-major (the
+// transpose bit). scale_d = 0 overwrites d, 1 accumulates.
+template <int N>
+struct Wgmma;
+
+#define FLASH_ACC_8(i)                                                                                        \
+    "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), \
+        "+f"(d[i + 7])
+
+// The accumulator operands of m64nNk16, "%0" .. "%(N/2 - 1)", and their constraints.
+#define FLASH_ACC_OPERANDS_64                                                                                   \
+    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, " \
+    "%23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define FLASH_ACC_CONSTRAINTS_64 FLASH_ACC_8(0), FLASH_ACC_8(8), FLASH_ACC_8(16), FLASH_ACC_8(24)
+#define FLASH_ACC_OPERANDS_80 FLASH_ACC_OPERANDS_64 ", %32, %33, %34, %35, %36, %37, %38, %39"
+#define FLASH_ACC_CONSTRAINTS_80 FLASH_ACC_CONSTRAINTS_64, FLASH_ACC_8(32)
+#define FLASH_ACC_OPERANDS_96 FLASH_ACC_OPERANDS_80 ", %40, %41, %42, %43, %44, %45, %46, %47"
+#define FLASH_ACC_CONSTRAINTS_96 FLASH_ACC_CONSTRAINTS_80, FLASH_ACC_8(40)
+#define FLASH_ACC_OPERANDS_112 FLASH_ACC_OPERANDS_96 ", %48, %49, %50, %51, %52, %53, %54, %55"
+#define FLASH_ACC_CONSTRAINTS_112 FLASH_ACC_CONSTRAINTS_96, FLASH_ACC_8(48)
+#define FLASH_ACC_OPERANDS_128 FLASH_ACC_OPERANDS_112 ", %56, %57, %58, %59, %60, %61, %62, %63"
+#define FLASH_ACC_CONSTRAINTS_128 FLASH_ACC_CONSTRAINTS_112, FLASH_ACC_8(56)
+#define FLASH_ACC_OPERANDS_144 FLASH_ACC_OPERANDS_128 ", %64, %65, %66, %67, %68, %69, %70, %71"
+#define FLASH_ACC_CONSTRAINTS_144 FLASH_ACC_CONSTRAINTS_128, FLASH_ACC_8(64)
+#define FLASH_ACC_OPERANDS_160 FLASH_ACC_OPERANDS_144 ", %72, %73, %74, %75, %76, %77, %78, %79"
+#define FLASH_ACC_CONSTRAINTS_160 FLASH_ACC_CONSTRAINTS_144, FLASH_ACC_8(72)
+#define FLASH_ACC_OPERANDS_176 FLASH_ACC_OPERANDS_160 ", %80, %81, %82, %83, %84, %85, %86, %87"
+#define FLASH_ACC_CONSTRAINTS_176 FLASH_ACC_CONSTRAINTS_160, FLASH_ACC_8(80)
+#define FLASH_ACC_OPERANDS_192 FLASH_ACC_OPERANDS_176 ", %88, %89, %90, %91, %92, %93, %94, %95"
+#define FLASH_ACC_CONSTRAINTS_192 FLASH_ACC_CONSTRAINTS_176, FLASH_ACC_8(88)
+#define FLASH_ACC_OPERANDS_256                                                                                  \
+    FLASH_ACC_OPERANDS_192                                                                                      \
+    ", %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, " \
+    "%114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+#define FLASH_ACC_CONSTRAINTS_256 \
+    FLASH_ACC_CONSTRAINTS_192, FLASH_ACC_8(96), FLASH_ACC_8(104), FLASH_ACC_8(112), FLASH_ACC_8(120)
+
+// SS: the operands after the accumulators are %R (desc_a), %R+1 (desc_b),
+// %R+2 (scale_d); RS: %R..%R+3 (a), %R+4 (desc_b), %R+5 (scale_d); R = N / 2.
+#define FLASH_WGMMA_SS_ASM(N, TYPE, R0, R1, R2)                                                              \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" R2 ", 0;\n"                                          \
+                 "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TYPE "." TYPE " {" FLASH_ACC_OPERANDS_##N \
+                 "}, %" R0 ", %" R1 ", p, 1, 1, 0, 0;\n}\n"                                                \
+                 : FLASH_ACC_CONSTRAINTS_##N                                                                \
+                 : "l"(desc_a), "l"(desc_b), "r"(scale_d))
+#define FLASH_WGMMA_RS_ASM(N, TYPE, R0, R1, R2, R3, R4, R5)                                                  \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" R5 ", 0;\n"                                          \
+                 "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TYPE "." TYPE " {" FLASH_ACC_OPERANDS_##N \
+                 "}, {%" R0 ", %" R1 ", %" R2 ", %" R3 "}, %" R4 ", p, 1, 1, 1;\n}\n"                       \
+                 : FLASH_ACC_CONSTRAINTS_##N                                                                \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d))
+#define FLASH_DEFINE_WGMMA(N, R0, R1, R2, R3, R4, R5)                                                          \
+    template <>                                                                                               \
+    struct Wgmma<N> {                                                                                         \
+        template <typename Element>                                                                           \
+        __device__ __forceinline__ static void ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b,        \
+                                                  int scale_d) {                                              \
+            if constexpr (std::is_same_v<Element, __nv_bfloat16>) {                                           \
+                FLASH_WGMMA_SS_ASM(N, "bf16", R0, R1, R2);                                                    \
+            } else {                                                                                          \
+                FLASH_WGMMA_SS_ASM(N, "f16", R0, R1, R2);                                                     \
+            }                                                                                                 \
+        }                                                                                                     \
+        template <typename Element>                                                                           \
+        __device__ __forceinline__ static void rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b, \
+                                                  int scale_d) {                                              \
+            if constexpr (std::is_same_v<Element, __nv_bfloat16>) {                                           \
+                FLASH_WGMMA_RS_ASM(N, "bf16", R0, R1, R2, R3, R4, R5);                                        \
+            } else {                                                                                          \
+                FLASH_WGMMA_RS_ASM(N, "f16", R0, R1, R2, R3, R4, R5);                                         \
+            }                                                                                                 \
+        }                                                                                                     \
+    };
+
+FLASH_DEFINE_WGMMA(64, "32", "33", "34", "35", "36", "37")
+FLASH_DEFINE_WGMMA(80, "40", "41", "42", "43", "44", "45")
+FLASH_DEFINE_WGMMA(96, "48", "49", "50", "51", "52", "53")
+FLASH_DEFINE_WGMMA(112, "56", "57", "58", "59", "60", "61")
+FLASH_DEFINE_WGMMA(128, "64", "65", "66", "67", "68", "69")
+FLASH_DEFINE_WGMMA(144, "72", "73", "74", "75", "76", "77")
+FLASH_DEFINE_WGMMA(160, "80", "81", "82", "83", "84", "85")
+FLASH_DEFINE_WGMMA(176, "88", "89", "90", "91", "92", "93")
+FLASH_DEFINE_WGMMA(192, "96", "97", "98", "99", "100", "101")
+FLASH_DEFINE_WGMMA(256, "128", "129", "130", "131", "132", "133")
+
+#undef FLASH_DEFINE_WGMMA
+#undef FLASH_WGMMA_RS_ASM
+#undef FLASH_WGMMA_SS_ASM
+
+}  // namespace flash::sm90

@@ -1,0 +1,28 @@
+// The sm90 family's entry points: the Hopper kernels (wgmma, TMA, warp
+// specialisation; sm_90a only). The same table as sm80.h, which the binding
+// calls through api/family.h. What the family's kernels do not serve (serves()
+// below; the backward, the KV cache) runs on the sm80 family on the same GPU:
+// these entry points delegate to flash::sm80::.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "common/flash.h"
+
+namespace flash::sm90 {
+
+// Whether the sm90 forward kernels serve a call: fp16/bf16, a head dim that
+// rounds to 64, 96, 128, 192 or 256, causal, windowed, softcap, GQA/MQA, any
+// strides the tensor maps can describe, variable lengths. Not: ALiBi, dropout,
+// head dims up to 32, a shared-memory limit under what the kernels need
+// (FLASHATTN_MAX_SMEM_PER_BLOCK), broadcast (stride 0) views.
+bool serves(const FwdParams& params);
+
+cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream);
+cudaError_t run_bwd(const BwdParams& params, cudaStream_t stream);
+KvcacheWorkspace plan_kvcache(FwdParams& params, int64_t requested_splits);
+cudaError_t run_kvcache_append(const AppendParams& params, cudaStream_t stream);
+cudaError_t run_fwd_kvcache(const FwdParams& params, cudaStream_t stream);
+int kernel_head_dim(int head_dim);
+
+}  // namespace flash::sm90

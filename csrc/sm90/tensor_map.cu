@@ -1,0 +1,108 @@
+// Host code (compiled with the sm90 family, for its launchers): see tensor_map.h.
+#include "sm90/tensor_map.h"
+
+#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
+
+#include <algorithm>
+#include <cstdint>
+
+#include "sm90/kernel_traits.h"
+
+namespace flash::sm90 {
+
+namespace {
+
+constexpr int kElementBytes = 2;  // fp16 and bf16
+
+// cuTensorMapEncodeTiled through the runtime's driver entry point, so that the
+// extension needs no link against libcuda.
+PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
+    static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+        void* ptr = nullptr;
+        cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+        const cudaError_t err =
+            cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000, cudaEnableDefault, &found);
+        return err == cudaSuccess && found == cudaDriverEntryPointSuccess
+                   ? reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(ptr)
+                   : nullptr;
+    }();
+    return fn;
+}
+
+struct View {
+    const void* ptr;
+    int64_t rows, heads, batches;
+    int64_t row_stride, head_stride, batch_stride;  // elements
+};
+
+// A dimension of extent 1 is never stepped: any stride the encoder accepts.
+uint64_t stride_bytes(int64_t extent, int64_t stride) {
+    return extent > 1 ? static_cast<uint64_t>(stride) * kElementBytes : 16;
+}
+
+cudaError_t encode(CUtensorMap* map, const FwdParams& params, const View& view, int box_rows) {
+    if (view.rows == 0) return cudaSuccess;  // no row to copy: the kernel never reads this map
+    const auto fn = encode_tiled();
+    if (fn == nullptr) return cudaErrorSymbolNotFound;
+    const cuuint64_t dims[4] = {static_cast<cuuint64_t>(params.head_dim), static_cast<cuuint64_t>(view.rows),
+                                static_cast<cuuint64_t>(view.heads), static_cast<cuuint64_t>(view.batches)};
+    const cuuint64_t strides[3] = {stride_bytes(view.rows, view.row_stride),
+                                   stride_bytes(view.heads, view.head_stride),
+                                   stride_bytes(view.batches, view.batch_stride)};
+    const cuuint32_t box[4] = {static_cast<cuuint32_t>(kSwizzleCols), static_cast<cuuint32_t>(box_rows), 1, 1};
+    const cuuint32_t element_strides[4] = {1, 1, 1, 1};
+    const CUresult result =
+        fn(map, params.dtype == DType::kBFloat16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+           4, const_cast<void*>(view.ptr), dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+           CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    return result == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
+View q_view(const FwdParams& params) {
+    const bool varlen = params.cu_seqlens_q != nullptr;
+    return {params.q_ptr, varlen ? params.total_q : params.seqlen_q, params.num_heads, varlen ? 1 : params.batch,
+            params.q_row_stride, params.q_head_stride, params.q_batch_stride};
+}
+
+// Paged keys: (head dim, row in page, head, page), the pages as the batch.
+View kv_view(const FwdParams& params, const void* ptr, int64_t row_stride, int64_t head_stride,
+             int64_t batch_stride) {
+    if (params.block_table != nullptr) {
+        return {ptr, params.page_size, params.num_heads_k, params.kv_cache_batch, row_stride, head_stride,
+                batch_stride};
+    }
+    const bool varlen = params.cu_seqlens_k != nullptr;
+    return {ptr, varlen ? params.total_k : params.seqlen_k, params.num_heads_k, varlen ? 1 : params.batch,
+            row_stride, head_stride, batch_stride};
+}
+
+bool fits(const View& view) {
+    return (view.rows <= 1 || view.row_stride != 0) && (view.heads <= 1 || view.head_stride != 0) &&
+           (view.batches <= 1 || view.batch_stride != 0);
+}
+
+}  // namespace
+
+cudaError_t make_fwd_tensor_maps(const FwdParams& params, int box_rows_q, int box_rows_kv, CUtensorMap* q,
+                                 CUtensorMap* k, CUtensorMap* v) {
+    cudaError_t err = encode(q, params, q_view(params), box_rows_q);
+    if (err == cudaSuccess) {
+        err = encode(k, params,
+                     kv_view(params, params.k_ptr, params.k_row_stride, params.k_head_stride, params.k_batch_stride),
+                     box_rows_kv);
+    }
+    if (err == cudaSuccess) {
+        err = encode(v, params,
+                     kv_view(params, params.v_ptr, params.v_row_stride, params.v_head_stride, params.v_batch_stride),
+                     box_rows_kv);
+    }
+    return err;
+}
+
+bool tensor_maps_fit(const FwdParams& params) {
+    return fits(q_view(params)) &&
+           fits(kv_view(params, params.k_ptr, params.k_row_stride, params.k_head_stride, params.k_batch_stride)) &&
+           fits(kv_view(params, params.v_ptr, params.v_row_stride, params.v_head_stride, params.v_batch_stride));
+}
+
+}  // namespace flash::sm90

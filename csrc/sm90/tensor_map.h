@@ -1,0 +1,28 @@
+// Host side of the copy engine: the tensor maps (CUtensorMap) that describe q,
+// k and v to the forward kernel's TMA loads, built per call from the params'
+// pointers, sizes and strides (a few microseconds; no state is kept between
+// calls but the driver entry point).
+#pragma once
+
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+
+#include "common/flash.h"
+
+namespace flash::sm90 {
+
+// Tensor maps over q, k and v, each 4-D: (head dim, rows, heads, batch), the
+// head dim contiguous, boxes of 64 columns x box_rows_q (q) or box_rows_kv (k,
+// v) rows in the 128-byte swizzle. Variable-length batches get one batch entry
+// and all total_q (total_k) rows; paged k and v (block_table) have the pages
+// as the batch and page_size rows. Reads outside a tensor arrive as zeros.
+// Returns the error of the driver call, or cudaErrorInvalidValue.
+cudaError_t make_fwd_tensor_maps(const FwdParams& params, int box_rows_q, int box_rows_kv, CUtensorMap* q,
+                                 CUtensorMap* k, CUtensorMap* v);
+
+// Whether the tensor maps above can describe the params' layout: every stride
+// of a dimension longer than one is non-zero (the copy engine walks distinct
+// rows; a broadcast view goes to the sm80 family).
+bool tensor_maps_fit(const FwdParams& params);
+
+}  // namespace flash::sm90
