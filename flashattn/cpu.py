@@ -18,8 +18,8 @@ from torch import Tensor
 
 from .philox import dropout_keep_mask
 
-__all__ = ["CPU_DTYPES", "CUDA_DTYPES", "MAX_HEAD_DIM", "attention_probs", "bwd", "check_bwd", "check_fwd", "fwd",
-           "s_dmask_block_n"]
+__all__ = ["CPU_DTYPES", "CUDA_DTYPES", "MAX_HEAD_DIM", "attention_probs", "bwd", "bwd_ext", "check_bwd",
+           "check_dlse", "check_fwd", "check_learnable_sink", "combine", "fwd", "s_dmask_block_n"]
 
 MAX_HEAD_DIM = 256
 CUDA_DTYPES = (torch.float16, torch.bfloat16)  # the kernels' tensor-core types
@@ -151,6 +151,30 @@ def check_alibi_slopes(alibi_slopes: Tensor | None, q: Tensor, batch: int) -> No
     if alibi_slopes.shape not in ((num_heads,), (batch, num_heads)):
         raise ValueError(f"flashattn: alibi_slopes must be {accepted}, got shape {_shape(alibi_slopes)}")
     check_same_device("alibi_slopes", alibi_slopes, q)
+
+
+def check_learnable_sink(learnable_sink: Tensor | None, q: Tensor) -> None:
+    """None, or the per-head sink logits: float32 (nheads,) on q's device."""
+    if learnable_sink is None:
+        return
+    num_heads = q.shape[-2]
+    accepted = f"a float32 tensor of shape (nheads,) = ({num_heads},)"
+    if learnable_sink.dtype != torch.float32:
+        raise TypeError(f"flashattn: learnable_sink must be {accepted}, got dtype {learnable_sink.dtype}")
+    if tuple(learnable_sink.shape) != (num_heads,):
+        raise ValueError(f"flashattn: learnable_sink must be {accepted}, got shape {_shape(learnable_sink)}")
+    check_same_device("learnable_sink", learnable_sink, q)
+
+
+def check_dlse(dlse: Tensor | None, softmax_lse: Tensor) -> None:
+    """None, or the gradient of softmax_lse: float32 of its shape, on its device."""
+    if dlse is None:
+        return
+    if dlse.dtype != torch.float32 or dlse.shape != softmax_lse.shape or dlse.device != softmax_lse.device:
+        raise RuntimeError(
+            f"flashattn: dlse must be a float32 tensor of softmax_lse's shape {_shape(softmax_lse)} on "
+            f"{softmax_lse.device}, got {_shape(dlse)} {dlse.dtype} on {dlse.device}"
+        )
 
 
 def _check_rng_state(q: Tensor, dropout_p: float, rng_state: Tensor | None) -> None:
@@ -288,6 +312,7 @@ class _Options:
     dropout_p: float
     rng_state: Tensor | None  # int64 [2], when dropout_p > 0
     batch_start: int = 0  # the index b of the first sequence at hand (dropout's counter)
+    learnable_sink: Tensor | None = None  # fp32 [H]: one more softmax column per head, without a value
 
     @staticmethod
     def of(
@@ -299,6 +324,7 @@ class _Options:
         alibi_slopes: Tensor | None,
         dropout_p: float,
         rng_state: Tensor | None,
+        learnable_sink: Tensor | None = None,
     ) -> "_Options":
         """The options of the operator's arguments (dropout_p > 0 needs its rng_state)."""
         slopes = None if alibi_slopes is None else alibi_slopes.float().reshape(-1, alibi_slopes.shape[-1])
@@ -310,6 +336,7 @@ class _Options:
             alibi_slopes=slopes,
             dropout_p=dropout_p,
             rng_state=rng_state if dropout_p > 0 else None,
+            learnable_sink=learnable_sink,
         )
 
     def for_sequence(self, b: int) -> "_Options":
@@ -403,11 +430,21 @@ class _OnlineSoftmax:
     Keeps the running row max of the scores seen so far and the running row
     sum of exp(score - max). When a block raises the max, what was summed and
     accumulated before is rescaled by exp(old_max - new_max).
+
+    A learnable sink (`sink`, broadcastable to the rows) is a column seen before
+    any key: the max starts at it and the sum at exp(sink - sink) = 1, with
+    nothing added to the output. A row that then sees no key keeps sum 1,
+    hence output 0 and LSE sink.
     """
 
-    def __init__(self, row_shape: tuple[int, ...]) -> None:
-        self.row_max = torch.full(row_shape, -math.inf, dtype=torch.float32)
-        self.row_sum = torch.zeros(row_shape, dtype=torch.float32)
+    def __init__(self, row_shape: tuple[int, ...], sink: Tensor | None = None) -> None:
+        if sink is None:
+            self.row_max = torch.full(row_shape, -math.inf, dtype=torch.float32)
+            self.row_sum = torch.zeros(row_shape, dtype=torch.float32)
+        else:
+            self.row_max = sink.float().expand(row_shape).clone()
+            # A sink of -inf is no sink: its column weighs exp(-inf) = 0.
+            self.row_sum = torch.where(self.row_max == -math.inf, 0.0, 1.0)
 
     def update(self, scores: Tensor) -> tuple[Tensor, Tensor]:
         """Folds in a block of scores [..., rows, keys]. Returns the block's unnormalised
@@ -448,7 +485,10 @@ def _attend_query_block(
     # The G heads of a group are stacked as rows of one matrix, so each K/V
     # block serves them all through a plain batched matmul, with no copy of K/V.
     q_rows = q_blk.float().flatten(2, 3)  # [B, Hk, G * bm, D]
-    softmax = _OnlineSoftmax((batch, num_heads_k, group, block_m))
+    sink = None
+    if opts.learnable_sink is not None:
+        sink = opts.learnable_sink.reshape(1, num_heads_k, group, 1)  # [1, Hk, G, 1]
+    softmax = _OnlineSoftmax((batch, num_heads_k, group, block_m), sink)
     acc = torch.zeros((batch, num_heads_k, group, block_m, head_dim), dtype=torch.float32)
     # Keys outside the window of every row of the block (e.g. in every row's
     # future when causal) are never visited; blocks stay on the BLOCK_N grid.
@@ -557,6 +597,7 @@ def fwd(
     seqused_k: Tensor | None = None,
     leftpad_k: Tensor | None = None,
     block_table: Tensor | None = None,
+    learnable_sink: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """FlashAttention's forward in plain PyTorch: the readable statement of the algorithm.
 
@@ -568,11 +609,15 @@ def fwd(
     each sequence as a batch of one (its keys gathered from its pages with a
     block table), written into the packed outputs; rows that no sequence uses
     (past cu_seqlens_q[-1] or a sequence's seqused_q) get out 0, lse -inf.
-    `deterministic` is for the backward; this forward always is.
+    `deterministic` is for the backward; this forward always is. A learnable_sink
+    (fp32 [H], flashattn::fwd_ext's) joins each row's softmax as a column without a
+    value (_OnlineSoftmax); the LSE includes it.
     """
     check_fwd(q, k, v, alibi_slopes, dropout_p, rng_state, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
               leftpad_k, block_table)
-    opts = _Options.of(softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, dropout_p, rng_state)
+    check_learnable_sink(learnable_sink, q)
+    opts = _Options.of(softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, dropout_p, rng_state,
+                       learnable_sink)
     if cu_seqlens_q is None:
         return _fwd_padded(q, k, v, opts)
     paged = block_table is not None
@@ -643,9 +688,11 @@ def _key_block_gradients(
 
 
 def _bwd_padded(
-    dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, softmax_lse: Tensor, opts: _Options
-) -> tuple[Tensor, Tensor, Tensor]:
-    """The backward of _fwd_padded: dq [B, Sq, H, D], dk and dv [B, Sk, Hk, D]."""
+    dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, softmax_lse: Tensor, opts: _Options,
+    dlse: Tensor | None = None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+    """The backward of _fwd_padded: dq [B, Sq, H, D], dk and dv [B, Sk, Hk, D], and with a learnable
+    sink its gradient [H] in fp32 (else None). dlse [B, H, Sq], if given, is the gradient of softmax_lse."""
     batch, seqlen_q, num_heads, head_dim = q.shape
     seqlen_k, num_heads_k = k.shape[1], k.shape[2]
     group = num_heads // num_heads_k  # query head h uses KV head h // group
@@ -655,7 +702,13 @@ def _bwd_padded(
         return t.unflatten(1, (num_heads_k, group))
 
     # The preprocess: D = rowsum(dO * O) per query row.
-    delta = grouped((dout.float() * out.float()).sum(dim=-1).transpose(1, 2))  # [B, Hk, G, Sq]
+    delta = (dout.float() * out.float()).sum(dim=-1).transpose(1, 2)  # [B, H, Sq]
+    if dlse is not None:
+        # lse_i = log(sum_j exp(S_ij) [+ exp(sink)]), so d lse_i / d S_ij = P_ij and dS_ij gains
+        # dlse_i * P_ij: P_ij * (dP_ij - D_i + dlse_i), the softmax's backward with D_i - dlse_i for
+        # D_i. Rows that saw no key (lse -inf) have P = 0: their dlse is dropped, NaN or not.
+        delta = delta - dlse.float().masked_fill(softmax_lse == -math.inf, 0.0)
+    delta = grouped(delta)  # [B, Hk, G, Sq]
     # A row that saw no key has lse -inf, which would make exp(S - lse) = inf;
     # +inf makes its probabilities, hence all its gradients, 0.
     lse = grouped(softmax_lse.masked_fill(softmax_lse == -math.inf, math.inf))  # [B, Hk, G, Sq]
@@ -676,7 +729,13 @@ def _bwd_padded(
         dv[:, keys.start : keys.stop] = dv_blk.transpose(1, 2)
     dq = q.new_empty((batch, seqlen_q, num_heads, head_dim))  # [B, Sq, H, D]
     dq.copy_((dq_acc * opts.softmax_scale).flatten(1, 2).transpose(1, 2))
-    return dq, dk, dv
+    dsink = None
+    if opts.learnable_sink is not None:
+        # The sink is a column of probability P_sink = exp(sink - lse) whose dP is 0 (it has no value):
+        # its dS is P_sink * (0 - delta), summed over every row that shares the head.
+        sink = opts.learnable_sink.reshape(1, num_heads_k, group, 1)  # [1, Hk, G, 1]
+        dsink = -(torch.exp(sink - lse) * delta).sum(dim=(0, 3)).flatten()  # [H]
+    return dq, dk, dv, dsink
 
 
 def bwd(
@@ -703,6 +762,38 @@ def bwd(
     seqused_k: Tensor | None = None,
     leftpad_k: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
+    """flashattn::bwd: bwd_ext without a sink or an LSE gradient."""
+    return bwd_ext(dout, q, k, v, out, softmax_lse, softmax_scale, causal, deterministic, window_left, window_right,
+                   softcap, alibi_slopes, dropout_p, rng_state, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                   max_seqlen_k, seqused_q, seqused_k, leftpad_k)[:3]
+
+
+def bwd_ext(
+    dout: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    softmax_lse: Tensor,
+    softmax_scale: float,
+    causal: bool,
+    deterministic: bool,
+    window_left: int = -1,
+    window_right: int = -1,
+    softcap: float = 0.0,
+    alibi_slopes: Tensor | None = None,
+    dropout_p: float = 0.0,
+    rng_state: Tensor | None = None,
+    cu_seqlens_q: Tensor | None = None,
+    cu_seqlens_k: Tensor | None = None,
+    max_seqlen_q: int = 0,
+    max_seqlen_k: int = 0,
+    seqused_q: Tensor | None = None,
+    seqused_k: Tensor | None = None,
+    leftpad_k: Tensor | None = None,
+    learnable_sink: Tensor | None = None,
+    dlse: Tensor | None = None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """FlashAttention-2's backward in plain PyTorch: the readable statement of the algorithm.
 
     Of the forward it needs only out and the LSE: the probabilities (and the
@@ -713,19 +804,30 @@ def bwd(
     once. The summation order is fixed, so the result is bitwise reproducible
     whatever `deterministic` says. A variable-length batch runs each sequence
     as a batch of one; rows and keys that no sequence uses get zero gradients.
+
+    flashattn::bwd_ext's two more arguments: learnable_sink (fp32 [H], the
+    forward's), whose gradient comes back as the fourth result (fp32 [H]; an
+    empty (0,) tensor without a sink), and dlse, the gradient of softmax_lse
+    (its shape, fp32), which flows into dq and dk (no Sq x Sk tensor).
     """
     check_bwd(dout, q, k, v, out, softmax_lse, alibi_slopes, dropout_p, rng_state, cu_seqlens_q, cu_seqlens_k,
               seqused_q, seqused_k, leftpad_k)
-    opts = _Options.of(softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, dropout_p, rng_state)
+    check_learnable_sink(learnable_sink, q)
+    check_dlse(dlse, softmax_lse)
+    opts = _Options.of(softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, dropout_p, rng_state,
+                       learnable_sink)
+    no_sink = torch.zeros((0,), dtype=torch.float32, device=q.device)
     if cu_seqlens_q is None:
-        return _bwd_padded(dout, q, k, v, out, softmax_lse, opts)
+        dq, dk, dv, dsink = _bwd_padded(dout, q, k, v, out, softmax_lse, opts, dlse)
+        return dq, dk, dv, no_sink if dsink is None else dsink
     check_offsets(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     dq = q.new_zeros(q.shape)  # [total_q, H, D]
     dk = k.new_zeros(k.shape)  # [total_k, Hk, D]
     dv = v.new_zeros(v.shape)  # [total_k, Hk, D]
+    dsink = no_sink if learnable_sink is None else torch.zeros_like(learnable_sink)  # [H]
     sequences = _sequences(cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, leftpad_k)
     for b, (rows, keys) in enumerate(sequences):
-        grads = _bwd_padded(
+        *grads, dsink_b = _bwd_padded(
             dout[rows][None],
             q[rows][None],
             k[keys][None],
@@ -733,10 +835,13 @@ def bwd(
             out[rows][None],
             softmax_lse[:, rows][None],
             opts.for_sequence(b),
+            None if dlse is None else dlse[:, rows][None],
         )
         for grad, grad_b, part in zip((dq, dk, dv), grads, (rows, keys, keys)):
             grad[part] = grad_b[0]
-    return dq, dk, dv
+        if dsink_b is not None:
+            dsink += dsink_b
+    return dq, dk, dv, dsink
 
 
 def s_dmask_block_n(head_dim: int) -> int:
@@ -786,3 +891,24 @@ def attention_probs(
     if opts.dropout_p > 0:
         probs = torch.where(_block_keep(rows, keys, batch, num_heads_k, group, opts), probs, -probs)
     return probs.flatten(1, 2).to(q.dtype)
+
+
+def combine(out_partial: Tensor, lse_partial: Tensor) -> tuple[Tensor, Tensor]:
+    """flash_attn_combine's arithmetic, in plain PyTorch (so autograd differentiates it).
+
+    out_partial [splits, B, S, H, D] and lse_partial [splits, B, S, H], fp32: attention over
+    disjoint sets of keys. Returns out [B, S, H, D] = sum_s exp(lse_s - lse) * out_s and
+    lse [B, S, H] = log(sum_s exp(lse_s)), in fp32; a row whose every split saw no key
+    (lse -inf) gets out 0 and lse -inf.
+    """
+    # Subtracting the row max keeps exp in range; lse does not depend on it, so it is detached.
+    lse_max = lse_partial.detach().amax(dim=0)  # [B, S, H]
+    offset = torch.where(lse_max == -math.inf, 0.0, lse_max)
+    weights = torch.exp(lse_partial - offset)  # [splits, B, S, H]
+    total = weights.sum(dim=0)  # [B, S, H]
+    empty = total == 0
+    # Where every split is empty, log and division see 1: no inf * 0 = NaN in the gradients.
+    safe_total = torch.where(empty, 1.0, total)
+    lse = torch.where(empty, -math.inf, offset + torch.log(safe_total))
+    out = ((weights / safe_total).unsqueeze(-1) * out_partial).sum(dim=0)  # [B, S, H, D]
+    return out, lse

@@ -35,9 +35,10 @@ cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0) -> (out, softmax_lse)``
     offset): out_i = sum_j P_ij * keep_ij / (1 - dropout_p) * v_j with P the
     undropped probabilities and keep the mask of flashattn.philox; the LSE is
     the undropped one.
-  The op is differentiable in q, k and v (softmax_lse is not): its backward runs
-  bwd below with the same arguments. `deterministic` is the backward's; the
-  forward is deterministic either way.
+  The op is differentiable in q, k and v, through out and through softmax_lse:
+  its backward runs bwd below with the same arguments, or bwd_ext when a
+  gradient reaches softmax_lse (d lse_i / d s_ij = P_ij). `deterministic` is
+  the backward's; the forward is deterministic either way.
 
 ``torch.ops.flashattn.bwd(dout, q, k, v, out, softmax_lse, softmax_scale, causal, deterministic,
 <fwd's options from window_left on, without block_table>) -> (dq, dk, dv)``
@@ -53,6 +54,24 @@ cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0) -> (out, softmax_lse)``
   into a packed batch and summing the gradients back into the pages
   (_paged_backward).
 
+``torch.ops.flashattn.fwd_ext(<fwd's arguments>, learnable_sink=None) -> (out, softmax_lse)``
+``torch.ops.flashattn.bwd_ext(<bwd's arguments>, learnable_sink=None, dlse=None) -> (dq, dk, dv, dsink)``
+  fwd and bwd with issue 21's arguments, until the CUDA kernels take them (then
+  they join FWD_SCHEMA and BWD_SCHEMA: the binding's typed m.impl would refuse
+  schemas its C++ signatures do not match, so they cannot join before):
+  - learnable_sink, fp32 [H] or None: per head h a logit that joins every row's
+    softmax denominator and has no value, as given (not scaled by softmax_scale,
+    not capped, no ALiBi: FlashAttention-4's learnable_sink). P_ij = exp(s_ij -
+    lse_i), lse_i = log(sum_j exp(s_ij) + exp(sink_h)) (softmax_lse includes
+    it); a row that sees no key gets out 0 and lse = sink_h. bwd_ext's dsink
+    (fp32 [H]) = -sum over rows of exp(sink_h - lse_i) * (rowsum(dO_i * O_i) -
+    dlse_i); an empty (0,) tensor without a sink.
+  - dlse, fp32 shaped like softmax_lse, or None: the gradient of softmax_lse,
+    folded into the softmax's backward as dS = P * (dP - (rowsum(dO * O) - dlse)).
+  fwd_ext is differentiable in q, k, v and learnable_sink. On CUDA both raise
+  NotImplementedError for a sink, and bwd_ext for a non-zero dlse (read on the
+  host: a sync, on that path only); otherwise they run fwd and bwd.
+
 ``torch.ops.flashattn.fwd_kvcache(...)`` (KVCACHE_SCHEMA)
   flashattn.kvcache.flash_attn_with_kvcache's operator: appends k and v to the
   cache in place, then attends from q over it (see that function).
@@ -67,12 +86,14 @@ messages); the public functions check the Python arguments (README.md, "Where
 each argument is checked").
 """
 
+import inspect
+
 import torch
 from torch import Tensor
 
 from . import cpu
 
-__all__ = ["BWD_SCHEMA", "FWD_SCHEMA", "KVCACHE_SCHEMA"]
+__all__ = ["BWD_EXT_SCHEMA", "BWD_SCHEMA", "FWD_EXT_SCHEMA", "FWD_SCHEMA", "KVCACHE_SCHEMA"]
 
 FWD_SCHEMA = (
     "fwd(Tensor q, Tensor k, Tensor v, float softmax_scale, bool causal, bool deterministic=False, "
@@ -88,6 +109,22 @@ BWD_SCHEMA = (
     "Tensor? cu_seqlens_k=None, int max_seqlen_q=0, int max_seqlen_k=0, Tensor? seqused_q=None, "
     "Tensor? seqused_k=None, Tensor? leftpad_k=None) -> (Tensor dq, Tensor dk, Tensor dv)"
 )
+FWD_EXT_SCHEMA = (
+    "fwd_ext(Tensor q, Tensor k, Tensor v, float softmax_scale, bool causal, bool deterministic=False, "
+    "int window_left=-1, int window_right=-1, float softcap=0.0, Tensor? alibi_slopes=None, "
+    "float dropout_p=0.0, Tensor? rng_state=None, Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, "
+    "int max_seqlen_q=0, int max_seqlen_k=0, Tensor? seqused_q=None, Tensor? seqused_k=None, "
+    "Tensor? leftpad_k=None, Tensor? block_table=None, Tensor? learnable_sink=None) "
+    "-> (Tensor out, Tensor softmax_lse)"
+)
+BWD_EXT_SCHEMA = (
+    "bwd_ext(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, float softmax_scale, "
+    "bool causal, bool deterministic, int window_left=-1, int window_right=-1, float softcap=0.0, "
+    "Tensor? alibi_slopes=None, float dropout_p=0.0, Tensor? rng_state=None, Tensor? cu_seqlens_q=None, "
+    "Tensor? cu_seqlens_k=None, int max_seqlen_q=0, int max_seqlen_k=0, Tensor? seqused_q=None, "
+    "Tensor? seqused_k=None, Tensor? leftpad_k=None, Tensor? learnable_sink=None, Tensor? dlse=None) "
+    "-> (Tensor dq, Tensor dk, Tensor dv, Tensor dsink)"
+)
 KVCACHE_SCHEMA = (
     "fwd_kvcache(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor? k, Tensor? v, Tensor? rotary_cos, "
     "Tensor? rotary_sin, Tensor cache_seqlens, Tensor? cache_batch_idx, Tensor? cache_leftpad, "
@@ -96,7 +133,7 @@ KVCACHE_SCHEMA = (
 )
 
 _lib = torch.library.Library("flashattn", "DEF")
-for _schema in (FWD_SCHEMA, BWD_SCHEMA, KVCACHE_SCHEMA):
+for _schema in (FWD_SCHEMA, BWD_SCHEMA, KVCACHE_SCHEMA, FWD_EXT_SCHEMA, BWD_EXT_SCHEMA):
     _lib.define(_schema)
 
 
@@ -166,6 +203,63 @@ def _bwd_fake(
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
+def _fwd_ext_fake(*args, **kwargs) -> tuple[Tensor, Tensor]:
+    """fwd's fake, and the sink checked (cpu.fwd takes fwd_ext's arguments)."""
+    arguments = _bind(cpu.fwd, args, kwargs)
+    learnable_sink = arguments.pop("learnable_sink")
+    cpu.check_learnable_sink(learnable_sink, arguments["q"])
+    return _fwd_fake(**arguments)
+
+
+def _bwd_ext_fake(*args, **kwargs) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """bwd's fake, the sink and dlse checked, and dsink: fp32 [H], or (0,) without a sink."""
+    arguments = _bind(cpu.bwd_ext, args, kwargs)
+    learnable_sink, dlse = arguments.pop("learnable_sink"), arguments.pop("dlse")
+    q = arguments["q"]
+    cpu.check_learnable_sink(learnable_sink, q)
+    cpu.check_dlse(dlse, arguments["softmax_lse"])
+    dsink = q.new_empty((0,) if learnable_sink is None else learnable_sink.shape, dtype=torch.float32)
+    return (*_bwd_fake(**arguments), dsink)
+
+
+def _bind(function, args: tuple, kwargs: dict) -> dict:
+    """The arguments of an operator call by parameter name, defaults filled in: the dispatcher leaves
+    out trailing arguments that equal their defaults, and the CPU functions share the schemas' names."""
+    bound = inspect.signature(function).bind(*args, **kwargs)
+    bound.apply_defaults()
+    return dict(bound.arguments)
+
+
+def _fwd_ext_cuda(*args, **kwargs) -> tuple[Tensor, Tensor]:
+    """fwd_ext on CUDA: fwd, until the kernels take a sink."""
+    arguments = _bind(cpu.fwd, args, kwargs)
+    if arguments.pop("learnable_sink") is not None:
+        raise NotImplementedError(
+            "flashattn: learnable_sink is not supported on CUDA tensors yet (the kernels do not take it; "
+            "issue 21); it runs on CPU tensors"
+        )
+    return torch.ops.flashattn.fwd(**arguments)
+
+
+def _bwd_ext_cuda(*args, **kwargs) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """bwd_ext on CUDA: bwd, until the kernels take a sink and dlse. Whether dlse is zero is read on
+    the host (a sync): only on this path, which otherwise raises."""
+    arguments = _bind(cpu.bwd_ext, args, kwargs)
+    learnable_sink, dlse = arguments.pop("learnable_sink"), arguments.pop("dlse")
+    if learnable_sink is not None:
+        raise NotImplementedError(
+            "flashattn: learnable_sink is not supported on CUDA tensors yet (the kernels do not take it; "
+            "issue 21); it runs on CPU tensors"
+        )
+    if dlse is not None and bool(dlse.any()):
+        raise NotImplementedError(
+            "flashattn: a gradient through softmax_lse (dlse) is not supported on CUDA tensors yet (the backward "
+            "kernels do not take it; issue 21); it runs on CPU tensors"
+        )
+    q = arguments["q"]
+    return (*torch.ops.flashattn.bwd(**arguments), q.new_empty((0,), dtype=torch.float32))
+
+
 def _fwd_kvcache_fake(q: Tensor, k_cache: Tensor, v_cache: Tensor, *args) -> tuple[Tensor, Tensor]:
     batch, seqlen_q, num_heads, _ = q.shape
     return q.new_empty(q.shape), q.new_empty((batch, num_heads, seqlen_q), dtype=torch.float32)
@@ -173,49 +267,63 @@ def _fwd_kvcache_fake(q: Tensor, k_cache: Tensor, v_cache: Tensor, *args) -> tup
 
 def _fwd_setup_context(ctx, inputs: tuple, output: tuple[Tensor, Tensor]) -> None:
     """Saves what the backward recomputes the probabilities from: q, k, v, out and the LSE (and
-    the options' tensors), nothing of size Sq x Sk, so training memory stays linear in the
-    sequence length."""
+    the options' tensors; fwd_ext's sink), nothing of size Sq x Sk, so training memory stays linear
+    in the sequence length. Gradients that do not arrive stay None (no materialised zeros): the
+    backward tells "nothing reached softmax_lse" from a gradient without reading it."""
     (q, k, v, softmax_scale, causal, deterministic, window_left, window_right, softcap, alibi_slopes,
      dropout_p, rng_state, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k,
-     leftpad_k, block_table) = inputs  # fmt: skip
+     leftpad_k, block_table, *sink_input) = inputs  # fmt: skip
     out, softmax_lse = output
+    learnable_sink = sink_input[0] if sink_input else None
     ctx.save_for_backward(q, k, v, out, softmax_lse, alibi_slopes, rng_state, cu_seqlens_q, cu_seqlens_k,
-                          seqused_q, seqused_k, leftpad_k, block_table)
+                          seqused_q, seqused_k, leftpad_k, block_table, learnable_sink)
     ctx.options = (softmax_scale, causal, deterministic, window_left, window_right, softcap)
     ctx.dropout_p = dropout_p
     ctx.max_seqlens = (max_seqlen_q, max_seqlen_k)
-    ctx.mark_non_differentiable(softmax_lse)
+    ctx.takes_sink = bool(sink_input)  # fwd_ext: one more input to return a gradient for
+    ctx.set_materialize_grads(False)
 
 
-def _fwd_backward(ctx, dout: Tensor, _dlse: Tensor) -> tuple:
-    """fwd's gradients in q, k and v: flashattn::bwd on the saved tensors with the forward's
-    arguments (through _paged_backward for paged k and v). None for the LSE (not differentiable)
-    and for every other input: the options, alibi_slopes, rng_state and the sequence tensors are
-    not differentiated. dout comes in whatever layout the consumer of out produced; bwd accepts any."""
+def _fwd_backward(ctx, dout: Tensor | None, dlse: Tensor | None) -> tuple:
+    """fwd's (fwd_ext's) gradients in q, k and v (and learnable_sink): flashattn::bwd on the saved
+    tensors with the forward's arguments, or bwd_ext when there is a sink or a gradient reached
+    softmax_lse (through _paged_backward for paged k and v). None for every other input: the options,
+    alibi_slopes, rng_state and the sequence tensors are not differentiated. dout comes in whatever
+    layout the consumer of out produced; bwd accepts any; None when only softmax_lse was used."""
     (q, k, v, out, softmax_lse, alibi_slopes, rng_state, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
-     leftpad_k, block_table) = ctx.saved_tensors  # fmt: skip
+     leftpad_k, block_table, learnable_sink) = ctx.saved_tensors  # fmt: skip
+    if dout is None:
+        dout = torch.zeros_like(out)
     options = (*ctx.options, alibi_slopes, ctx.dropout_p, rng_state)
+    ext = (learnable_sink, dlse) if learnable_sink is not None or dlse is not None else None
     if block_table is not None:
-        dq, dk, dv = _paged_backward(dout, q, k, v, out, softmax_lse, options, cu_seqlens_q, cu_seqlens_k,
-                                     ctx.max_seqlens[0], seqused_q, seqused_k, block_table)
+        dq, dk, dv, dsink = _paged_backward(dout, q, k, v, out, softmax_lse, options, cu_seqlens_q, cu_seqlens_k,
+                                            ctx.max_seqlens[0], seqused_q, seqused_k, block_table, ext)
     else:
-        dq, dk, dv = torch.ops.flashattn.bwd(
-            dout, q, k, v, out, softmax_lse, *options, cu_seqlens_q, cu_seqlens_k, *ctx.max_seqlens, seqused_q,
-            seqused_k, leftpad_k,
-        )  # fmt: skip
-    return (dq, dk, dv) + (None,) * 17
+        arguments = (dout, q, k, v, out, softmax_lse, *options, cu_seqlens_q, cu_seqlens_k, *ctx.max_seqlens,
+                     seqused_q, seqused_k, leftpad_k)  # fmt: skip
+        if ext is None:
+            (dq, dk, dv), dsink = torch.ops.flashattn.bwd(*arguments), None
+        else:
+            dq, dk, dv, dsink = torch.ops.flashattn.bwd_ext(*arguments, *ext)
+    grads = (dq, dk, dv) + (None,) * 17
+    if ctx.takes_sink:
+        grads += (dsink if learnable_sink is not None else None,)
+    return grads
 
 
 def _paged_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, softmax_lse: Tensor, options: tuple,
                     cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, max_seqlen_q: int, seqused_q: Tensor | None,
-                    seqused_k: Tensor | None,
-                    block_table: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+                    seqused_k: Tensor | None, block_table: Tensor,
+                    ext: tuple[Tensor | None, Tensor | None] | None = None,
+                    ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
     """The gradients of a paged forward: each sequence's block-table row gathered into a packed batch
     (sequence b at rows b * capacity, its length in seqused_k), bwd on it, then each page's share summed
     back into a page-shaped dk and dv, in fp32 (pages shared by sequences add up; the order of those
     additions is the device's, so pages listed more than once are exempt from `deterministic`). Block-table
     entries past a sequence's length are not read; lengths and entries out of range are clamped as the
-    forward's kernels clamp them (the forward has raised or recorded them)."""
+    forward's kernels clamp them (the forward has raised or recorded them). ext: bwd_ext's
+    (learnable_sink, dlse), or None for bwd; the fourth result is bwd_ext's dsink (None for bwd)."""
     batch, blocks = block_table.shape
     num_pages, page_size = k.shape[0], k.shape[1]
     capacity = blocks * page_size
@@ -226,10 +334,12 @@ def _paged_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, 
     k_packed, v_packed = (t[pages].flatten(0, 1) for t in (k, v))  # [B * capacity, Hk, D]
     cu_seqlens_packed = torch.arange(batch + 1, device=k.device, dtype=torch.int32) * capacity
     # Each packed range is `capacity` rows long (the blocks past a sequence's length exit at once).
-    dq, dk_packed, dv_packed = torch.ops.flashattn.bwd(
-        dout, q, k_packed, v_packed, out, softmax_lse, *options, cu_seqlens_q, cu_seqlens_packed, max_seqlen_q,
-        capacity, seqused_q, lengths.to(torch.int32), None,
-    )  # fmt: skip
+    arguments = (dout, q, k_packed, v_packed, out, softmax_lse, *options, cu_seqlens_q, cu_seqlens_packed,
+                 max_seqlen_q, capacity, seqused_q, lengths.to(torch.int32), None)  # fmt: skip
+    if ext is None:
+        (dq, dk_packed, dv_packed), dsink = torch.ops.flashattn.bwd(*arguments), None
+    else:
+        dq, dk_packed, dv_packed, dsink = torch.ops.flashattn.bwd_ext(*arguments, *ext)
     # Rows past a sequence's length have zero gradients: the unused entries' page 0 gains nothing.
     dk, dv = (
         torch.zeros(t.shape, dtype=torch.float32, device=t.device)
@@ -237,7 +347,7 @@ def _paged_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, 
         .to(t.dtype)
         for t, g in ((k, dk_packed), (v, dv_packed))
     )
-    return dq, dk, dv
+    return dq, dk, dv, dsink
 
 
 torch.library.register_fake("flashattn::fwd", _fwd_fake)
@@ -246,3 +356,10 @@ torch.library.register_autograd("flashattn::fwd", _fwd_backward, setup_context=_
 torch.library.register_fake("flashattn::bwd", _bwd_fake)
 torch.library.impl("flashattn::bwd", "cpu", cpu.bwd)
 torch.library.register_fake("flashattn::fwd_kvcache", _fwd_kvcache_fake)
+torch.library.register_fake("flashattn::fwd_ext", _fwd_ext_fake)
+torch.library.impl("flashattn::fwd_ext", "cpu", cpu.fwd)
+torch.library.impl("flashattn::fwd_ext", "cuda", _fwd_ext_cuda)
+torch.library.register_autograd("flashattn::fwd_ext", _fwd_backward, setup_context=_fwd_setup_context)
+torch.library.register_fake("flashattn::bwd_ext", _bwd_ext_fake)
+torch.library.impl("flashattn::bwd_ext", "cpu", cpu.bwd_ext)
+torch.library.impl("flashattn::bwd_ext", "cuda", _bwd_ext_cuda)

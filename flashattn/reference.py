@@ -27,6 +27,7 @@ def attention_ref(
     upcast: bool = True,
     dropout_p: float = 0.0,
     dropout_mask: Tensor | None = None,
+    learnable_sink: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Attention with the layouts and semantics of flash_attn_func, the slow obvious way.
 
@@ -48,13 +49,20 @@ def attention_ref(
             seqlen_q, seqlen_k), True where kept (flashattn.philox.dropout_keep_mask
             draws the one the kernels use): out uses the probabilities times
             mask / (1 - dropout_p); softmax_lse stays the undropped one.
+        learnable_sink: fp32 (nheads,): a per-head logit that joins every row's softmax
+            denominator and carries no value (gpt-oss's sinks, FlashAttention-4's argument).
+            It is used as given: not multiplied by softmax_scale, not capped, no ALiBi bias
+            (it is in the units of the final scores). Row probabilities become
+            exp(s_ij - lse_i) with lse_i = log(sum_j exp(s_ij) + exp(sink_h)); a row that
+            sees no key gets out 0 and lse sink_h. Differentiable: autograd on this
+            function gives d sink (and, through softmax_lse, d lse).
 
     Returns:
         out (batch, seqlen_q, nheads, headdim) and softmax_lse (batch, nheads, seqlen_q):
         the natural-log log-sum-exp of the scaled, capped, biased and masked scores
         (with upcast=False, of the scores computed in the input dtype), in fp32
-        (float64 for float64 inputs). A row that sees no key gets out 0 and
-        softmax_lse -inf.
+        (float64 for float64 inputs), the sink included when given. A row that sees
+        no key gets out 0 and softmax_lse -inf (with a sink: sink_h).
 
     Order of operations: scale, softcap, ALiBi bias, mask, softmax, dropout.
     """
@@ -76,7 +84,12 @@ def attention_ref(
         scores = scores - slopes * diagonal.abs()
     visible = _visible(diagonal, causal, window_size)
     scores = scores.masked_fill(~visible, -math.inf)
-    softmax_lse = torch.logsumexp(scores, dim=-1)  # [B, H, Sq]
+    if learnable_sink is None:
+        softmax_lse = torch.logsumexp(scores, dim=-1)  # [B, H, Sq]
+    else:
+        # The sink is one more column of the softmax, without a value.
+        sink = learnable_sink.to(softmax_dtype).reshape(1, num_heads, 1, 1).expand(*scores.shape[:-1], 1)
+        softmax_lse = torch.logsumexp(torch.cat([scores, sink], dim=-1), dim=-1)  # [B, H, Sq]
     # Rows that see no key have lse -inf: subtract 0 there, giving probabilities 0, not NaN.
     offset = torch.where(softmax_lse == -math.inf, 0.0, softmax_lse)
     probs = torch.exp(scores - offset.unsqueeze(-1))
