@@ -15,6 +15,7 @@ from . import nn  # the modules: flashattn.nn.MultiheadAttention, MHA, ...
 from ._extension import (HAS_CUDA_KERNELS, NOT_BUILT_REASON, check_faults, cuda_available, cuda_unavailable_reason,
                          kernel_family)
 from .interface import (
+    flash_attn_combine,
     flash_attn_func,
     flash_attn_kvpacked_func,
     flash_attn_qkvpacked_func,
@@ -37,6 +38,7 @@ __all__ = [
     "cuda_available",
     "cuda_unavailable_reason",
     "flash_attn_interface",
+    "flash_attn_combine",
     "flash_attn_func",
     "flash_attn_kvpacked_func",
     "flash_attn_qkvpacked_func",

@@ -29,6 +29,7 @@ from ._extension import HAS_CUDA_KERNELS, NOT_BUILT_REASON, unsupported_gpu_reas
 from .cpu import MAX_HEAD_DIM
 
 __all__ = [
+    "flash_attn_combine",
     "flash_attn_func",
     "flash_attn_kvpacked_func",
     "flash_attn_qkvpacked_func",
@@ -63,6 +64,8 @@ def flash_attn_func(
     alibi_slopes: Tensor | None = None,
     deterministic: bool = False,
     return_attn_probs: bool = False,
+    *,
+    learnable_sink: Tensor | None = None,
 ) -> Tensor | tuple[Tensor, Tensor, Tensor]:
     """Exact attention ``softmax(q @ k^T * softmax_scale) @ v``, computed tile by tile.
 
@@ -94,6 +97,13 @@ def flash_attn_func(
         deterministic: make the backward pass bitwise reproducible run after run
             (on CUDA the default may sum dq with atomics, in a varying order).
         return_attn_probs: also return softmax_lse and S_dmask (for tests, see Returns).
+        learnable_sink: keyword-only; fp32 (nheads,) on q's device, or None (FlashAttention-4's
+            argument, gpt-oss's sinks): per head a logit that joins every row's softmax
+            denominator and has no value: P_ij = exp(s_ij - lse_i) with lse_i =
+            log(sum_j exp(s_ij) + exp(sink_h)). Used as given: not multiplied by softmax_scale,
+            not capped, no ALiBi bias. A row that sees no key outputs 0 (lse = sink_h).
+            Differentiable (its gradient is fp32 (nheads,)). CPU tensors only for now: on CUDA
+            it raises NotImplementedError until the kernels take it.
 
     Bad option values raise ValueError or TypeError (RuntimeError for a tensor
     on another device) naming the option: dropout_p outside [0, 1), a
@@ -106,7 +116,10 @@ def flash_attn_func(
         nothing of size seqlen_q x seqlen_k. With return_attn_probs=True,
         (out, softmax_lse, S_dmask), as FlashAttention-2 returns them:
         softmax_lse (batch, nheads, seqlen_q) fp32, the natural-log log-sum-exp
-        of the scores (undropped). S_dmask only with dropout_p > 0 (otherwise an
+        of the scores (undropped; with the sink's term when there is one). It is
+        differentiable too (d lse_i / d s_ij = P_ij), in q and k, as context
+        parallelism needs (flash_attn_combine); on CUDA a non-zero gradient
+        through it raises NotImplementedError until the kernels take it. S_dmask only with dropout_p > 0 (otherwise an
         empty tensor of shape (0,), so that asking for the LSE stays linear in
         memory): (batch, nheads, seqlen_q rounded up to 128, seqlen_k rounded
         up to 128) in q's dtype, FlashAttention-2's encoding: per block of
@@ -128,7 +141,7 @@ def flash_attn_func(
     _check_tensors(q=q, k=k, v=v)
     return _attention(
         q, k, v, None, _NAMES, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
-        return_attn_probs,
+        return_attn_probs, learnable_sink,
     )  # fmt: skip
 
 
@@ -142,6 +155,8 @@ def flash_attn_qkvpacked_func(
     alibi_slopes: Tensor | None = None,
     deterministic: bool = False,
     return_attn_probs: bool = False,
+    *,
+    learnable_sink: Tensor | None = None,
 ) -> Tensor | tuple[Tensor, Tensor, Tensor]:
     """flash_attn_func on q, k, v packed as qkv: (batch, seqlen, 3, nheads, headdim).
 
@@ -153,7 +168,7 @@ def flash_attn_qkvpacked_func(
     names = {**_NAMES, "q": "qkv[:, :, 0]", "k": "qkv[:, :, 1]", "v": "qkv[:, :, 2]"}
     return _attention(
         q, k, v, None, names, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
-        return_attn_probs,
+        return_attn_probs, learnable_sink,
     )  # fmt: skip
 
 
@@ -168,6 +183,8 @@ def flash_attn_kvpacked_func(
     alibi_slopes: Tensor | None = None,
     deterministic: bool = False,
     return_attn_probs: bool = False,
+    *,
+    learnable_sink: Tensor | None = None,
 ) -> Tensor | tuple[Tensor, Tensor, Tensor]:
     """flash_attn_func with k and v packed as kv: (batch, seqlen_k, 2, nheads_k, headdim).
 
@@ -180,7 +197,7 @@ def flash_attn_kvpacked_func(
     names = {**_NAMES, "k": "kv[:, :, 0]", "v": "kv[:, :, 1]"}
     return _attention(
         q, k, v, None, names, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
-        return_attn_probs,
+        return_attn_probs, learnable_sink,
     )  # fmt: skip
 
 
@@ -204,6 +221,7 @@ def flash_attn_varlen_func(
     *,
     seqused_q: Tensor | None = None,
     seqused_k: Tensor | None = None,
+    learnable_sink: Tensor | None = None,
 ) -> Tensor | tuple[Tensor, Tensor, Tensor]:
     """flash_attn_func on a variable-length batch: the sequences' tokens packed one after another.
 
@@ -238,6 +256,7 @@ def flash_attn_varlen_func(
             (or seqused_k) gives the lengths only. Entries past a sequence's length are not read.
             Differentiable: dk and dv come back page-shaped, the shares of a page listed by
             several sequences summed (in an order `deterministic` does not fix).
+        learnable_sink: as in flash_attn_func, one logit per head shared by every sequence.
         seqused_q, seqused_k: int32 (batch,), or None (FlashAttention-3's): sequence b uses only
             its first seqused_q[b] queries and seqused_k[b] keys of its cu_seqlens range (with
             block_table, seqused_k[b] is its length, at most the rows its pages hold). Unused query
@@ -267,7 +286,7 @@ def flash_attn_varlen_func(
                      seqused_k=seqused_k, block_table=block_table)
     return _attention(
         q, k, v, varlen, names, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
-        return_attn_probs,
+        return_attn_probs, learnable_sink,
     )  # fmt: skip
 
 
@@ -283,6 +302,8 @@ def flash_attn_varlen_qkvpacked_func(
     alibi_slopes: Tensor | None = None,
     deterministic: bool = False,
     return_attn_probs: bool = False,
+    *,
+    learnable_sink: Tensor | None = None,
 ) -> Tensor | tuple[Tensor, Tensor, Tensor]:
     """flash_attn_varlen_func on q, k, v packed as qkv: (total, 3, nheads, headdim).
 
@@ -298,7 +319,7 @@ def flash_attn_varlen_qkvpacked_func(
     varlen = _varlen(q, k, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, names)
     return _attention(
         q, k, v, varlen, names, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
-        return_attn_probs,
+        return_attn_probs, learnable_sink,
     )  # fmt: skip
 
 
@@ -317,6 +338,8 @@ def flash_attn_varlen_kvpacked_func(
     alibi_slopes: Tensor | None = None,
     deterministic: bool = False,
     return_attn_probs: bool = False,
+    *,
+    learnable_sink: Tensor | None = None,
 ) -> Tensor | tuple[Tensor, Tensor, Tensor]:
     """flash_attn_varlen_func with k and v packed as kv: (total_k, 2, nheads_k, headdim).
 
@@ -331,8 +354,79 @@ def flash_attn_varlen_kvpacked_func(
     varlen = _varlen(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, names)
     return _attention(
         q, k, v, varlen, names, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
-        return_attn_probs,
+        return_attn_probs, learnable_sink,
     )  # fmt: skip
+
+
+def flash_attn_combine(
+    out_partial: Tensor,
+    lse_partial: Tensor,
+    out: Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Merges attention computed over disjoint sets of keys by their LSE (FlashAttention-3's function).
+
+    For context parallelism and ring attention: attend q to each chunk of keys with
+    return_attn_probs=True (or flash_attn_varlen_func), stack the chunks' outputs and LSEs,
+    and this returns attention over all the keys. Differentiable in out_partial and
+    lse_partial, and the LSE that flashattn's functions return is differentiable in q and k, so
+    the backward of such a ring flows to q, k and v.
+
+    Args:
+        out_partial: fp32 (num_splits, batch, seqlen, nheads, headdim): each split's output.
+        lse_partial: fp32 (num_splits, batch, seqlen, nheads): each split's natural-log LSE
+            (any strides; flashattn's softmax_lse (batch, nheads, seqlen) is lse.transpose(1, 2)).
+            A split that saw no key of a row has lse -inf there.
+        out: optional (batch, seqlen, nheads, headdim) tensor of out_dtype to write the result into.
+        out_dtype: float32 (default: out_partial's dtype), float16 or bfloat16.
+
+    Returns:
+        (out, softmax_lse): out (batch, seqlen, nheads, headdim) = sum_s exp(lse_s - lse) * out_s
+        in out_dtype, softmax_lse (batch, seqlen, nheads) fp32 = log(sum_s exp(lse_s)), as
+        FlashAttention-3 returns them (its lse a (batch, nheads, seqlen) tensor seen transposed). A
+        row that no split saw a key of gets out 0 and lse -inf.
+
+    CPU tensors only for now (PyTorch arithmetic, flashattn.cpu.combine); CUDA tensors raise
+    NotImplementedError until the combine kernel exists. Bad inputs raise errors naming the argument.
+    """
+    _check_tensors(out_partial=out_partial, lse_partial=lse_partial)
+    _check_tensors(out=out, optional=True)
+    if out_partial.dim() != 5:
+        raise ValueError("flashattn: out_partial must be 5-D (num_splits, batch, seqlen, nheads, headdim), "
+                         f"got shape {tuple(out_partial.shape)}")
+    splits, batch, seqlen, num_heads, head_dim = out_partial.shape
+    if splits == 0:
+        raise ValueError("flashattn: out_partial must hold at least one split, got num_splits = 0")
+    lse_shape = (splits, batch, seqlen, num_heads)
+    if tuple(lse_partial.shape) != lse_shape:
+        raise ValueError(f"flashattn: lse_partial must have shape (num_splits, batch, seqlen, nheads) = {lse_shape}, "
+                         f"got {tuple(lse_partial.shape)}")
+    for name, t in (("out_partial", out_partial), ("lse_partial", lse_partial)):
+        if t.dtype != torch.float32:
+            raise TypeError(f"flashattn: {name} must be float32, got {t.dtype}")
+    if lse_partial.device != out_partial.device:
+        raise RuntimeError(f"flashattn: lse_partial is on {lse_partial.device} but out_partial is on "
+                           f"{out_partial.device}; they must be on one device")
+    out_dtype = out_partial.dtype if out_dtype is None else out_dtype
+    accepted_dtypes = (torch.float32, torch.float16, torch.bfloat16)
+    if out_dtype not in accepted_dtypes:
+        raise TypeError(f"flashattn: out_dtype must be one of {', '.join(map(str, accepted_dtypes))}, got {out_dtype}")
+    if out is not None:
+        if tuple(out.shape) != (batch, seqlen, num_heads, head_dim) or out.dtype != out_dtype:
+            raise ValueError(f"flashattn: out must be a {out_dtype} tensor of shape {(batch, seqlen, num_heads, head_dim)}"
+                             f", got {out.dtype} of shape {tuple(out.shape)}")
+        if out.device != out_partial.device:
+            raise RuntimeError(f"flashattn: out is on {out.device} but out_partial is on {out_partial.device}")
+    if out_partial.device.type != "cpu":
+        raise NotImplementedError(
+            f"flashattn: flash_attn_combine runs on CPU tensors only for now, got out_partial on {out_partial.device} "
+            "(the CUDA combine kernel comes with issue 21)"
+        )
+    combined, softmax_lse = cpu.combine(out_partial, lse_partial)
+    if out is None:
+        return combined.to(out_dtype), softmax_lse
+    out.copy_(combined)
+    return out, softmax_lse
 
 
 def _attention(
@@ -349,6 +443,7 @@ def _attention(
     alibi_slopes: object,
     deterministic: object,
     return_attn_probs: object,
+    learnable_sink: object = None,
 ) -> Tensor | tuple[Tensor, Tensor, Tensor]:
     """Checks the options and runs the forward: out, or (out, lse, S_dmask). The tensors are the
     operator's to check; its errors name them as the caller passed them (`names`)."""
@@ -357,7 +452,7 @@ def _attention(
     _check_dropout_p(dropout_p)
     window = _window_sides(window_size)
     _check_softcap(softcap)
-    _check_tensors(alibi_slopes=alibi_slopes, optional=True)
+    _check_tensors(alibi_slopes=alibi_slopes, learnable_sink=learnable_sink, optional=True)
     scale = _resolve_softmax_scale(softmax_scale, q.shape[-1] if q.dim() else 1)
     rng_state = _new_rng_state(q.device) if dropout_p > 0 else None
     options = {
@@ -369,7 +464,8 @@ def _attention(
     }
     if varlen is not None:
         options.update(varlen._asdict())
-    out, softmax_lse = _named(names, _flash_attn_forward, q, k, v, scale, bool(causal), bool(deterministic), **options)
+    out, softmax_lse = _named(names, _flash_attn_forward, q, k, v, scale, bool(causal), bool(deterministic), **options,
+                              learnable_sink=learnable_sink)  # fmt: skip
     if not return_attn_probs:
         return out
     if options["dropout_p"] == 0:  # as FlashAttention-2: no Sq x Sk matrix unless dropout is on
@@ -432,6 +528,7 @@ def _flash_attn_forward(
     seqused_k: Tensor | None = None,
     leftpad_k: Tensor | None = None,
     block_table: Tensor | None = None,
+    learnable_sink: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Runs the operator: out and softmax_lse ([B, Sq, H, D] and [B, H, Sq], or [total_q, H, D]
     and [H, total_q] with cu_seqlens).
@@ -440,7 +537,8 @@ def _flash_attn_forward(
     pass their own rng_state (dropout_p > 0 needs one). On CUDA it pads the
     head dim as flash_attn_func describes (the binding copies rows the kernels
     cannot read in place). out is differentiable in q, k and v; `deterministic`
-    picks the backward's path.
+    picks the backward's path. With learnable_sink the operator is
+    flashattn::fwd_ext (differentiable in the sink too), else flashattn::fwd.
     """
     left, right = _window_sides(window_size)
     if alibi_slopes is not None:
@@ -449,13 +547,18 @@ def _flash_attn_forward(
         cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
     options = (softcap, alibi_slopes, dropout_p, rng_state, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                seqused_q, seqused_k, leftpad_k, block_table)
+    if learnable_sink is None:
+        operator = torch.ops.flashattn.fwd
+    else:
+        operator = torch.ops.flashattn.fwd_ext
+        options = (*options, learnable_sink)
     pad = _head_dim_padding(q, k, v)
     if not pad:
-        return torch.ops.flashattn.fwd(q, k, v, softmax_scale, causal, deterministic, left, right, *options)
+        return operator(q, k, v, softmax_scale, causal, deterministic, left, right, *options)
     head_dim = q.shape[-1]
     # A fresh tensor: zero columns change neither q @ k^T nor any other column of the output or the gradients.
     q, k, v = (F.pad(t, (0, pad)) for t in (q, k, v))
-    out, softmax_lse = torch.ops.flashattn.fwd(q, k, v, softmax_scale, causal, deterministic, left, right, *options)
+    out, softmax_lse = operator(q, k, v, softmax_scale, causal, deterministic, left, right, *options)
     return out[..., :head_dim], softmax_lse
 
 
