@@ -53,11 +53,14 @@ def test_opcheck_forward(device, requires_grad, deterministic, case):
     assert results == dict.fromkeys(OPCHECK_UTILS, "SUCCESS")
 
 
-def test_softmax_lse_is_not_differentiable():
-    """The op differentiates out only: the LSE of inputs that require grad does not."""
+def test_softmax_lse_is_differentiable():
+    """The op differentiates out and the LSE (issue 21: context parallelism needs d lse); a backward
+    through the LSE alone reaches q and k (the values' checked in tests/test_model_features.py)."""
     q, k, v = (t.requires_grad_() for t in random_qkv(1, 5, 6, 2, 1, 16, torch.float32, "cpu", 0))
     out, softmax_lse = torch.ops.flashattn.fwd(q, k, v, 0.25, False)
-    assert out.requires_grad and not softmax_lse.requires_grad
+    assert out.requires_grad and softmax_lse.requires_grad
+    dq, dk = torch.autograd.grad(softmax_lse.sum(), (q, k))
+    assert dq.abs().sum() > 0 and dk.abs().sum() > 0
 
 
 @pytest.mark.parametrize("device", DEVICES)
