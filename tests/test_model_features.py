@@ -1,0 +1,449 @@
+"""Issue 21's model features on the CPU path: learnable sinks, a differentiable LSE, flash_attn_combine.
+
+Everything here runs on CPU tensors against the fp32 reference (flashattn.reference.attention_ref,
+which takes learnable_sink), with style.md's bounds: max|ours - ref| <= 2 * max|torch_same_dtype - ref|
++ eps for outputs, 3x for gradients (flashattn.testing). The accurate reference computes in fp32
+(float64 for fp32 inputs); PyTorch's same-dtype yardstick is attention_ref(upcast=False).
+"""
+
+import math
+
+import pytest
+import torch
+from torch import Tensor
+
+from flashattn import flash_attn_combine, flash_attn_func, flash_attn_varlen_func
+from flashattn import ops
+from flashattn.reference import attention_ref
+from flashattn.testing import LSE_EPS, grad_bound, grad_eps, max_abs_diff, output_bound, rounding_floor
+
+from helpers import case_seed, poisoned_allocations, random_qkv
+
+DTYPES = [torch.float16, torch.bfloat16, torch.float32]
+
+# (batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim): awkward lengths, Sq != Sk both ways, MHA/GQA/MQA.
+SHAPES = [
+    (1, 1, 1, 1, 1, 8),
+    (2, 3, 113, 4, 2, 17),
+    (1, 203, 67, 6, 1, 40),
+    (2, 130, 257, 4, 4, 64),
+    (1, 77, 77, 8, 2, 96),
+]
+# (causal, window_size, softcap, alibi)
+OPTIONS = [
+    (False, (-1, -1), 0.0, False),
+    (True, (-1, -1), 0.0, False),
+    (False, (31, 5), 0.0, False),
+    (True, (17, 0), 0.0, False),
+    (False, (-1, -1), 2.5, True),
+    (True, (40, -1), 1.5, True),
+]
+
+
+def _id(case: tuple) -> str:
+    return "-".join(str(x).replace(" ", "") for x in case)
+
+
+def _inputs(shape: tuple, dtype: torch.dtype, seed: int, alibi: bool = False) -> tuple[Tensor, ...]:
+    """q, k, v, dout in dtype; sink and dlse fp32; ALiBi slopes or None: fresh per case, never zeros."""
+    batch, seqlen_q, seqlen_k, heads, heads_k, head_dim = shape
+    q, k, v = random_qkv(batch, seqlen_q, seqlen_k, heads, heads_k, head_dim, dtype, "cpu", seed)
+    gen = torch.Generator().manual_seed(seed + 1)
+    dout = torch.randn(q.shape, generator=gen).to(dtype)
+    # Sinks of a few units: comparable with the scores, so the sink's share is neither 0 nor 1.
+    sink = torch.randn(heads, generator=gen) * 2
+    dlse = torch.randn(batch, heads, seqlen_q, generator=gen)
+    slopes = torch.rand(heads, generator=gen) * 0.3 if alibi else None
+    return q, k, v, dout, sink, dlse, slopes
+
+
+def _accurate(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float32 else torch.float32
+
+
+def _reference_grads(q, k, v, sink, dout, dlse, scale, causal, upcast, **options) -> tuple[Tensor, ...]:
+    """dq, dk, dv, dsink of sum(out * dout) + sum(lse * dlse) by autograd on attention_ref."""
+    leaves = [t.detach().requires_grad_() for t in (q, k, v, sink)]
+    out, lse = attention_ref(*leaves[:3], scale, causal, upcast=upcast, learnable_sink=leaves[3], **options)
+    loss = (out * dout.to(out.dtype)).sum() + (lse * dlse.to(lse.dtype)).sum()
+    return torch.autograd.grad(loss, leaves)
+
+
+def _inherited_errors(q, k, v, sink, dout, stored_out, scale, causal, **options) -> tuple[float, ...]:
+    """The errors of dq, dk and dsink that the backward takes over from the forward's out through
+    D = rowsum(dO * O) (tests/helpers.py: inherited_grad_errors, with the sink): the gradients of
+    sum_i e_i * lse_i, e_i = rowsum(dO_i * (stored_out_i - out_i))."""
+    dtype = _accurate(q.dtype)
+    leaves = [t.detach().to(dtype).requires_grad_() for t in (q, k, sink)]
+    out, lse = attention_ref(leaves[0], leaves[1], v.to(dtype), scale, causal, learnable_sink=leaves[2], **options)
+    error = (dout.to(dtype) * (stored_out.to(dtype) - out.detach())).sum(dim=-1).transpose(1, 2)  # [B, H, Sq]
+    grads = torch.autograd.grad(lse, leaves, error)
+    # dS is rounded to the input dtype before the products: one eps more.
+    carried = 1.0 + (torch.finfo(q.dtype).eps if q.dtype != torch.float32 else 0.0)
+    return tuple(g.abs().max().item() * carried if g.numel() else 0.0 for g in grads)
+
+
+def _assert_forward(out, lse, q, k, v, sink, scale, causal, **options) -> None:
+    accurate = [t.to(_accurate(q.dtype)) for t in (q, k, v)]
+    out_ref, lse_ref = attention_ref(*accurate, scale, causal, learnable_sink=sink, **options)
+    out_lowp, lse_lowp = attention_ref(q, k, v, scale, causal, upcast=False, learnable_sink=sink, **options)
+    assert out.dtype == q.dtype and lse.dtype == torch.float32
+    assert not out.isnan().any() and not lse.isnan().any()
+    out_err = max_abs_diff(out, out_ref)
+    out_bound = output_bound(max_abs_diff(out_lowp, out_ref), rounding_floor(out_ref, q.dtype))
+    assert out_err <= out_bound, f"out: max error {out_err:.3g} > bound {out_bound:.3g}"
+    # With a sink no row is empty: the LSE is finite everywhere (sink_h where no key is seen).
+    assert lse.isfinite().all()
+    lse_err = max_abs_diff(lse, lse_ref)
+    lse_bound = output_bound(max_abs_diff(lse_lowp, lse_ref), eps=LSE_EPS)
+    assert lse_err <= lse_bound, f"lse: max error {lse_err:.3g} > bound {lse_bound:.3g}"
+
+
+def _yardsticks(q, k, v, sink, dout, dlse, scale, causal, stored_out, **options) -> tuple[tuple, tuple, tuple]:
+    """For dq, dk, dv, dsink: the accurate reference gradients, PyTorch's same-dtype ones, and the
+    errors inherited from the forward's out."""
+    accurate = [t.to(_accurate(q.dtype)) for t in (q, k, v, sink, dout, dlse)]
+    refs = _reference_grads(*accurate, scale, causal, upcast=True, **options)
+    lowps = _reference_grads(q, k, v, sink, dout, dlse, scale, causal, upcast=False, **options)
+    inherited_dq, inherited_dk, inherited_dsink = _inherited_errors(q, k, v, sink, dout, stored_out, scale, causal,
+                                                                    **options)  # fmt: skip
+    return refs, lowps, (inherited_dq, inherited_dk, 0.0, inherited_dsink)
+
+
+def _assert_within(name: str, grad: Tensor, ref: Tensor, lowp: Tensor, inherited: float, dtype: torch.dtype,
+                   eps: float) -> None:
+    assert not grad.isnan().any(), f"{name} has NaN"
+    err = max_abs_diff(grad, ref)
+    bound = grad_bound(max_abs_diff(lowp, ref), rounding_floor(ref, dtype), inherited, eps)
+    assert err <= bound, f"{name}: max error {err:.3g} > bound {bound:.3g}"
+
+
+def _assert_grads(grads, q, k, v, sink, dout, dlse, scale, causal, stored_out, **options) -> None:
+    refs, lowps, inherited = _yardsticks(q, k, v, sink, dout, dlse, scale, causal, stored_out, **options)
+    for name, grad, ref, lowp, from_out, t in zip(("dq", "dk", "dv", "dsink"), grads, refs, lowps, inherited,
+                                                 (q, k, v, sink)):  # fmt: skip
+        assert grad.shape == t.shape and grad.dtype == t.dtype, (name, grad.shape, grad.dtype)
+        _assert_within(name, grad, ref, lowp, from_out, t.dtype, grad_eps(scale, q.shape[-1]))
+
+
+# ------------------------------------------------------------------------------------ learnable sinks
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("options", OPTIONS, ids=_id)
+@pytest.mark.parametrize("shape", SHAPES, ids=_id)
+def test_sink_forward_backward(shape, options, dtype):
+    """out, lse and the gradients of q, k, v and the sink (through out and through the LSE) against
+    autograd on the reference, with causal / window / softcap / ALiBi / GQA."""
+    causal, window_size, softcap, alibi = options
+    q, k, v, dout, sink, dlse, slopes = _inputs(shape, dtype, case_seed("sink", shape, options, dtype), alibi)
+    scale = shape[-1] ** -0.5
+    ref_options = {"window_size": window_size, "softcap": softcap, "alibi_slopes": slopes}
+    leaves = [t.detach().requires_grad_() for t in (q, k, v, sink)]
+    with poisoned_allocations():
+        out, lse, _ = flash_attn_func(*leaves[:3], causal=causal, window_size=window_size, softcap=softcap,
+                                      alibi_slopes=slopes, return_attn_probs=True, learnable_sink=leaves[3])
+    _assert_forward(out.detach(), lse.detach(), q, k, v, sink, scale, causal, **ref_options)
+    with poisoned_allocations():
+        grads = torch.autograd.grad((out.float() * dout.float()).sum() + (lse * dlse).sum(), leaves)
+    _assert_grads(grads, q, k, v, sink, dout, dlse, scale, causal, out.detach(), **ref_options)
+
+
+def test_sink_of_a_row_that_sees_no_key():
+    """A row that sees no key (causal, Sq > Sk) outputs 0 with lse = sink_h, and its sink gradient
+    is dlse (the sink is the row's only column)."""
+    q, k, v, dout, sink, dlse, _ = _inputs((1, 9, 4, 2, 2, 16), torch.float32, 7)
+    leaves = [t.detach().requires_grad_() for t in (q, k, v, sink)]
+    out, lse, _ = flash_attn_func(*leaves[:3], causal=True, return_attn_probs=True, learnable_sink=leaves[3])
+    blind = 9 - 4
+    assert torch.equal(out[:, :blind], torch.zeros_like(out[:, :blind]))
+    assert torch.allclose(lse[:, :, :blind], sink[None, :, None].expand(1, 2, blind))
+    (dsink,) = torch.autograd.grad((lse[:, :, :blind] * dlse[:, :, :blind]).sum(), leaves[3])
+    assert torch.allclose(dsink, dlse[0, :, :blind].sum(-1))
+
+
+def test_sink_of_minus_infinity_is_no_sink():
+    q, k, v, *_ = _inputs((2, 13, 29, 4, 2, 32), torch.float32, 11)
+    out, lse, _ = flash_attn_func(q, k, v, causal=True, return_attn_probs=True,
+                                  learnable_sink=torch.full((4,), -math.inf))
+    want, want_lse, _ = flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
+    assert torch.equal(out, want) and torch.equal(lse, want_lse)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_sink_varlen(dtype, causal):
+    """flash_attn_varlen_func with a sink: each sequence matches the reference on its own, and the
+    sink's gradient sums over the sequences (lengths 0 and 1 included)."""
+    lengths_q, lengths_k = [5, 0, 1, 131, 40], [7, 3, 1, 100, 40]
+    heads, heads_k, head_dim = 6, 2, 24
+    seed = case_seed("varlen-sink", dtype, causal)
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(sum(lengths_q), heads, head_dim, generator=gen).to(dtype)
+    k, v = (torch.randn(sum(lengths_k), heads_k, head_dim, generator=gen).to(dtype) for _ in range(2))
+    dout = torch.randn(q.shape, generator=gen).to(dtype)
+    dlse = torch.randn(heads, sum(lengths_q), generator=gen)
+    sink = torch.randn(heads, generator=gen)
+    cu_q, cu_k = (torch.tensor([0, *torch.tensor(n).cumsum(0).tolist()], dtype=torch.int32) for n in (lengths_q, lengths_k))
+    leaves = [t.detach().requires_grad_() for t in (q, k, v, sink)]
+    with poisoned_allocations():
+        out, lse, _ = flash_attn_varlen_func(*leaves[:3], cu_q, cu_k, max(lengths_q), max(lengths_k), causal=causal,
+                                             return_attn_probs=True, learnable_sink=leaves[3])
+        grads = torch.autograd.grad((out.float() * dout.float()).sum() + (lse * dlse).sum(), leaves)
+    scale, eps = head_dim**-0.5, grad_eps(head_dim**-0.5, head_dim)
+    # The sink's gradient sums over the sequences: so do its yardsticks.
+    dsink_ref, dsink_lowp, dsink_inherited = 0.0, 0.0, 0.0
+    for b in range(len(lengths_q)):
+        rows, keys = slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1])
+        parts = [t[None] for t in (q[rows], k[keys], v[keys])]
+        _assert_forward(out[rows][None].detach(), lse[:, rows][None].detach(), *parts, sink, scale, causal)
+        refs, lowps, inherited = _yardsticks(*parts, sink, dout[rows][None], dlse[:, rows][None], scale, causal,
+                                             out[rows][None].detach())  # fmt: skip
+        for name, grad, part, ref, lowp, from_out in zip(("dq", "dk", "dv"), grads, (rows, keys, keys), refs, lowps,
+                                                         inherited):  # fmt: skip
+            _assert_within(f"{name} of sequence {b}", grad[part][None], ref, lowp, from_out, dtype, eps)
+        dsink_ref, dsink_lowp = dsink_ref + refs[3], dsink_lowp + lowps[3]
+        dsink_inherited += inherited[3]
+    _assert_within("dsink", grads[3], dsink_ref, dsink_lowp, dsink_inherited, torch.float32, eps)
+
+
+def test_sink_paged_backward():
+    """Paged keys and values (block_table) with a sink: the same out and gradients as the packed call."""
+    lengths = [37, 5, 64]
+    heads, heads_k, head_dim, page = 4, 2, 16, 16
+    gen = torch.Generator().manual_seed(case_seed("paged-sink"))
+    q = torch.randn(sum(lengths), heads, head_dim, generator=gen)
+    k, v = (torch.randn(sum(lengths), heads_k, head_dim, generator=gen) for _ in range(2))
+    sink = torch.randn(heads, generator=gen)
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    blocks = [-(-n // page) for n in lengths]
+    table = torch.zeros(len(lengths), max(blocks), dtype=torch.int32)
+    k_pages, v_pages = (torch.zeros(sum(blocks), page, heads_k, head_dim) for _ in range(2))
+    next_page = 0
+    for b, n in enumerate(lengths):
+        for i in range(blocks[b]):
+            rows = slice(cu[b] + i * page, min(cu[b] + (i + 1) * page, cu[b + 1]))
+            k_pages[next_page, : rows.stop - rows.start] = k[rows]
+            v_pages[next_page, : rows.stop - rows.start] = v[rows]
+            table[b, i] = next_page
+            next_page += 1
+    dout = torch.randn(q.shape, generator=gen)
+    results = []
+    for keys, values, block_table in ((k, v, None), (k_pages, v_pages, table)):
+        leaves = [t.detach().requires_grad_() for t in (q, keys, values, sink)]
+        out = flash_attn_varlen_func(*leaves[:3], cu, cu, max(lengths), max(lengths), causal=True,
+                                     block_table=block_table, learnable_sink=leaves[3])
+        dq, _, _, dsink = torch.autograd.grad((out * dout).sum(), leaves)
+        results.append((out, dq, dsink))
+    for got, want in zip(results[1], results[0]):
+        assert max_abs_diff(got, want) <= 1e-5
+
+
+# ------------------------------------------------------------------------------- differentiable LSE
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("options", OPTIONS, ids=_id)
+@pytest.mark.parametrize("shape", SHAPES[1:], ids=_id)
+def test_lse_gradient(shape, options, dtype):
+    """Gradients through softmax_lse alone and through out and softmax_lse together, without a sink,
+    against autograd on the reference. Rows that see no key are cut off (the reference's logsumexp
+    of all -inf has a NaN gradient; ours drops dlse there)."""
+    causal, window_size, softcap, alibi = options
+    q, k, v, dout, _, dlse, slopes = _inputs(shape, dtype, case_seed("lse", shape, options, dtype), alibi)
+    scale = shape[-1] ** -0.5
+    ref_options = {"window_size": window_size, "softcap": softcap, "alibi_slopes": slopes}
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    out, lse, _ = flash_attn_func(*leaves, causal=causal, window_size=window_size, softcap=softcap,
+                                  alibi_slopes=slopes, return_attn_probs=True)
+    visible = lse.detach().isfinite()
+    dlse = dlse.masked_fill(~visible, 0.0)
+    accurate = [t.detach().to(_accurate(dtype)).requires_grad_() for t in (q, k, v)]
+    for use_out in (False, True):
+        loss = (lse * dlse).sum() + ((out.float() * dout.float()).sum() if use_out else 0.0)
+        with poisoned_allocations():
+            grads = torch.autograd.grad(loss, leaves, retain_graph=True, allow_unused=True)
+        refs = []
+        for tensors, upcast in ((accurate, True), (leaves, False)):
+            out_r, lse_r = attention_ref(*tensors, scale, causal, upcast=upcast, **ref_options)
+            lse_r = torch.where(visible, lse_r, 0.0)
+            loss_r = (lse_r * dlse.to(lse_r.dtype)).sum()
+            if use_out:
+                loss_r = loss_r + (out_r * dout.to(out_r.dtype)).sum()
+            refs.append(torch.autograd.grad(loss_r, tensors, allow_unused=True))
+        slack = _inherited_errors(q, k, v, torch.full((shape[3],), -math.inf), dout, out.detach(), scale, causal,
+                                  **ref_options)[:2] if use_out else (0.0, 0.0)  # fmt: skip
+        for name, grad, ref, lowp, from_out, t in zip(("dq", "dk", "dv"), grads, *refs, (*slack, 0.0), (q, k, v)):
+            if ref is None:  # the LSE alone does not depend on v
+                assert grad is None or not grad.any(), name
+                continue
+            err = max_abs_diff(grad, ref)
+            bound = grad_bound(max_abs_diff(lowp, ref), rounding_floor(ref, t.dtype), from_out,
+                               grad_eps(scale, shape[-1]))
+            assert err <= bound, f"{name} (use_out={use_out}): max error {err:.3g} > bound {bound:.3g}"
+
+
+def test_lse_gradient_varlen():
+    """softmax_lse of flash_attn_varlen_func ((nheads, total_q)) is differentiable too."""
+    lengths = [3, 0, 50, 17]
+    gen = torch.Generator().manual_seed(case_seed("lse-varlen"))
+    q, k, v = (torch.randn(sum(lengths), 4, 20, generator=gen) for _ in range(3))
+    dlse = torch.randn(4, sum(lengths), generator=gen)
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    leaves = [t.detach().requires_grad_() for t in (q, k)]
+    _, lse, _ = flash_attn_varlen_func(leaves[0], leaves[1], v, cu, cu, 50, 50, causal=True, return_attn_probs=True)
+    dq, dk = torch.autograd.grad((lse * dlse).sum(), leaves)
+    for b in range(len(lengths)):
+        rows = slice(cu[b], cu[b + 1])
+        parts = [t[rows][None].double().requires_grad_() for t in (q, k)]
+        _, lse_r = attention_ref(parts[0], parts[1], v[rows][None].double(), 20**-0.5, True)
+        want = torch.autograd.grad((lse_r * dlse[:, rows][None].double()).sum(), parts)
+        assert max_abs_diff(dq[rows][None], want[0]) <= 1e-4
+        assert max_abs_diff(dk[rows][None], want[1]) <= 1e-4
+
+
+# ------------------------------------------------------------------------- flash_attn_combine, rings
+
+
+@pytest.mark.parametrize("chunks", [[100], [1, 99], [33, 33, 34], [7, 0, 50, 43]], ids=_id)
+@pytest.mark.parametrize("heads", [(4, 4), (6, 2), (3, 1)], ids=_id)
+def test_ring_attention(chunks, heads):
+    """Ring attention over chunks of the keys, built from flash_attn_func(return_attn_probs=True) and
+    flash_attn_combine, matches full attention, forward and backward (through the differentiable LSE).
+    A chunk of no key has lse -inf and weighs nothing."""
+    num_heads, num_heads_k = heads
+    batch, seqlen_q, head_dim = 2, 29, 40
+    seed = case_seed("ring", chunks, heads)
+    q, k, v = random_qkv(batch, seqlen_q, sum(chunks), num_heads, num_heads_k, head_dim, torch.float32, "cpu", seed)
+    dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(seed + 1))
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    outs, lses = [], []
+    for k_chunk, v_chunk in zip(leaves[1].split(chunks, dim=1), leaves[2].split(chunks, dim=1)):
+        out_c, lse_c, _ = flash_attn_func(leaves[0], k_chunk, v_chunk, return_attn_probs=True)
+        outs.append(out_c.float())
+        lses.append(lse_c.transpose(1, 2))  # (batch, seqlen, nheads)
+    out, lse = flash_attn_combine(torch.stack(outs), torch.stack(lses))
+    scale = head_dim**-0.5
+    accurate = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    out_ref, lse_ref = attention_ref(*accurate, scale, False)
+    out_fp32, lse_fp32 = attention_ref(q, k, v, scale, False)
+    assert max_abs_diff(out, out_ref) <= output_bound(max_abs_diff(out_fp32, out_ref))
+    assert max_abs_diff(lse.transpose(1, 2), lse_ref) <= output_bound(max_abs_diff(lse_fp32, lse_ref), eps=LSE_EPS)
+    grads = torch.autograd.grad((out * dout).sum(), leaves)
+    refs = torch.autograd.grad((out_ref * dout.double()).sum(), accurate)
+    lowps = [t.detach().requires_grad_() for t in (q, k, v)]
+    lowp_grads = torch.autograd.grad((attention_ref(*lowps, scale, False)[0] * dout).sum(), lowps)
+    for name, grad, ref, lowp in zip(("dq", "dk", "dv"), grads, refs, lowp_grads):
+        err, bound = max_abs_diff(grad, ref), grad_bound(max_abs_diff(lowp, ref), eps=grad_eps(scale, head_dim))
+        assert err <= bound, f"{name}: max error {err:.3g} > bound {bound:.3g}"
+
+
+def test_combine_semantics():
+    """FlashAttention-3's: out = sum_s exp(lse_s - lse) out_s, lse = logsumexp_s lse_s; all splits
+    empty: out 0, lse -inf; out= is written and returned; out_dtype casts."""
+    gen = torch.Generator().manual_seed(case_seed("combine"))
+    out_partial = torch.randn(3, 2, 5, 4, 7, generator=gen)
+    lse_partial = torch.randn(3, 2, 5, 4, generator=gen) * 3
+    lse_partial[1, 0, 2] = -math.inf  # one split saw no key of these rows
+    lse_partial[:, 1, 4, 3] = -math.inf  # no split saw a key of this row
+    out, lse = flash_attn_combine(out_partial, lse_partial)
+    want_lse = torch.logsumexp(lse_partial, dim=0)
+    finite = want_lse.isfinite()
+    weights = torch.exp(lse_partial - torch.where(finite, want_lse, 0.0)).nan_to_num(0.0)
+    want = (weights.unsqueeze(-1) * out_partial).sum(0)
+    assert out.dtype == torch.float32 and lse.shape == (2, 5, 4)
+    assert torch.allclose(out, want, atol=1e-6) and torch.equal(out[1, 4, 3], torch.zeros(7))
+    assert torch.allclose(lse[finite], want_lse[finite]) and lse[1, 4, 3] == -math.inf
+    target = torch.full((2, 5, 4, 7), math.nan, dtype=torch.bfloat16)
+    written, _ = flash_attn_combine(out_partial, lse_partial, out=target, out_dtype=torch.bfloat16)
+    assert written is target and torch.equal(target, want.to(torch.bfloat16))
+    assert flash_attn_combine(out_partial, lse_partial, out_dtype=torch.float16)[0].dtype == torch.float16
+
+
+def test_combine_gradient_of_empty_rows_is_not_nan():
+    lse_partial = torch.full((2, 1, 3, 2), -math.inf).requires_grad_()
+    out_partial = torch.randn(2, 1, 3, 2, 5, requires_grad=True)
+    out, lse = flash_attn_combine(out_partial, lse_partial)
+    grads = torch.autograd.grad(out.sum() + lse.clamp(min=-1e9).sum(), (out_partial, lse_partial))
+    assert not any(g.isnan().any() for g in grads)
+
+
+# ----------------------------------------------------------------------------------- errors and CUDA
+
+
+@pytest.mark.parametrize(
+    "sink, error",
+    [
+        (torch.zeros(5), ValueError),
+        (torch.zeros(1, 4), ValueError),
+        (torch.zeros(4, dtype=torch.float16), TypeError),
+        (torch.zeros(4, device="meta"), RuntimeError),
+        ([0.0] * 4, TypeError),
+    ],
+    ids=["length", "rank", "dtype", "device", "list"],
+)
+def test_bad_learnable_sink(sink, error):
+    q, k, v = random_qkv(1, 6, 6, 4, 2, 16, torch.float32, "cpu", 0)
+    with pytest.raises(error, match="learnable_sink"):
+        flash_attn_func(q, k, v, learnable_sink=sink)
+    cu = torch.tensor([0, 6], dtype=torch.int32)
+    with pytest.raises(error, match="learnable_sink"):
+        flash_attn_varlen_func(q[0], k[0], v[0], cu, cu, 6, 6, learnable_sink=sink)
+
+
+def test_learnable_sink_is_keyword_only():
+    q, k, v = random_qkv(1, 6, 6, 4, 2, 16, torch.float32, "cpu", 0)
+    with pytest.raises(TypeError):
+        flash_attn_func(q, k, v, 0.0, None, False, (-1, -1), 0.0, None, False, False, torch.zeros(4))
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, name",
+    [
+        ({"out_partial": torch.zeros(2, 1, 3, 2)}, ValueError, "out_partial"),
+        ({"lse_partial": torch.zeros(2, 1, 2, 3)}, ValueError, "lse_partial"),
+        ({"out_partial": torch.zeros(2, 1, 3, 2, 4, dtype=torch.bfloat16)}, TypeError, "out_partial"),
+        ({"lse_partial": torch.zeros(2, 1, 3, 2, dtype=torch.float64)}, TypeError, "lse_partial"),
+        ({"out_dtype": torch.int32}, TypeError, "out_dtype"),
+        ({"out": torch.zeros(1, 3, 2, 5)}, ValueError, "out"),
+        ({"out_partial": torch.zeros(0, 1, 3, 2, 4), "lse_partial": torch.zeros(0, 1, 3, 2)}, ValueError, "num_splits"),
+    ],
+    ids=["out_partial-rank", "lse-shape", "out_partial-dtype", "lse-dtype", "out_dtype", "out-shape", "no-split"],
+)
+def test_bad_combine_inputs(kwargs, error, name):
+    arguments = {"out_partial": torch.zeros(2, 1, 3, 2, 4), "lse_partial": torch.zeros(2, 1, 3, 2), **kwargs}
+    with pytest.raises(error, match=name):
+        flash_attn_combine(**arguments)
+
+
+def test_cuda_refuses_what_its_kernels_lack():
+    """The CUDA implementations of fwd_ext / bwd_ext and flash_attn_combine raise NotImplementedError
+    naming the argument (run here on CPU tensors: the refusal comes before any device work)."""
+    q, k, v = random_qkv(1, 6, 6, 4, 2, 16, torch.float32, "cpu", 0)
+    sink = torch.zeros(4)
+    with pytest.raises(NotImplementedError, match="learnable_sink"):
+        ops._fwd_ext_cuda(q, k, v, 0.25, False, learnable_sink=sink)
+    out, lse = torch.ops.flashattn.fwd(q, k, v, 0.25, False)
+    with pytest.raises(NotImplementedError, match="learnable_sink"):
+        ops._bwd_ext_cuda(out, q, k, v, out, lse, 0.25, False, False, learnable_sink=sink)
+    with pytest.raises(NotImplementedError, match="dlse"):
+        ops._bwd_ext_cuda(out, q, k, v, out, lse, 0.25, False, False, dlse=torch.ones_like(lse))
+    with pytest.raises(NotImplementedError, match="flash_attn_combine"):
+        flash_attn_combine(torch.zeros(2, 1, 3, 2, 4, device="meta"), torch.zeros(2, 1, 3, 2, device="meta"))
+
+
+OPCHECK_UTILS = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
+
+
+def test_opcheck_ext_operators():
+    """fwd_ext and bwd_ext: schemas, fakes and autograd registration as torch.library checks them."""
+    q, k, v = (t.requires_grad_() for t in random_qkv(2, 9, 13, 4, 2, 16, torch.float32, "cpu", 3))
+    sink = torch.randn(4, requires_grad=True)
+    args = (q, k, v, 0.25, True, False, -1, -1, 0.0, None, 0.0, None, None, None, 0, 0, None, None, None, None, sink)
+    results = torch.library.opcheck(torch.ops.flashattn.fwd_ext.default, args, test_utils=OPCHECK_UTILS)
+    assert results == dict.fromkeys(OPCHECK_UTILS, "SUCCESS")
+    out, lse = torch.ops.flashattn.fwd_ext(*(t.detach() if isinstance(t, Tensor) else t for t in args))
+    bwd_args = (torch.randn_like(out), q.detach(), k.detach(), v.detach(), out, lse, 0.25, True, False, -1, -1, 0.0,
+                None, 0.0, None, None, None, 0, 0, None, None, None, sink.detach(), torch.randn_like(lse))
+    results = torch.library.opcheck(torch.ops.flashattn.bwd_ext.default, bwd_args, test_utils=OPCHECK_UTILS)
+    assert results == dict.fromkeys(OPCHECK_UTILS, "SUCCESS")
