@@ -413,8 +413,9 @@ def flash_attn_combine(
         raise TypeError(f"flashattn: out_dtype must be one of {', '.join(map(str, accepted_dtypes))}, got {out_dtype}")
     if out is not None:
         if tuple(out.shape) != (batch, seqlen, num_heads, head_dim) or out.dtype != out_dtype:
-            raise ValueError(f"flashattn: out must be a {out_dtype} tensor of shape {(batch, seqlen, num_heads, head_dim)}"
-                             f", got {out.dtype} of shape {tuple(out.shape)}")
+            want = (batch, seqlen, num_heads, head_dim)
+            raise ValueError(f"flashattn: out must be a {out_dtype} tensor of shape {want}, got {out.dtype} of shape "
+                             f"{tuple(out.shape)}")
         if out.device != out_partial.device:
             raise RuntimeError(f"flashattn: out is on {out.device} but out_partial is on {out_partial.device}")
     if out_partial.device.type != "cpu":

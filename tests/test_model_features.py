@@ -57,6 +57,11 @@ def _inputs(shape: tuple, dtype: torch.dtype, seed: int, alibi: bool = False) ->
     return q, k, v, dout, sink, dlse, slopes
 
 
+def _offsets(lengths: list[int]) -> Tensor:
+    """cu_seqlens of sequences of these lengths."""
+    return torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+
+
 def _accurate(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float32 else torch.float32
 
@@ -184,7 +189,7 @@ def test_sink_varlen(dtype, causal):
     dout = torch.randn(q.shape, generator=gen).to(dtype)
     dlse = torch.randn(heads, sum(lengths_q), generator=gen)
     sink = torch.randn(heads, generator=gen)
-    cu_q, cu_k = (torch.tensor([0, *torch.tensor(n).cumsum(0).tolist()], dtype=torch.int32) for n in (lengths_q, lengths_k))
+    cu_q, cu_k = (_offsets(n) for n in (lengths_q, lengths_k))
     leaves = [t.detach().requires_grad_() for t in (q, k, v, sink)]
     with poisoned_allocations():
         out, lse, _ = flash_attn_varlen_func(*leaves[:3], cu_q, cu_k, max(lengths_q), max(lengths_k), causal=causal,
@@ -215,7 +220,7 @@ def test_sink_paged_backward():
     q = torch.randn(sum(lengths), heads, head_dim, generator=gen)
     k, v = (torch.randn(sum(lengths), heads_k, head_dim, generator=gen) for _ in range(2))
     sink = torch.randn(heads, generator=gen)
-    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    cu = _offsets(lengths)
     blocks = [-(-n // page) for n in lengths]
     table = torch.zeros(len(lengths), max(blocks), dtype=torch.int32)
     k_pages, v_pages = (torch.zeros(sum(blocks), page, heads_k, head_dim) for _ in range(2))
@@ -289,7 +294,7 @@ def test_lse_gradient_varlen():
     gen = torch.Generator().manual_seed(case_seed("lse-varlen"))
     q, k, v = (torch.randn(sum(lengths), 4, 20, generator=gen) for _ in range(3))
     dlse = torch.randn(4, sum(lengths), generator=gen)
-    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    cu = _offsets(lengths)
     leaves = [t.detach().requires_grad_() for t in (q, k)]
     _, lse, _ = flash_attn_varlen_func(leaves[0], leaves[1], v, cu, cu, 50, 50, causal=True, return_attn_probs=True)
     dq, dk = torch.autograd.grad((lse * dlse).sum(), leaves)
