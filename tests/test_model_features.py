@@ -14,10 +14,11 @@ from torch import Tensor
 
 from flashattn import flash_attn_combine, flash_attn_func, flash_attn_varlen_func
 from flashattn import ops
+from flashattn.interface import _flash_attn_forward
 from flashattn.reference import attention_ref
 from flashattn.testing import LSE_EPS, grad_bound, grad_eps, max_abs_diff, output_bound, rounding_floor
 
-from helpers import case_seed, poisoned_allocations, random_qkv
+from helpers import case_seed, decode_s_dmask, poisoned_allocations, random_qkv, reference_options
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32]
 
@@ -242,6 +243,45 @@ def test_sink_paged_backward():
         results.append((out, dq, dsink))
     for got, want in zip(results[1], results[0]):
         assert max_abs_diff(got, want) <= 1e-5
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_sink_with_dropout(dtype):
+    """Dropout drops key columns only: the sink stays in every row's denominator, the LSE is the
+    undropped one, and the gradients (the sink's included) match the reference given the same mask."""
+    shape = (2, 70, 90, 4, 2, 48)
+    seed = case_seed("sink-dropout", dtype)
+    q, k, v, dout, sink, dlse, _ = _inputs(shape, dtype, seed)
+    options = {"dropout_p": 0.25, "rng_state": torch.tensor([seed, 11], dtype=torch.int64)}
+    ref_options = reference_options(q, k, options)
+    scale = shape[-1] ** -0.5
+    leaves = [t.detach().requires_grad_() for t in (q, k, v, sink)]
+    with poisoned_allocations():
+        out, lse = _flash_attn_forward(*leaves[:3], scale, True, **options, learnable_sink=leaves[3])
+    _assert_forward(out.detach(), lse.detach(), q, k, v, sink, scale, True, **ref_options)
+    with poisoned_allocations():
+        grads = torch.autograd.grad((out.float() * dout.float()).sum() + (lse * dlse).sum(), leaves)
+    _assert_grads(grads, q, k, v, sink, dout, dlse, scale, True, out.detach(), **ref_options)
+
+
+def test_sink_s_dmask():
+    """S_dmask keeps FlashAttention-2's encoding with a sink: |entry| * exp(m - lse) is the
+    probability, since softmax_lse includes the sink."""
+    head_dim, scale = 40, 40**-0.5
+    q, k, v, _, sink, _, _ = _inputs((1, 50, 150, 4, 2, head_dim), torch.float32, case_seed("sink-s_dmask"))
+    torch.manual_seed(3)
+    _, _, s_dmask = flash_attn_func(q, k, v, dropout_p=0.2, causal=True, return_attn_probs=True, learnable_sink=sink)
+
+    def probs(q: Tensor, k: Tensor) -> Tensor:
+        _, lse = attention_ref(q, k, v.to(q.dtype), scale, True, learnable_sink=sink)
+        scores = torch.einsum("bqhd,bkhd->bhqk", q, k.repeat_interleave(2, dim=2)) * scale
+        visible = torch.arange(150)[None, :] <= torch.arange(50)[:, None] + 100
+        return torch.exp(scores.masked_fill(~visible, -math.inf) - lse.unsqueeze(-1))
+
+    accurate, lowp = probs(q.double(), k.double()), probs(q, k)
+    decoded = decode_s_dmask(s_dmask, accurate, head_dim)
+    err, bound = max_abs_diff(decoded, accurate), output_bound(max_abs_diff(lowp, accurate))
+    assert err <= bound, f"S_dmask decoded: max error {err:.3g} > bound {bound:.3g}"
 
 
 # ------------------------------------------------------------------------------- differentiable LSE
