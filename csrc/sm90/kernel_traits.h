@@ -53,15 +53,18 @@ struct FwdTraits {
     static constexpr int kQBytes = kColBlocks * kQBlockBytes;
     static constexpr int kKVBytes = kColBlocks * kKVBlockBytes;
 
-    // Q, then kStages K tiles, then kStages V tiles, then the mbarriers; the
+    // Q, then kStages K tiles, then kStages V tiles, then the mbarriers and the work slots; the
     // base is aligned up to an atom at run time (kSmemAlign spare bytes).
     static constexpr int kSmemQOffset = 0;
     static constexpr int kSmemKOffset = kSmemQOffset + kQBytes;
     static constexpr int kSmemVOffset = kSmemKOffset + kStages * kKVBytes;
     static constexpr int kSmemBarrierOffset = kSmemVOffset + kStages * kKVBytes;
-    static constexpr int kBarriers = 2 + 4 * kStages;  // Q full and empty; K, V full and empty per stage
+    // Q full and empty; K, V full and empty per stage; the work exchange's full and empty per slot.
+    static constexpr int kWorkSlots = 2;  // query tiles handed from the producer to the consumers
+    static constexpr int kBarriers = 2 + 4 * kStages + 2 * kWorkSlots;
+    static constexpr int kSmemWorkOffset = kSmemBarrierOffset + 8 * kBarriers;  // an int per work slot
     static constexpr int kSmemAlign = kSwizzleAtomBytes;
-    static constexpr int kSmemBytes = kSmemBarrierOffset + 8 * kBarriers + kSmemAlign;
+    static constexpr int kSmemBytes = kSmemWorkOffset + 4 * kWorkSlots + kSmemAlign;
 
     static_assert(kHeadDim % 32 == 0 && kHeadDim <= 256, "head dims 64, 96, 128, 192, 256");
     static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "wgmma N and the k16 steps of P V");
