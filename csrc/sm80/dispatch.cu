@@ -15,6 +15,8 @@ cudaError_t run_bwd_(const BwdParams& params, cudaStream_t stream);
 template <typename Element, int kHeadDim>
 cudaError_t run_fwd_paged_(const FwdParams& params, cudaStream_t stream);
 
+int fwd_counters(const FwdParams&) { return 0; }
+
 int kernel_head_dim(int head_dim) {
     return FLASH_HEADDIM_SWITCH(head_dim, kHeadDim, [&] { return kHeadDim; });
 }

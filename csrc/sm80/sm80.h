@@ -26,4 +26,7 @@ cudaError_t run_fwd_kvcache(const FwdParams& params, cudaStream_t stream);
 // The compiled head dim that serves `head_dim` (for error messages).
 int kernel_head_dim(int head_dim);
 
+// The zeroed counters a forward call needs (FwdParams::fwd_counters): none.
+int fwd_counters(const FwdParams& params);
+
 }  // namespace flash::sm80

@@ -90,6 +90,8 @@ cudaError_t run_fwd_kvcache(const FwdParams& params, cudaStream_t stream) {
     return sm80::run_fwd_kvcache(params, stream);
 }
 
+int fwd_counters(const FwdParams& params) { return serves(params) && params.is_local ? kWorkCounterInts : 0; }
+
 // The sm90 forward kernels round head dims as the sm80 ones do (32 is sm80's alone).
 int kernel_head_dim(int head_dim) { return sm80::kernel_head_dim(head_dim); }
 

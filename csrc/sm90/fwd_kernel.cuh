@@ -152,18 +152,14 @@ struct KeyTileSource {
     }
 };
 
-// A launch's tile counter for dynamic scheduling: `next` hands out query tiles
-// past the first gridDim.x (which the blocks take by their index); each block,
-// once it draws past the last tile, counts itself in `done`, and the last one
-// zeroes both for the next launch that draws this counter (fwd_launch.cuh:
-// launches take the counters of a ring in turn, so that launches running at
-// once on several streams do not share one).
+// A call's tile counter for dynamic scheduling (FwdParams::fwd_counters, zero
+// on entry): `next` hands out the query tiles past the first gridDim.x (which
+// the blocks take by their index); each block, once it draws past the last
+// tile, counts itself in `done`, and the last one zeroes both again.
 struct WorkCounter {
     unsigned int next, done;
 };
-constexpr int kWorkCounters = 64;
-// Per translation unit, that is per instantiation (its launcher's ring).
-static __device__ WorkCounter g_work_counters[kWorkCounters];
+static_assert(sizeof(WorkCounter) == kWorkCounterInts * sizeof(unsigned int), "fwd_counters' length");
 
 // The query tiles of a block, in turn: the producer draws them (statically,
 // blockIdx.x + k gridDim.x, without a counter; else from the counter) and hands

@@ -4,8 +4,6 @@
 
 #include <cuda.h>
 
-#include <atomic>
-
 #include "common/flash.h"
 #include "sm90/fwd_kernel.cuh"
 #include "sm90/kernel_traits.h"
@@ -33,20 +31,13 @@ cudaError_t run_fwd_(const FwdParams& params, cudaStream_t stream) {
     // one's epilogue. Tiles of equal work (no mask that cuts keys) are drawn
     // statically; under a causal mask or a window their work differs, and a
     // static share leaves SMs idle at the end (NOTES.md): they are drawn from
-    // a counter, as blocks free up.
+    // the call's counter (fwd_counters), as blocks free up.
     int device = 0, sms = 0;
     err = cudaGetDevice(&device);
     if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
     if (err != cudaSuccess) return err;
     const int blocks = static_cast<int>(tiles < sms ? tiles : sms);
-    WorkCounter* counter = nullptr;
-    if (Is_local) {
-        static std::atomic<unsigned int> launches{0};
-        WorkCounter* ring = nullptr;
-        err = cudaGetSymbolAddress(reinterpret_cast<void**>(&ring), g_work_counters);
-        if (err != cudaSuccess) return err;
-        counter = ring + launches.fetch_add(1, std::memory_order_relaxed) % kWorkCounters;
-    }
+    WorkCounter* counter = Is_local ? reinterpret_cast<WorkCounter*>(params.fwd_counters) : nullptr;
     kernel<<<blocks, Traits::kNThreads, Traits::kSmemBytes, stream>>>(params, tma_q, tma_k, tma_v, counter);
     return cudaGetLastError();
 }

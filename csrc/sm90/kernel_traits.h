@@ -85,6 +85,10 @@ template <bool Is_local> struct FwdConfig<128, Is_local> { static constexpr int 
 template <bool Is_local> struct FwdConfig<192, Is_local> { static constexpr int kBlockN = Is_local ? 96 : 112; };
 template <bool Is_local> struct FwdConfig<256, Is_local> { static constexpr int kBlockN = 80; };
 
+// The zeroed counters a causal or windowed forward asks for (FwdParams::
+// fwd_counters): its blocks' tile counter (fwd_kernel.cuh: WorkCounter).
+constexpr int kWorkCounterInts = 2;
+
 // Paged keys (block_table): a key tile is copied in boxes of kv_box_rows rows,
 // each inside one page, so that a box's rows are consecutive in memory: the
 // largest common divisor of the page size and the tile height. A tile starts at
