@@ -84,7 +84,7 @@ __global__ void __launch_bounds__(Traits::kNThreads) fwd_kernel(const FwdParams 
     q_copy.load_async(q_smem, q, params.q_row_stride, seqlen_q - m0, params.head_dim);
     cp_async_commit();
     if (key_tiles.n_end > key_tiles.n_begin) {
-        if (kv.paged) {  // the first tile's block-table entries, before its rows
+        if (kv.paged) {  // the first tile's row addresses, before its rows
             const int n0 = (key_tiles.n_end - 1) * kBlockN;
             kv.template stage_row<kNThreads>(n0, tid, kv.template fetch_row<kNThreads>(n0, tid));
             __syncthreads();
@@ -106,10 +106,10 @@ __global__ void __launch_bounds__(Traits::kNThreads) fwd_kernel(const FwdParams 
         __syncthreads();
         kv.load_v(kv_copy, v_smem, n0);
         cp_async_commit();
-        // Paged: tile j-1's rows looked up (the block table read under the S GEMM), staged for K_{j-1}
-        // after the next barrier.
+        // Paged: tile j-1's rows looked up (the block table read under the S GEMM), their addresses
+        // staged for K_{j-1} after the next barrier.
         const int next_n0 = n_block > key_tiles.n_begin ? n0 - kBlockN : -1;
-        const int entry = kv.template fetch_row<kNThreads>(next_n0, tid);
+        const PagedRow next_row = kv.template fetch_row<kNThreads>(next_n0, tid);
 
         float s[Traits::kMTiles][Traits::kNTilesS][4];  // S = Q K^T for the warp's rows
         clear(s);
@@ -118,7 +118,7 @@ __global__ void __launch_bounds__(Traits::kNThreads) fwd_kernel(const FwdParams 
         if constexpr (Has_extras) apply_score_extras<false>(s, extras, m0 + warp_row0, n0, lane);
         if constexpr (Is_masked) apply_mask<Is_local>(s, m0 + warp_row0, n0, window, lane);
 
-        kv.template stage_row<kNThreads>(next_n0, tid, entry);
+        kv.template stage_row<kNThreads>(next_n0, tid, next_row);
         // V_j has landed; every warp is done with K_j, so K_{j-1} may overwrite it.
         cp_async_wait<0>();
         __syncthreads();

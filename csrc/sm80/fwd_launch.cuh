@@ -48,12 +48,13 @@ cudaError_t run_fwd_(const FwdParams& params, cudaStream_t stream) {
 }
 
 // A paged variable-length batch (block_table): the kernel that reads keys
-// through the block table, with the window and the extras decided at run time
-// (one instantiation per dtype and head dim), in the forward's tile config.
-template <typename Element, int kHeadDim>
+// through the block table, in the forward's tile config, with the window
+// decided at run time. The extras are compiled in only where asked for: the
+// extras variant alone costs 6-9% (benchmarks/NOTES.md, paged v5).
+template <typename Element, int kHeadDim, bool Has_extras>
 cudaError_t run_fwd_paged_(const FwdParams& params, cudaStream_t stream) {
-    return launch_fwd_fastest<Element, kHeadDim, /*Is_local=*/true, /*Has_extras=*/true, /*Is_kvcache=*/true>(
-        params, stream);
+    return launch_fwd_fastest<Element, kHeadDim, /*Is_local=*/true, Has_extras, /*Is_kvcache=*/true>(params,
+                                                                                                     stream);
 }
 
 }  // namespace flash::sm80
