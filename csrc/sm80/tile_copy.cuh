@@ -66,10 +66,15 @@ struct TileCopy {
     template <typename Element>
     __device__ __forceinline__ void load_async_rows(uint32_t smem_tile, const Element* const* rows,
                                                     int rows_valid, int cols_valid) const {
+        // Every row's address first: the shared loads' latencies overlap
+        // instead of each holding up its row's copies.
+        const Element* src_rows[kPasses];
+#pragma unroll
+        for (int pass = 0; pass < kPasses; ++pass) src_rows[pass] = rows[row0 + pass * kRowsPerPass];
 #pragma unroll
         for (int pass = 0; pass < kPasses; ++pass) {
             const bool row_valid = row0 + pass * kRowsPerPass < rows_valid;
-            const Element* src = rows[row0 + pass * kRowsPerPass];
+            const Element* src = src_rows[pass];
 #pragma unroll
             for (int blk = 0; blk < kBlocks; ++blk) {
                 const int col = col0 + blk * Tile::kBlockChunks * Tile::kChunkElems;

@@ -72,14 +72,18 @@ struct KeyValueRows {
     // entry and row in page of its row, read into registers; {0, 0} where
     // there is none (a row past the sequence: page 0 row 0 stages the head's
     // base, a readable address that the copy zero-fills without reading).
+    // Without a branch, so that the compiler can interleave the division and
+    // the load with the caller's next GEMM instead of stalling on them.
     template <int kNThreads>
     __device__ __forceinline__ PagedRow fetch_row(int n0, int tid) const {
         static_assert(kNThreads >= 2 * kRows, "a thread per row of a tile, for K and for V");
+        if constexpr (!Is_kvcache) return {0, 0};
         const int r = tid % kRows;
-        if (!(Is_kvcache && paged) || n0 < 0 || tid >= 2 * kRows || n0 + r >= seqlen_k) return {0, 0};
-        const int cache_row = start + n0 + r;
-        const int entry = cache_row / params.page_size;
-        return {table[entry], cache_row - entry * params.page_size};
+        const bool has_row = paged && n0 >= 0 && tid < 2 * kRows && n0 + r < seqlen_k;
+        const int cache_row = has_row ? start + n0 + r : 0;
+        const int page_size = paged ? params.page_size : 1;  // 0 in a contiguous cache
+        const int entry = cache_row / page_size;
+        return {has_row ? table[entry] : 0, cache_row - entry * page_size};
     }
 
     // Checks the fetched page (one outside [0, num_pages) is recorded and
