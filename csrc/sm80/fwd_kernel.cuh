@@ -33,8 +33,9 @@ namespace flash::sm80 {
 // decoding rows may be a GQA group (pack_gqa) and whose blocks, with num_splits
 // > 1, each take one range of the key tiles and write a partial result, merged
 // by merge_splits_kernel (kvcache/); and paged variable-length batches (one
-// split).
-template <typename Traits, bool Is_local, bool Has_extras, bool Is_kvcache = false>
+// split). Is_paged (with Is_kvcache): the keys are always paged (a paged
+// variable-length batch), known at compile time.
+template <typename Traits, bool Is_local, bool Has_extras, bool Is_kvcache = false, bool Is_paged = false>
 __global__ void __launch_bounds__(Traits::kNThreads) fwd_kernel(const FwdParams params) {
     using Element = typename Traits::Element;
     constexpr int kBlockM = Traits::kBlockM;
@@ -68,7 +69,8 @@ __global__ void __launch_bounds__(Traits::kNThreads) fwd_kernel(const FwdParams 
 
     const Element* q = static_cast<const Element*>(params.q_ptr) + batch * params.q_batch_stride +
                        head * params.q_head_stride + (seq.q_start + m0) * params.q_row_stride;
-    const KeyValueRows<Element, Is_kvcache, kBlockN> kv(params, seq, batch, head_k, smem + Traits::kSmemBytes);
+    const KeyValueRows<Element, Is_kvcache, Is_paged, kBlockN> kv(params, seq, batch, head_k,
+                                                                  smem + Traits::kSmemBytes);
 
     // With split-KV, this block's share of the tiles.
     const KeyTileRange key_tiles =
@@ -92,6 +94,7 @@ __global__ void __launch_bounds__(Traits::kNThreads) fwd_kernel(const FwdParams 
         kv.load_k(kv_copy, k_smem, (key_tiles.n_end - 1) * kBlockN);
     }
     cp_async_commit();
+    kv.template check_pages<kNThreads>(key_tiles.n_begin, key_tiles.n_end, tid);
 
     float o[Traits::kMTiles][Traits::kNTilesO][4];
     clear(o);

@@ -31,17 +31,21 @@ struct PagedRow {
 };
 
 // Rows [n0, n0 + kRows) of K or V into a shared-memory tile, through a copy.
-// Only Is_kvcache instantiations can be paged. Their rows are looked up once
+// Only Is_kvcache instantiations can be paged: at run time (a KV cache), or
+// always (Is_paged: a paged variable-length batch, whose copies then compile
+// without the contiguous path). Paged rows are looked up once
 // per tile, and each row's address staged in shared memory
 // (PageEntryStage<kRows>::kBytes, two buffers: tile t's in buffer t % 2), so
 // that a copy takes a row's address with one shared load (no division, no
 // check, no multiply). Thread i < 2 * kRows takes row n0 + i % kRows, of K
 // below kRows and of V above (every warp one lookup, none idle): fetch_row(n0)
 // reads its block-table entry into a register (its latency hidden behind the
-// caller's next GEMM), stage_row checks it and stores the row's address; after
-// a barrier load_k/load_v of that tile use them.
-template <typename Element, bool Is_kvcache, int kRows>
+// caller's next GEMM), stage_row clamps it and stores the row's address; after
+// a barrier load_k/load_v of that tile use them. The entries are checked once,
+// before the main loop (check_pages), so that the loop holds no fault path.
+template <typename Element, bool Is_kvcache, bool Is_paged, int kRows>
 struct KeyValueRows {
+    static_assert(Is_kvcache || !Is_paged, "only the KV-cache kernels read pages");
     using Stage = PageEntryStage<kRows>;
     // What is uniform over the sequence is read from the kernel's parameters
     // where it is used (constant memory), not held in registers.
@@ -56,7 +60,7 @@ struct KeyValueRows {
     __device__ __forceinline__ KeyValueRows(const FwdParams& params_, const Sequence& seq, int batch_, int head_k,
                                             char* stage_smem)
         : params(params_),
-          paged(Is_kvcache && params_.block_table != nullptr),
+          paged(Is_paged || (Is_kvcache && params_.block_table != nullptr)),
           seqlen_k(seq.seqlen_k),
           start(seq.k_start),
           batch(batch_) {
@@ -86,16 +90,28 @@ struct KeyValueRows {
         return {has_row ? table[entry] : 0, cache_row - entry * page_size};
     }
 
-    // Checks the fetched page (one outside [0, num_pages) is recorded and
-    // clamped, index_check.cuh) and stages this thread's row address in tile
-    // n0's buffer; visible after a barrier.
+    // Checks every block-table entry that key tiles [n_begin, n_end) read: one
+    // outside [0, num_pages) is recorded (index_check.cuh), and clamped where
+    // it is staged. Once per block, its loads in flight under the first tile's.
+    template <int kNThreads>
+    __device__ __forceinline__ void check_pages(int n_begin, int n_end, int tid) const {
+        if (!(Is_kvcache && paged) || n_end <= n_begin) return;
+        const int first = (start + n_begin * kRows) / params.page_size;
+        const int last = (start + min(n_end * kRows, seqlen_k) - 1) / params.page_size;
+        for (int entry = first + tid; entry <= last; entry += kNThreads) {
+            checked_index(table[entry], 0, params.kv_cache_batch - 1, params.faults, IndexArgument::kBlockTable,
+                          batch, entry);
+        }
+    }
+
+    // Stages this thread's row address in tile n0's buffer, its page clamped
+    // into [0, num_pages) (check_pages recorded any outside); visible after a
+    // barrier.
     template <int kNThreads>
     __device__ __forceinline__ void stage_row(int n0, int tid, PagedRow row) const {
         if (!(Is_kvcache && paged) || n0 < 0 || tid >= 2 * kRows) return;
         const bool is_v = tid >= kRows;
-        const int page = checked_index(row.page, 0, params.kv_cache_batch - 1, params.faults,
-                                       IndexArgument::kBlockTable, batch,
-                                       (start + n0 + tid % kRows) / params.page_size);
+        const int page = min(max(row.page, 0), params.kv_cache_batch - 1);
         staged[buffer_of(n0) * 2 * kRows + tid] =
             (is_v ? v : k) + page * (is_v ? params.v_batch_stride : params.k_batch_stride) +
             row.row_in_page * (is_v ? params.v_row_stride : params.k_row_stride);
