@@ -33,11 +33,10 @@ struct PagedRow {
 // Rows [n0, n0 + kRows) of K or V into a shared-memory tile, through a copy.
 // Only Is_kvcache instantiations can be paged: at run time (a KV cache), or
 // always (Is_paged: a paged variable-length batch, whose copies then compile
-// without the contiguous path). Paged rows are looked up once
-// per tile, and each row's address staged in shared memory
-// (PageEntryStage<kRows>::kBytes, two buffers: tile t's in buffer t % 2), so
-// that a copy takes a row's address with one shared load (no division, no
-// check, no multiply). Thread i < 2 * kRows takes row n0 + i % kRows, of K
+// without the contiguous path). Paged rows are looked up once per tile, and
+// each row's address staged in shared memory (PageEntryStage<kRows>::kBytes,
+// two buffers: tile t's in buffer t % 2), so that a copy takes a row's address
+// with one shared load (no division, no check, no multiply). Thread i < 2 * kRows takes row n0 + i % kRows, of K
 // below kRows and of V above (every warp one lookup, none idle): fetch_row(n0)
 // reads its block-table entry into a register (its latency hidden behind the
 // caller's next GEMM), stage_row clamps it and stores the row's address; after
