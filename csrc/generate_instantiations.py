@@ -43,7 +43,7 @@ PAGED_TEMPLATE = """\
 #include "sm80/fwd_launch.cuh"
 
 namespace flash::sm80 {{
-template cudaError_t run_fwd_paged_<{element}, {head_dim}>(const FwdParams&, cudaStream_t);
+template cudaError_t run_fwd_paged_<{element}, {head_dim}, {extras}>(const FwdParams&, cudaStream_t);
 }}  // namespace flash::sm80
 """
 
@@ -80,7 +80,9 @@ def expected_files() -> dict[str, str]:
     for dtype, element in DTYPES.items():
         for head_dim in HEAD_DIMS:
             files[f"{FAMILY}_fwd_kvcache_{dtype}_hdim{head_dim}.cu"] = KVCACHE_TEMPLATE.format(element=element, head_dim=head_dim)
-            files[f"{FAMILY}_fwd_paged_{dtype}_hdim{head_dim}.cu"] = PAGED_TEMPLATE.format(element=element, head_dim=head_dim)
+            for extras in EXTRAS:
+                files[f"{FAMILY}_fwd_paged_{dtype}_hdim{head_dim}{'_extras' if extras else ''}.cu"] = \
+                    PAGED_TEMPLATE.format(element=element, head_dim=head_dim, extras=str(extras).lower())
     for dtype, element in DTYPES.items():
         for head_dim in SM90_HEAD_DIMS:
             for local in LOCAL:
