@@ -93,8 +93,11 @@ constexpr int kWorkCounterInts = 2;
 // each inside one page, so that a box's rows are consecutive in memory: the
 // largest common divisor of the page size and the tile height. A tile starts at
 // a multiple of kBlockN, so every box starts at a multiple of the box height,
-// which divides the page size. Boxes under 8 rows (a swizzle atom) are not
-// taken: 0, and such pages stay with the sm80 family.
+// which divides the page size. A box must be whole swizzle atoms (8 rows of
+// 128 bytes), so that each lands on a 1024-byte boundary of the tile, as the
+// swizzle and the wgmma descriptors assume: otherwise 0, and such pages (a
+// size that is not a multiple of 8, e.g. 12 against 96-key tiles) stay with
+// the sm80 family.
 constexpr int kv_box_rows(int page_size, int block_n) {
     int a = page_size, b = block_n;
     while (b != 0) {
@@ -102,8 +105,12 @@ constexpr int kv_box_rows(int page_size, int block_n) {
         a = b;
         b = r;
     }
-    return a >= 8 ? a : 0;
+    return a % 8 == 0 ? a : 0;
 }
+static_assert(kv_box_rows(16, 128) == 16 && kv_box_rows(256, 128) == 128 && kv_box_rows(256, 80) == 16 &&
+                  kv_box_rows(24, 96) == 24 && kv_box_rows(12, 96) == 0 && kv_box_rows(7, 128) == 0 &&
+                  kv_box_rows(4, 64) == 0,
+              "boxes of whole swizzle atoms, each inside one page");
 
 template <int kHeadDim, typename Element, bool Is_local>
 using FwdTraitsFor = FwdTraits<kHeadDim, FwdConfig<kHeadDim, Is_local>::kBlockN, Element>;
