@@ -18,6 +18,11 @@ constexpr int kSwizzleAtomBytes = 8 * kSwizzleBytes;
 // The shared memory a block may take on sm_90 (227 KB).
 constexpr int kMaxSmemPerBlock = 227 * 1024;
 
+// The registers an SM's 64K give each of kThreads threads at entry (the cap of
+// __launch_bounds__(kThreads, 1), rounded down to the allocation unit of 8):
+// what setmaxnreg redistributes among the warpgroups of a block.
+constexpr int registers_at_entry(int threads) { return 65536 / threads / 8 * 8; }
+
 // CTA: one producer warpgroup (one thread issues every copy; the rest of it
 // exits) and kConsumerWarpgroups consumer warpgroups of 64 query rows each
 // (the M of wgmma), which walk the same key tiles.
@@ -32,7 +37,7 @@ struct FwdTraits {
     static constexpr int kStages = 2;                                     // K and V tiles in flight
     static constexpr int kNThreads = 128 * (1 + kConsumerWarpgroups);
     // setmaxnreg: the producer keeps the minimum, the consumers take the rest
-    // (the 65536 registers of an SM, one block per SM).
+    // of what the block holds at entry (one block per SM).
     static constexpr int kProducerRegs = 40;
     static constexpr int kConsumerRegs = 232;
 
@@ -70,8 +75,9 @@ struct FwdTraits {
     static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "wgmma N and the k16 steps of P V");
     static_assert(kQBlockBytes % kSwizzleAtomBytes == 0 && kKVBlockBytes % kSwizzleAtomBytes == 0,
                   "every column block starts on a swizzle atom");
-    static_assert(kConsumerWarpgroups * 128 * kConsumerRegs + 128 * kProducerRegs <= 65536,
-                  "setmaxnreg: the warpgroups' registers must fit the SM's 64K");
+    static_assert(kConsumerWarpgroups * 128 * kConsumerRegs + 128 * kProducerRegs <=
+                      kNThreads * registers_at_entry(kNThreads),
+                  "setmaxnreg: the warpgroups' registers must fit what the block holds at entry");
     static_assert(kSmemBytes <= kMaxSmemPerBlock, "shared memory over the sm_90 per-block limit");
 };
 
