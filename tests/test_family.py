@@ -4,7 +4,9 @@ capability, forced with FLASHATTN_FAMILY, and visible in the kernels that run.
 A 9.x GPU runs the sm90 family when the build includes 9.0a: its forward kernels
 (namespace flash::sm90::) serve what csrc/sm90/sm90.h's serves() accepts, and
 everything else (the backward, ALiBi, dropout, head dims up to 32) runs on the sm80
-family's kernels (flash::sm80::) on the same GPU. FLASHATTN_FAMILY=sm80 forces sm80."""
+family's kernels (flash::sm80::) on the same GPU. FLASHATTN_FAMILY=sm80 forces sm80.
+The sm90 backward (serves_bwd()) runs only under FLASHATTN_SM90_BWD=1, the development
+switch of issue 19, read once per process."""
 import os
 import subprocess
 import sys
@@ -85,13 +87,17 @@ def test_the_default_family_follows_the_compute_capability():
 
 
 def test_the_forward_and_backward_run_the_family_kernels():
-    """The forward runs the family's own kernel; the backward runs sm80's kernels on every family."""
+    """The forward runs the family's own kernel; the backward runs sm80's kernels on every family,
+    but for the sm90 family's own main kernel under FLASHATTN_SM90_BWD=1 (its row-wise passes are
+    sm80's there too)."""
     family = flashattn.kernel_family()
+    sm90_bwd = family == "sm90" and os.environ.get("FLASHATTN_SM90_BWD") == "1"
     q, k, v = (torch.randn(2, 300, 4, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
     names = kernels_run_by(lambda: flashattn.flash_attn_func(q, k, v, causal=True).sum().backward())
     ours = [name for name in names if "flash::" in name]
     assert any(f"flash::{family}::fwd_kernel" in name for name in ours), names
-    assert any("flash::sm80::bwd_dk_dv_kernel" in name for name in ours), names
+    main_kernel = "flash::sm90::bwd_kernel" if sm90_bwd else "flash::sm80::bwd_dk_dv_kernel"
+    assert any(main_kernel in name for name in ours), names
     assert all(f"flash::{family}::" in name or "flash::sm80::bwd" in name for name in ours), ours
 
 
@@ -145,6 +151,47 @@ def test_sm90_takes_pages_it_can_copy_in_boxes(page_size, head_dim, family):
                                                    block_table=table)
     names = [n for n in kernels_run_by(run) if "fwd_kernel" in n]
     assert names and all(f"flash::{family}::" in name for name in names), names
+
+
+# Prints the namespaces of the backward's main kernels (one line: sorted, space-separated) of one
+# case of test_sm90_backward_serves_or_delegates, named by argv[1].
+BACKWARD_KERNELS_SCRIPT = """
+import sys, torch, flashattn
+case = sys.argv[1]
+head_dim = {"d96": 96, "d40": 40}.get(case, 128 if case.startswith("d128") else 64)
+q, k, v = (torch.randn(2, 300, 4, head_dim, device="cuda", dtype=torch.float16, requires_grad=True) for _ in range(3))
+k_in, v_in = (k[:, :, :2], v[:, :, :2]) if case == "gqa" else (k, v)
+options = {"d128_causal": {"causal": True}, "window": {"window_size": (50, 10)}, "softcap": {"softcap": 30.0},
+           "deterministic": {"deterministic": True}}.get(case, {})
+run = lambda: flashattn.flash_attn_func(q, k_in, v_in, **options).sum().backward()
+run()  # warm-up: module load outside the profile
+torch.cuda.synchronize()
+with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+    run()
+    torch.cuda.synchronize()
+names = {e.name.split("::bwd_")[0].split()[-1] for e in prof.events()
+         if e.device_type == torch.autograd.DeviceType.CUDA and ("bwd_kernel" in e.name or "bwd_dk_dv" in e.name)}
+print(" ".join(sorted(names)))
+"""
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9 or not sm90_in_build(),
+                    reason="the sm90 family runs on 9.x GPUs of builds that include 9.0a")
+@pytest.mark.parametrize("case, namespace", [("d64", "flash::sm90"), ("d40", "flash::sm90"), ("d128_causal", "flash::sm90"),
+                                             ("window", "flash::sm90"), ("gqa", "flash::sm90"), ("d96", "flash::sm80"),
+                                             ("softcap", "flash::sm80"), ("deterministic", "flash::sm80")])
+def test_sm90_backward_serves_or_delegates(case, namespace):
+    """Under FLASHATTN_SM90_BWD=1 the backward's main kernel is sm90's for what serves_bwd() accepts
+    (head dims 33..64 and 97..128, causal, windows, GQA) and sm80's for the rest; without the
+    switch it is sm80's for all."""
+    result = subprocess.run([sys.executable, "-c", BACKWARD_KERNELS_SCRIPT, case], capture_output=True, text=True,
+                            env={**family_env(None), "FLASHATTN_SM90_BWD": "1"}, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == namespace
+    result = subprocess.run([sys.executable, "-c", BACKWARD_KERNELS_SCRIPT, case], capture_output=True, text=True,
+                            env={k: v for k, v in family_env(None).items() if k != "FLASHATTN_SM90_BWD"}, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "flash::sm80"
 
 
 def test_an_unknown_family_is_a_clear_error():

@@ -41,13 +41,6 @@
 
 namespace flash::sm90 {
 
-// The accumulator fragment of one warp, [1][n8 blocks][4], seen as the flat
-// register list a wgmma of N = 8 * kNTiles columns takes.
-template <int kNTiles>
-__device__ __forceinline__ float (&flat(float (&frag)[1][kNTiles][4]))[kNTiles * 4] {
-    return reinterpret_cast<float(&)[kNTiles * 4]>(frag);
-}
-
 // The shared-memory addresses of a block's tiles and barriers.
 template <typename Traits>
 struct SmemLayout {
