@@ -1,9 +1,11 @@
-// The sm90 forward kernel: one block per (query tile of kBlockM rows, head,
-// batch), warp-specialised.
+// The sm90 forward kernel: blocks that walk query tiles of kBlockM rows of a
+// (head, batch) (WorkTile; the launcher picks persistent blocks or one block
+// per tile), warp-specialised.
 //
-//   producer warpgroup: one thread copies Q once, then the K and V tiles into
-//     kStages shared-memory stages with the bulk tensor copy (TMA, 128-byte
-//     swizzle), each stage's arrival tracked by a "full" mbarrier and its
+//   producer warpgroup: one thread copies each query tile's Q, then its K
+//     and V tiles into kStages shared-memory stages with the bulk tensor copy
+//     (TMA, 128-byte swizzle), each stage's arrival tracked by a "full"
+//     mbarrier and its
 //     release by the consumers by an "empty" one (paged keys: one warp, a
 //     box per page, KeyTileSource). The rest of the warpgroup gives its
 //     registers back (setmaxnreg) and exits.
