@@ -5,10 +5,9 @@
 //   producer warpgroup: one thread copies each query tile's Q, then its K
 //     and V tiles into kStages shared-memory stages with the bulk tensor copy
 //     (TMA, 128-byte swizzle), each stage's arrival tracked by a "full"
-//     mbarrier and its
-//     release by the consumers by an "empty" one (paged keys: one warp, a
-//     box per page, KeyTileSource). The rest of the warpgroup gives its
-//     registers back (setmaxnreg) and exits.
+//     mbarrier and its release by the consumers by an "empty" one (paged
+//     keys: one warp, a box per page, KeyTileSource). The rest of the
+//     warpgroup gives its registers back (setmaxnreg) and exits.
 //   consumer warpgroups: 64 query rows each; per key tile: wait K, S = Q K^T
 //     (wgmma, both operands from shared memory), release K, mask, online
 //     softmax, wait V, O += P V (wgmma, P from registers, V read transposed
