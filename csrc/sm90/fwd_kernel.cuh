@@ -128,8 +128,7 @@ struct KeyTileSource {
         if (lane >= boxes) return {0, bytes, 0, 0, 0};
         const int key = n0 + lane * box_rows;  // paged keys count from 0 (sequence_of)
         const int entry = key / page_size;
-        const int page = checked_index(table[entry], 0, params.kv_cache_batch - 1, params.faults,
-                                       IndexArgument::kBlockTable, batch, entry);
+        const int page = checked_page(params, table, batch, entry);
         return {1, bytes, key - entry * page_size, page, lane * box_rows * kSwizzleBytes};
     }
 

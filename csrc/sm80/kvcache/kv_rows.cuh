@@ -98,8 +98,7 @@ struct KeyValueRows {
         const int first = (start + n_begin * kRows) / params.page_size;
         const int last = (start + min(n_end * kRows, seqlen_k) - 1) / params.page_size;
         for (int entry = first + tid; entry <= last; entry += kNThreads) {
-            checked_index(table[entry], 0, params.kv_cache_batch - 1, params.faults, IndexArgument::kBlockTable,
-                          batch, entry);
+            checked_page(params, table, batch, entry);
         }
     }
 
