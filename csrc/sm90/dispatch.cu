@@ -92,14 +92,6 @@ bool sm90_bwd_enabled() {
     return enabled;
 }
 
-bool one_block_per_local_tile() {
-    static const bool per_tile = [] {
-        const char* env = std::getenv("FLASHATTN_SM90_SCHEDULE");
-        return env != nullptr && std::strcmp(env, "per-tile") == 0;
-    }();
-    return per_tile;
-}
-
 bool serves_bwd(const BwdParams& params) {
     const bool head_dim_fits = (params.head_dim > 32 && params.head_dim <= 64) ||
                                (params.head_dim > 96 && params.head_dim <= 128);

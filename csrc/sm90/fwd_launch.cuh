@@ -11,11 +11,6 @@
 
 namespace flash::sm90 {
 
-// A/B switch of the causal/window schedule (dispatch.cu): true with
-// FLASHATTN_SM90_SCHEDULE=per-tile, one block per query tile as before the
-// dynamic scheduler; read once per process.
-bool one_block_per_local_tile();
-
 template <typename Element, int kHeadDim, bool Is_local, bool Has_softcap>
 cudaError_t run_fwd_(const FwdParams& params, cudaStream_t stream) {
     using Traits = FwdTraitsFor<kHeadDim, Element, Is_local>;
@@ -41,9 +36,8 @@ cudaError_t run_fwd_(const FwdParams& params, cudaStream_t stream) {
     err = cudaGetDevice(&device);
     if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
     if (err != cudaSuccess) return err;
-    const bool per_tile = Is_local && one_block_per_local_tile();  // static draws: each block its own tile
-    const int blocks = static_cast<int>(tiles < sms || per_tile ? tiles : sms);
-    WorkCounter* counter = Is_local && !per_tile ? reinterpret_cast<WorkCounter*>(params.fwd_counters) : nullptr;
+    const int blocks = static_cast<int>(tiles < sms ? tiles : sms);
+    WorkCounter* counter = Is_local ? reinterpret_cast<WorkCounter*>(params.fwd_counters) : nullptr;
     kernel<<<blocks, Traits::kNThreads, Traits::kSmemBytes, stream>>>(params, tma_q, tma_k, tma_v, counter);
     return cudaGetLastError();
 }
