@@ -1,6 +1,6 @@
 """The attention implementations that are timed against each other: flashattn, SDPA's
-flash, cuDNN and efficient backends, and the naive reference; and the calls that the
-gradient passes time."""
+flash, cuDNN and efficient backends, FlashAttention-4 (when it imports), and the naive
+reference; and the calls that the gradient passes time."""
 import contextlib
 import gc
 import warnings
@@ -49,7 +49,8 @@ def fa4_fn(fa4_func, q, k, v, causal, scale):
 
 def backend_fns(q, k, v, causal, scale):
     """{backend: fn() -> out [B, S, H, D]} on q, k, v, and {backend: its context}:
-    flashattn and naive, and on CUDA tensors SDPA's three backends too.
+    flashattn and naive, and on CUDA tensors SDPA's three backends and FlashAttention-4
+    too (where it does not import, its call raises why, and its rows say n/a).
 
     Each backend runs, checked and timed, inside its context: SDPA's backend
     choice stays out of the timed calls.
@@ -66,7 +67,17 @@ def backend_fns(q, k, v, causal, scale):
         for name, backend in SDPA_BACKENDS.items():
             fns[name] = sdpa_fn(q, k, v, causal, scale)
             contexts[name] = lambda backend=backend: sdpa_kernel(backend)
+        fa4, missing = flash_attention_4()
+        fns["fa4"] = fa4_fn(fa4, q, k, v, causal, scale) if fa4 is not None else unavailable(missing)
+        contexts["fa4"] = contextlib.nullcontext
     return fns, contexts
+
+
+def unavailable(why):
+    """A backend's call that raises why it cannot run."""
+    def call():
+        raise RuntimeError(f"not available: {why}")
+    return call
 
 
 def call_capturing_warnings(fn):

@@ -331,7 +331,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             }
         }
     };
+    // A warp's arrival releases what all its lanes read (the row stats by plain
+    // loads): the warp converges first, so lane 0's arrival follows every lane's
+    // reads (racecheck counts the producer's next stores a race otherwise).
     auto release = [&](uint32_t empty) {
+        __syncwarp();
         if (lane == 0) mbarrier_arrive(empty);
     };
 

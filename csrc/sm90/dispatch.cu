@@ -1,8 +1,6 @@
 // The sm90 family's entry points (sm90.h): runtime (dtype, head dim, local,
 // softcap) -> one compiled forward or backward instantiation, or the sm80
 // family for what the sm90 kernels do not serve.
-#include <cstdlib>
-#include <cstring>
 
 #include "common/flash.h"
 #include "common/static_switch.h"
@@ -81,17 +79,6 @@ cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream) {
     });
 }
 
-// Development switch of issue 19: the sm90 backward runs only with
-// FLASHATTN_SM90_BWD=1 (read once per process) until the H100 suite has passed
-// on it; then serves_bwd alone decides, and this switch goes.
-bool sm90_bwd_enabled() {
-    static const bool enabled = [] {
-        const char* env = std::getenv("FLASHATTN_SM90_BWD");
-        return env != nullptr && std::strcmp(env, "1") == 0;
-    }();
-    return enabled;
-}
-
 bool serves_bwd(const BwdParams& params) {
     const bool head_dim_fits = (params.head_dim > 32 && params.head_dim <= 64) ||
                                (params.head_dim > 96 && params.head_dim <= 128);
@@ -102,7 +89,7 @@ bool serves_bwd(const BwdParams& params) {
 }
 
 cudaError_t run_bwd(const BwdParams& params, cudaStream_t stream) {
-    if (!sm90_bwd_enabled() || !serves_bwd(params)) return sm80::run_bwd(params, stream);
+    if (!serves_bwd(params)) return sm80::run_bwd(params, stream);
     return FLASH_DTYPE_SWITCH(params.dtype, Element, [&] {
         return FLASH_BOOL_SWITCH(params.is_local, Is_local, [&] {
             return params.head_dim <= 64 ? run_bwd_<Element, 64, Is_local>(params, stream)

@@ -24,8 +24,7 @@ cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream);
 // 64 or 128 (33..64, 97..128), causal, windowed, GQA/MQA, padded batches with
 // strides the tensor maps can describe. Not (the sm80 family runs them):
 // deterministic=True, softcap, ALiBi, dropout, variable lengths, other head
-// dims. run_bwd takes it only with FLASHATTN_SM90_BWD=1 (dispatch.cu: a
-// development switch until the H100 suite passes on it).
+// dims.
 bool serves_bwd(const BwdParams& params);
 cudaError_t run_bwd(const BwdParams& params, cudaStream_t stream);
 KvcacheWorkspace plan_kvcache(FwdParams& params, int64_t requested_splits);
