@@ -169,7 +169,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     if (threadIdx.x == 0) {
         mbarrier_init(layout.kv_full(), 1);  // the producer's arrive.expect_tx
         for (int stage = 0; stage < kStages; ++stage) {
-            mbarrier_init(layout.full(stage), 32);  // every producer lane, once its row stats are stored
+            mbarrier_init(layout.full(stage), 32);  // every producer lane, once its row stats are stored (+ copies' bytes)
             // One arrival per consumer warp, once its reads of the stage (the
             // wgmma of dV and dK, the row stats) are complete.
             mbarrier_init(layout.empty(stage), Traits::kConsumerWarpgroups * 4);
@@ -204,7 +204,16 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             const int m0 = work.m0_of(t);
             // A stage's first use needs no release; its u-th waits for release u - 1.
             if (t >= kStages) mbarrier_wait(layout.empty(s.stage), s.phase ^ 1);
-            // Row stats: rows past the sequence get lse_log2 = +inf (p = 0) and D = 0.
+            // Q and dO first (lane 0 announces their bytes without arriving),
+            // then the row stats: rows past the sequence get lse_log2 = +inf
+            // (p = 0) and D = 0. Every lane's arrival releases its own stores.
+            if (lane == 0) {
+                mbarrier_expect_tx(layout.full(s.stage), 2 * Traits::kQBytes);
+                load_tile<Traits>(layout.q(s.stage), &tma_q, layout.full(s.stage), work.seq.q_start + m0, head,
+                                  work.batch, Traits::kQBlockBytes);
+                load_tile<Traits>(layout.dout(s.stage), &tma_do, layout.full(s.stage), work.seq.q_start + m0, head,
+                                  work.batch, Traits::kQBlockBytes);
+            }
             const int64_t stats = work.batch * params.lse_batch_stride + head * params.lse_head_stride +
                                   work.seq.q_start + m0;
             for (int r = lane; r < kBlockM; r += 32) {
@@ -213,16 +222,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                                  lse_to_log2(valid ? params.lse_ptr[stats + r] : -INFINITY));
                 store_shared_f32(layout.dsum(s.stage) + 4 * r, valid ? params.dsum_ptr[stats + r] : 0.f);
             }
-            // Each lane's arrival releases its own stores; lane 0's also announces the copies' bytes.
-            if (lane == 0) {
-                mbarrier_arrive_expect_tx(layout.full(s.stage), 2 * Traits::kQBytes);
-                load_tile<Traits>(layout.q(s.stage), &tma_q, layout.full(s.stage), work.seq.q_start + m0, head,
-                                  work.batch, Traits::kQBlockBytes);
-                load_tile<Traits>(layout.dout(s.stage), &tma_do, layout.full(s.stage), work.seq.q_start + m0, head,
-                                  work.batch, Traits::kQBlockBytes);
-            } else {
-                mbarrier_arrive(layout.full(s.stage));
-            }
+            mbarrier_arrive(layout.full(s.stage));
         }
         return;
     }
@@ -332,8 +332,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         }
     };
     // A warp's arrival releases what all its lanes read (the row stats by plain
-    // loads): the warp converges first, so lane 0's arrival follows every lane's
-    // reads (racecheck counts the producer's next stores a race otherwise).
+    // loads): the warp converges first, so that lane 0's arrival follows every
+    // lane's reads (as WorkQueue::take does in the forward).
     auto release = [&](uint32_t empty) {
         __syncwarp();
         if (lane == 0) mbarrier_arrive(empty);
