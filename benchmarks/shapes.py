@@ -20,10 +20,10 @@ SWEEP_SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
 # algorithm, not a fast kernel, so the CPU sizes only check the path and the tools.
 CPU_BATCH, CPU_HEADS, CPU_HEADDIM = 1, 8, 64
 
-GPU_BACKENDS = ("flashattn", "flash", "cudnn", "efficient", "naive")
+GPU_BACKENDS = ("flashattn", "flash", "cudnn", "fa4", "efficient", "naive")
 CPU_BACKENDS = ("flashattn", "naive")
 # Names for plots and prose; the tables keep the short keys.
-BACKEND_LABELS = {"flashattn": "flashattn", "flash": "SDPA flash", "cudnn": "SDPA cuDNN",
+BACKEND_LABELS = {"flashattn": "flashattn", "flash": "SDPA flash", "cudnn": "SDPA cuDNN", "fa4": "FlashAttention-4",
                   "efficient": "SDPA efficient", "naive": "naive"}
 
 

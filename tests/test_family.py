@@ -4,7 +4,9 @@ capability, forced with FLASHATTN_FAMILY, and visible in the kernels that run.
 A 9.x GPU runs the sm90 family when the build includes 9.0a: its forward kernels
 (namespace flash::sm90::) serve what csrc/sm90/sm90.h's serves() accepts, and
 everything else (the backward, ALiBi, dropout, head dims up to 32) runs on the sm80
-family's kernels (flash::sm80::) on the same GPU. FLASHATTN_FAMILY=sm80 forces sm80."""
+family's kernels (flash::sm80::) on the same GPU. FLASHATTN_FAMILY=sm80 forces sm80.
+The sm90 backward's main kernel serves what serves_bwd() accepts; its row-wise passes
+(preprocess, dQ conversion) and the rest of the backward are sm80's."""
 import os
 import subprocess
 import sys
@@ -85,13 +87,15 @@ def test_the_default_family_follows_the_compute_capability():
 
 
 def test_the_forward_and_backward_run_the_family_kernels():
-    """The forward runs the family's own kernel; the backward runs sm80's kernels on every family."""
+    """The forward runs the family's own kernel; so does the backward's main kernel (this call is
+    one sm90's serves_bwd() accepts), whose row-wise passes are sm80's on every family."""
     family = flashattn.kernel_family()
     q, k, v = (torch.randn(2, 300, 4, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
     names = kernels_run_by(lambda: flashattn.flash_attn_func(q, k, v, causal=True).sum().backward())
     ours = [name for name in names if "flash::" in name]
     assert any(f"flash::{family}::fwd_kernel" in name for name in ours), names
-    assert any("flash::sm80::bwd_dk_dv_kernel" in name for name in ours), names
+    main_kernel = "flash::sm90::bwd_kernel" if family == "sm90" else "flash::sm80::bwd_dk_dv_kernel"
+    assert any(main_kernel in name for name in ours), names
     assert all(f"flash::{family}::" in name or "flash::sm80::bwd" in name for name in ours), ours
 
 
@@ -144,6 +148,33 @@ def test_sm90_takes_pages_it_can_copy_in_boxes(page_size, head_dim, family):
     run = lambda: flashattn.flash_attn_varlen_func(q, k, v, cu, cu, max(lengths), max(lengths), causal=True,  # noqa: E731
                                                    block_table=table)
     names = [n for n in kernels_run_by(run) if "fwd_kernel" in n]
+    assert names and all(f"flash::{family}::" in name for name in names), names
+
+
+BACKWARD_CASES = {  # case: (head dim, KV heads of 4 query heads, options)
+    "d64": (64, 4, {}), "d40": (40, 4, {}), "d128_causal": (128, 4, {"causal": True}),
+    "window": (64, 4, {"window_size": (50, 10)}), "gqa": (128, 2, {}), "d96": (96, 4, {}),
+    "softcap": (64, 4, {"softcap": 30.0}), "deterministic": (64, 4, {"deterministic": True}),
+}
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9 or not sm90_in_build(),
+                    reason="the sm90 family runs on 9.x GPUs of builds that include 9.0a")
+@pytest.mark.parametrize("case, family", [("d64", "sm90"), ("d40", "sm90"), ("d128_causal", "sm90"), ("window", "sm90"),
+                                          ("gqa", "sm90"), ("d96", "sm80"), ("softcap", "sm80"),
+                                          ("deterministic", "sm80")])
+def test_sm90_backward_serves_or_delegates(case, family):
+    """The backward's main kernel is sm90's for what serves_bwd() accepts (head dims 33..64 and
+    97..128, causal, windows, GQA) and sm80's for the rest (FLASHATTN_FAMILY=sm80 forces sm80 for
+    all: test_the_forward_and_backward_run_the_family_kernels in the suite's sm80 pass)."""
+    if flashattn.kernel_family() != "sm90":
+        pytest.skip("FLASHATTN_FAMILY forces another family")
+    head_dim, kv_heads, options = BACKWARD_CASES[case]
+    q, k, v = (torch.randn(2, 300, heads, head_dim, device="cuda", dtype=torch.float16, requires_grad=True)
+               for heads in (4, kv_heads, kv_heads))
+    run = lambda: flashattn.flash_attn_func(q, k, v, **options).sum().backward()  # noqa: E731
+    run()  # module load outside the profile
+    names = [n for n in kernels_run_by(run) if "bwd_kernel" in n or "bwd_dk_dv" in n]
     assert names and all(f"flash::{family}::" in name for name in names), names
 
 

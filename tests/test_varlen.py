@@ -345,9 +345,9 @@ def test_return_attn_probs_varlen(device, feature):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_tokens_past_the_last_sequence(device):
-    """Rows and keys past cu_seqlens_*[-1] belong to no sequence: the sequences' results are those of
-    the trimmed batch, and the keys past the end get zero gradients (on CPU the rows past the end
-    get out 0, lse -inf and dq 0; on CUDA they are unspecified)."""
+    """Rows and keys past cu_seqlens_*[-1] belong to no sequence (serving stacks pad batches for CUDA
+    graphs): the sequences' results are those of the trimmed batch, the rows past the end get out 0,
+    lse -inf and dq 0, and the keys past the end zero gradients, on every path."""
     q, k, v, varlen = packed_batch([20, 0, 33], [17, 5, 40], (4, 1), 64, torch.float16, device, 3)
     trimmed = (q[:-6], k[:-9], v[:-9])
     cu_q, cu_k = offsets([20, 0, 27], device), offsets([17, 5, 31], device)
@@ -364,11 +364,10 @@ def test_tokens_past_the_last_sequence(device):
     for grad, want_grad in zip((dq[:-6], dk[:-9], dv[:-9]), want_grads):
         assert torch.equal(grad, want_grad)
     assert torch.equal(dk[-9:], torch.zeros_like(dk[-9:])) and torch.equal(dv[-9:], torch.zeros_like(dv[-9:]))
-    if device == "cpu":
-        _, lse = run_forward(q, k, v, 0.125, True, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=33,
-                             max_seqlen_k=40)  # fmt: skip
-        assert torch.equal(out[-6:], torch.zeros_like(out[-6:])) and torch.equal(dq[-6:], torch.zeros_like(dq[-6:]))
-        assert torch.equal(lse[:, -6:], torch.full_like(lse[:, -6:], -math.inf))
+    _, lse = run_forward(q, k, v, 0.125, True, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=33,
+                         max_seqlen_k=40)  # fmt: skip
+    assert torch.equal(out[-6:], torch.zeros_like(out[-6:])) and torch.equal(dq[-6:], torch.zeros_like(dq[-6:]))
+    assert torch.equal(lse[:, -6:], torch.full_like(lse[:, -6:], -math.inf))
 
 
 @pytest.mark.parametrize("device", DEVICES)

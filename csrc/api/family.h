@@ -35,6 +35,7 @@ struct Family {
     cudaError_t (*run_kvcache_append)(const flash::AppendParams&, cudaStream_t);
     cudaError_t (*run_fwd_kvcache)(const flash::FwdParams&, cudaStream_t);
     int (*kernel_head_dim)(int);
+    int (*fwd_counters)(const flash::FwdParams&);  // FwdParams::fwd_counters' length, 0: none
     int max_major = INT_MAX;  // the newest compute capability (major) it runs on (sm_90a code runs on 9.x only)
 };
 
@@ -45,7 +46,8 @@ inline constexpr Family kSm80{"sm80",
                               &flash::sm80::plan_kvcache,
                               &flash::sm80::run_kvcache_append,
                               &flash::sm80::run_fwd_kvcache,
-                              &flash::sm80::kernel_head_dim};
+                              &flash::sm80::kernel_head_dim,
+                              &flash::sm80::fwd_counters};
 
 #ifdef FLASHATTN_HAS_SM90
 inline constexpr Family kSm90{"sm90",
@@ -56,6 +58,7 @@ inline constexpr Family kSm90{"sm90",
                               &flash::sm90::run_kvcache_append,
                               &flash::sm90::run_fwd_kvcache,
                               &flash::sm90::kernel_head_dim,
+                              &flash::sm90::fwd_counters,
                               9};
 #endif
 

@@ -127,6 +127,26 @@ void check_launch(cudaError_t err, const char* pass, const at::Tensor& q, const 
                 str(params.max_smem_per_block), " bytes of shared memory per block)");
 }
 
+// `count` int32 counters that are zero on entry and that the kernels leave
+// zero again (flash::KvcacheWorkspace, FwdParams::fwd_counters): one buffer per (device, stream) serves
+// every call on that stream (calls on one stream never overlap; on two streams
+// they may, and never share a buffer). A call being captured into a CUDA graph
+// gets a buffer of its own, zeroed inside the graph: replays of different
+// graphs may overlap.
+at::Tensor zeroed_counters(const at::Tensor& q, int64_t count, cudaStream_t stream) {
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    C10_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+    const at::TensorOptions options = q.options().dtype(at::kInt);
+    if (capture != cudaStreamCaptureStatusNone) return at::zeros({count}, options);
+    static std::mutex mutex;
+    // Never destroyed: the tensors must not be freed after CUDA shuts down at exit.
+    static auto* buffers = new std::map<std::pair<int, cudaStream_t>, at::Tensor>();
+    const std::lock_guard<std::mutex> lock(mutex);
+    at::Tensor& buffer = (*buffers)[{q.get_device(), stream}];
+    if (!buffer.defined() || buffer.numel() < count) buffer = at::zeros({std::max<int64_t>(count, 1024)}, options);
+    return buffer;
+}
+
 // `deterministic` is in the schema for the backward, which autograd runs with
 // the forward's arguments; the forward is deterministic either way.
 std::tuple<at::Tensor, at::Tensor> mha_fwd(const at::Tensor& q,  // [B, Sq, H, D] or [total_q, H, D]
@@ -166,8 +186,13 @@ std::tuple<at::Tensor, at::Tensor> mha_fwd(const at::Tensor& q,  // [B, Sq, H, D
                max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, dropout_p,
                rng_state, kernels.max_smem_per_block);
     set_sequences(params, q, k, seqused_q, seqused_k, leftpad_k, block_table);
-    check_launch(kernels.family->run_fwd(params, c10::cuda::getCurrentCUDAStream().stream()), "forward", q, params,
-                 *kernels.family);
+    const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
+    at::Tensor counters;
+    if (const int count = kernels.family->fwd_counters(params); count > 0) {
+        counters = zeroed_counters(q, count, stream);
+        params.fwd_counters = reinterpret_cast<unsigned int*>(counters.data_ptr<int>());
+    }
+    check_launch(kernels.family->run_fwd(params, stream), "forward", q, params, *kernels.family);
     return {out, lse};
 }
 
@@ -261,26 +286,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> mha_bwd(
     check_launch(kernels.family->run_bwd(params, c10::cuda::getCurrentCUDAStream().stream()), "backward", q, params,
                  *kernels.family);
     return {dq, dk, dv};
-}
-
-// `count` int32 counters that are zero on entry and that the kernels leave
-// zero again (flash::KvcacheWorkspace): one buffer per (device, stream) serves
-// every call on that stream (calls on one stream never overlap; on two streams
-// they may, and never share a buffer). A call being captured into a CUDA graph
-// gets a buffer of its own, zeroed inside the graph: replays of different
-// graphs may overlap.
-at::Tensor zeroed_counters(const at::Tensor& q, int64_t count, cudaStream_t stream) {
-    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-    C10_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
-    const at::TensorOptions options = q.options().dtype(at::kInt);
-    if (capture != cudaStreamCaptureStatusNone) return at::zeros({count}, options);
-    static std::mutex mutex;
-    // Never destroyed: the tensors must not be freed after CUDA shuts down at exit.
-    static auto* buffers = new std::map<std::pair<int, cudaStream_t>, at::Tensor>();
-    const std::lock_guard<std::mutex> lock(mutex);
-    at::Tensor& buffer = (*buffers)[{q.get_device(), stream}];
-    if (!buffer.defined() || buffer.numel() < count) buffer = at::zeros({std::max<int64_t>(count, 1024)}, options);
-    return buffer;
 }
 
 // flash_attn_with_kvcache: append k/v (rotary applied) into the cache in place,

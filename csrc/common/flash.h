@@ -166,6 +166,11 @@ struct FwdParams {
     // tile config needs more run a smaller one.
     int max_smem_per_block;
 
+    // Counters the forward asks for (a family's fwd_counters, e.g. a tile
+    // counter for dynamic scheduling): zero before the call and zero again
+    // after it; the binding allocates them (nullptr where none were asked).
+    unsigned int* fwd_counters;
+
     DType dtype;
 };
 

@@ -1,6 +1,7 @@
 // The sm90 family's entry points (sm90.h): runtime (dtype, head dim, local,
-// softcap) -> one compiled forward instantiation, or the sm80 family for what
-// the sm90 kernels do not serve.
+// softcap) -> one compiled forward or backward instantiation, or the sm80
+// family for what the sm90 kernels do not serve.
+
 #include "common/flash.h"
 #include "common/static_switch.h"
 #include "sm80/sm80.h"
@@ -10,9 +11,11 @@
 
 namespace flash::sm90 {
 
-// Defined in instantiations/sm90_fwd_*.cu.
+// Defined in instantiations/sm90_fwd_*.cu and sm90_bwd_*.cu.
 template <typename Element, int kHeadDim, bool Is_local, bool Has_softcap>
 cudaError_t run_fwd_(const FwdParams& params, cudaStream_t stream);
+template <typename Element, int kHeadDim, bool Is_local>
+cudaError_t run_bwd_(const BwdParams& params, cudaStream_t stream);
 
 namespace {
 
@@ -76,7 +79,24 @@ cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream) {
     });
 }
 
-cudaError_t run_bwd(const BwdParams& params, cudaStream_t stream) { return sm80::run_bwd(params, stream); }
+bool serves_bwd(const BwdParams& params) {
+    const bool head_dim_fits = (params.head_dim > 32 && params.head_dim <= 64) ||
+                               (params.head_dim > 96 && params.head_dim <= 128);
+    const int smem = params.head_dim <= 64 ? BwdTraitsFor<64, __half>::kSmemBytes : BwdTraitsFor<128, __half>::kSmemBytes;
+    return head_dim_fits && !params.deterministic && !params.has_extras && params.cu_seqlens_q == nullptr &&
+           params.cu_seqlens_k == nullptr && params.block_table == nullptr && smem <= params.max_smem_per_block &&
+           bwd_tensor_maps_fit(params);
+}
+
+cudaError_t run_bwd(const BwdParams& params, cudaStream_t stream) {
+    if (!serves_bwd(params)) return sm80::run_bwd(params, stream);
+    return FLASH_DTYPE_SWITCH(params.dtype, Element, [&] {
+        return FLASH_BOOL_SWITCH(params.is_local, Is_local, [&] {
+            return params.head_dim <= 64 ? run_bwd_<Element, 64, Is_local>(params, stream)
+                                         : run_bwd_<Element, 128, Is_local>(params, stream);
+        });
+    });
+}
 
 KvcacheWorkspace plan_kvcache(FwdParams& params, int64_t requested_splits) {
     return sm80::plan_kvcache(params, requested_splits);
@@ -89,6 +109,8 @@ cudaError_t run_kvcache_append(const AppendParams& params, cudaStream_t stream) 
 cudaError_t run_fwd_kvcache(const FwdParams& params, cudaStream_t stream) {
     return sm80::run_fwd_kvcache(params, stream);
 }
+
+int fwd_counters(const FwdParams& params) { return serves(params) && params.is_local ? kWorkCounterInts : 0; }
 
 // The sm90 forward kernels round head dims as the sm80 ones do (32 is sm80's alone).
 int kernel_head_dim(int head_dim) { return sm80::kernel_head_dim(head_dim); }

@@ -42,13 +42,6 @@
 
 namespace flash::sm90 {
 
-// The accumulator fragment of one warp, [1][n8 blocks][4], seen as the flat
-// register list a wgmma of N = 8 * kNTiles columns takes.
-template <int kNTiles>
-__device__ __forceinline__ float (&flat(float (&frag)[1][kNTiles][4]))[kNTiles * 4] {
-    return reinterpret_cast<float(&)[kNTiles * 4]>(frag);
-}
-
 // The shared-memory addresses of a block's tiles and barriers.
 template <typename Traits>
 struct SmemLayout {
@@ -67,6 +60,11 @@ struct SmemLayout {
     __device__ __forceinline__ uint32_t v_full(int stage) const { return barrier(2 + Traits::kStages + stage); }
     __device__ __forceinline__ uint32_t k_empty(int stage) const { return barrier(2 + 2 * Traits::kStages + stage); }
     __device__ __forceinline__ uint32_t v_empty(int stage) const { return barrier(2 + 3 * Traits::kStages + stage); }
+    __device__ __forceinline__ uint32_t work_full(int slot) const { return barrier(2 + 4 * Traits::kStages + slot); }
+    __device__ __forceinline__ uint32_t work_empty(int slot) const {
+        return barrier(2 + 4 * Traits::kStages + Traits::kWorkSlots + slot);
+    }
+    __device__ __forceinline__ uint32_t work(int slot) const { return base + Traits::kSmemWorkOffset + 4 * slot; }
 };
 
 // The i-th key tile a block walks (0, 1, ...) uses stage i % kStages for the
@@ -130,8 +128,7 @@ struct KeyTileSource {
         if (lane >= boxes) return {0, bytes, 0, 0, 0};
         const int key = n0 + lane * box_rows;  // paged keys count from 0 (sequence_of)
         const int entry = key / page_size;
-        const int page = checked_index(table[entry], 0, params.kv_cache_batch - 1, params.faults,
-                                       IndexArgument::kBlockTable, batch, entry);
+        const int page = checked_page(params, table, batch, entry);
         return {1, bytes, key - entry * page_size, page, lane * box_rows * kSwizzleBytes};
     }
 
@@ -148,12 +145,69 @@ struct KeyTileSource {
     }
 };
 
-// The work of a block: query tiles t = blockIdx.x, blockIdx.x + gridDim.x, ...
-// of the list in which heads come one after the other, each head's query
-// tiles in a row, so that the blocks at work at one time share their heads' K
-// and V in L2; with a causal mask or a window (Is_local) the bottom query
-// tiles, which see the most keys, come first in each head. The launcher picks
-// the grid (fwd_launch.cuh): persistent, or one block per tile.
+// A call's tile counter for dynamic scheduling (FwdParams::fwd_counters, zero
+// on entry): `next` hands out the query tiles past the first gridDim.x (which
+// the blocks take by their index); each block, once it draws past the last
+// tile, counts itself in `done`, and the last one zeroes both again.
+struct WorkCounter {
+    unsigned int next, done;
+};
+static_assert(sizeof(WorkCounter) == kWorkCounterInts * sizeof(unsigned int), "fwd_counters' length");
+
+// The query tiles of a block, in turn: the producer draws them (statically,
+// blockIdx.x + k gridDim.x, without a counter; else from the counter) and hands
+// each to the consumers through a shared-memory slot with full/empty barriers.
+// Draw k of every thread of the block is the same tile; a tile index past the
+// list ends the block's work.
+template <typename Traits>
+struct WorkQueue {
+    const SmemLayout<Traits>& layout;
+    WorkCounter* counter;  // nullptr: static
+    int num_work;
+
+    // The producer's draw k (lane 0 draws; every lane of the warp gets it).
+    __device__ __forceinline__ int draw(int k, int lane) const {
+        int t = 0;
+        if (lane == 0) {
+            if (k == 0) {
+                t = blockIdx.x;
+            } else if (counter == nullptr) {
+                t = blockIdx.x + k * gridDim.x;
+            } else {
+                t = gridDim.x + atomicAdd(&counter->next, 1u);
+                if (t >= num_work) {
+                    __threadfence();  // this block's draws come before its count in done
+                    if (atomicAdd(&counter->done, 1u) == gridDim.x - 1) {
+                        atomicExch(&counter->next, 0u);
+                        atomicExch(&counter->done, 0u);
+                    }
+                }
+            }
+            const int slot = k % Traits::kWorkSlots;
+            if (k >= Traits::kWorkSlots) mbarrier_wait(layout.work_empty(slot), ((k / Traits::kWorkSlots) & 1) ^ 1);
+            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(layout.work(slot)), "r"(t) : "memory");
+            mbarrier_arrive(layout.work_full(slot));  // release: the store is seen by the waiters
+        }
+        return __shfl_sync(0xffffffffu, t, 0);
+    }
+
+    // The consumers' draw k: wait for the producer's, read it, free the slot.
+    __device__ __forceinline__ int take(int k, int lane) const {
+        const int slot = k % Traits::kWorkSlots;
+        mbarrier_wait(layout.work_full(slot), (k / Traits::kWorkSlots) & 1);
+        int t;
+        asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(t) : "r"(layout.work(slot)) : "memory");
+        __syncwarp();
+        if (lane == 0) mbarrier_arrive(layout.work_empty(slot));
+        return t;
+    }
+};
+
+// The work of a block: query tiles t of the list in which heads come one after
+// the other, each head's query tiles in a row, so that the blocks at work at
+// one time share their heads' K and V in L2; with a causal mask or a window
+// (Is_local) the bottom query tiles, which see the most keys, come first in
+// each head.
 template <typename Traits, bool Is_local>
 struct WorkTile {
     int m_block, head, batch;
@@ -177,12 +231,15 @@ struct WorkTile {
     }
 };
 
-// Blocks of one producer and kConsumerWarpgroups consumer warpgroups;
+// Persistent blocks (at most one per tile) of one producer and
+// kConsumerWarpgroups consumer warpgroups, drawing their query tiles from
+// WorkQueue: statically when work_counter is nullptr, else dynamically.
 // params.seqlen_q is the longest sequence's query count (varlen: max_seqlen_q).
 template <typename Traits, bool Is_local, bool Has_softcap>
 __global__ void __launch_bounds__(Traits::kNThreads, 1)
     fwd_kernel(const __grid_constant__ FwdParams params, const __grid_constant__ CUtensorMap tma_q,
-               const __grid_constant__ CUtensorMap tma_k, const __grid_constant__ CUtensorMap tma_v) {
+               const __grid_constant__ CUtensorMap tma_k, const __grid_constant__ CUtensorMap tma_v,
+               WorkCounter* work_counter) {
     using Element = typename Traits::Element;
     using Work = WorkTile<Traits, Is_local>;
     constexpr int kBlockM = Traits::kBlockM;
@@ -206,9 +263,14 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             mbarrier_init(layout.k_empty(stage), Traits::kConsumerWarpgroups * 4);
             mbarrier_init(layout.v_empty(stage), Traits::kConsumerWarpgroups * 4);
         }
+        for (int slot = 0; slot < Traits::kWorkSlots; ++slot) {
+            mbarrier_init(layout.work_full(slot), 1);  // the producer's draw
+            mbarrier_init(layout.work_empty(slot), Traits::kConsumerWarpgroups * 4);  // each consumer warp's take
+        }
         fence_barrier_init();
     }
     __syncthreads();  // the barriers exist before anyone waits on them; the last block-wide barrier
+    const WorkQueue<Traits> queue{layout, work_counter, num_work};
 
     // Producer and consumers walk the same work tiles, and count the same
     // things: the query tiles with a key tile (q_count: Q's barrier phases) and
@@ -220,8 +282,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         // variable-length batch's rows are packed: its tensor maps have one
         // batch entry and the sequence's rows start at q_start / k_start.
         release_registers<Traits::kProducerRegs>();
-        const int copiers = params.block_table != nullptr ? 32 : 1;
-        if (threadIdx.x >= copiers) return;
+        if (threadIdx.x >= 32) return;  // warp 0 draws the work; its lane 0 alone copies but for pages
         const int lane = threadIdx.x;
         if (lane == 0) {
             prefetch_tensor_map(&tma_q);
@@ -229,7 +290,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             prefetch_tensor_map(&tma_v);
         }
         int q_count = 0, tile_count = 0;
-        for (int t = blockIdx.x; t < num_work; t += gridDim.x) {
+        for (int k = 0, t = queue.draw(0, lane); t < num_work; t = queue.draw(++k, lane)) {
             const Work work(params, t, num_m_blocks);
             if (work.num_tiles == 0) continue;  // no key tile: no copy, Q included
             const int head_k = work.head / params.heads_per_kv_head;
@@ -282,7 +343,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     const bool tail_is_memory =
         params.cu_seqlens_k != nullptr || params.seqused_k != nullptr || params.block_table != nullptr;
     int q_count = 0, tile_count = 0;
-    for (int t = blockIdx.x; t < num_work; t += gridDim.x) {
+    for (int k = 0, t = queue.take(0, lane); t < num_work; t = queue.take(++k, lane)) {
         const Work work(params, t, num_m_blocks);
         if (!work.has_rows) continue;
         const Sequence& seq = work.seq;

@@ -26,20 +26,19 @@ cudaError_t run_fwd_(const FwdParams& params, cudaStream_t stream) {
     const int64_t tiles = static_cast<int64_t>((params.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM) *
                           params.num_heads * params.batch;
     if (tiles == 0) return cudaSuccess;
-    // Query tiles of equal work (no mask that cuts keys): persistent, one block
-    // per SM walking its share, the next tile's loads under this one's
-    // epilogue. Under a causal mask or a window the tiles' work differs, and a
-    // static share leaves some SMs idle at the end (the H100 A/B in NOTES.md):
-    // one block per tile, handed out by the hardware as SMs free up.
-    int blocks = static_cast<int>(tiles);
-    if (!Is_local) {
-        int device = 0, sms = 0;
-        err = cudaGetDevice(&device);
-        if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-        if (err != cudaSuccess) return err;
-        if (sms < blocks) blocks = sms;
-    }
-    kernel<<<blocks, Traits::kNThreads, Traits::kSmemBytes, stream>>>(params, tma_q, tma_k, tma_v);
+    // Persistent: one block per SM (or per tile, when there are fewer), each
+    // drawing query tiles until none is left, the next tile's loads under this
+    // one's epilogue. Tiles of equal work (no mask that cuts keys) are drawn
+    // statically; under a causal mask or a window their work differs, and a
+    // static share leaves SMs idle at the end (NOTES.md): they are drawn from
+    // the call's counter (fwd_counters), as blocks free up.
+    int device = 0, sms = 0;
+    err = cudaGetDevice(&device);
+    if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    if (err != cudaSuccess) return err;
+    const int blocks = static_cast<int>(tiles < sms ? tiles : sms);
+    WorkCounter* counter = Is_local ? reinterpret_cast<WorkCounter*>(params.fwd_counters) : nullptr;
+    kernel<<<blocks, Traits::kNThreads, Traits::kSmemBytes, stream>>>(params, tma_q, tma_k, tma_v, counter);
     return cudaGetLastError();
 }
 

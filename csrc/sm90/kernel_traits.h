@@ -18,6 +18,11 @@ constexpr int kSwizzleAtomBytes = 8 * kSwizzleBytes;
 // The shared memory a block may take on sm_90 (227 KB).
 constexpr int kMaxSmemPerBlock = 227 * 1024;
 
+// The registers an SM's 64K give each of kThreads threads at entry (the cap of
+// __launch_bounds__(kThreads, 1), rounded down to the allocation unit of 8):
+// what setmaxnreg redistributes among the warpgroups of a block.
+constexpr int registers_at_entry(int threads) { return 65536 / threads / 8 * 8; }
+
 // CTA: one producer warpgroup (one thread issues every copy; the rest of it
 // exits) and kConsumerWarpgroups consumer warpgroups of 64 query rows each
 // (the M of wgmma), which walk the same key tiles.
@@ -32,7 +37,7 @@ struct FwdTraits {
     static constexpr int kStages = 2;                                     // K and V tiles in flight
     static constexpr int kNThreads = 128 * (1 + kConsumerWarpgroups);
     // setmaxnreg: the producer keeps the minimum, the consumers take the rest
-    // (the 65536 registers of an SM, one block per SM).
+    // of what the block holds at entry (one block per SM).
     static constexpr int kProducerRegs = 40;
     static constexpr int kConsumerRegs = 232;
 
@@ -53,22 +58,26 @@ struct FwdTraits {
     static constexpr int kQBytes = kColBlocks * kQBlockBytes;
     static constexpr int kKVBytes = kColBlocks * kKVBlockBytes;
 
-    // Q, then kStages K tiles, then kStages V tiles, then the mbarriers; the
+    // Q, then kStages K tiles, then kStages V tiles, then the mbarriers and the work slots; the
     // base is aligned up to an atom at run time (kSmemAlign spare bytes).
     static constexpr int kSmemQOffset = 0;
     static constexpr int kSmemKOffset = kSmemQOffset + kQBytes;
     static constexpr int kSmemVOffset = kSmemKOffset + kStages * kKVBytes;
     static constexpr int kSmemBarrierOffset = kSmemVOffset + kStages * kKVBytes;
-    static constexpr int kBarriers = 2 + 4 * kStages;  // Q full and empty; K, V full and empty per stage
+    // Q full and empty; K, V full and empty per stage; the work exchange's full and empty per slot.
+    static constexpr int kWorkSlots = 2;  // query tiles handed from the producer to the consumers
+    static constexpr int kBarriers = 2 + 4 * kStages + 2 * kWorkSlots;
+    static constexpr int kSmemWorkOffset = kSmemBarrierOffset + 8 * kBarriers;  // an int per work slot
     static constexpr int kSmemAlign = kSwizzleAtomBytes;
-    static constexpr int kSmemBytes = kSmemBarrierOffset + 8 * kBarriers + kSmemAlign;
+    static constexpr int kSmemBytes = kSmemWorkOffset + 4 * kWorkSlots + kSmemAlign;
 
     static_assert(kHeadDim % 32 == 0 && kHeadDim <= 256, "head dims 64, 96, 128, 192, 256");
     static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "wgmma N and the k16 steps of P V");
     static_assert(kQBlockBytes % kSwizzleAtomBytes == 0 && kKVBlockBytes % kSwizzleAtomBytes == 0,
                   "every column block starts on a swizzle atom");
-    static_assert(kConsumerWarpgroups * 128 * kConsumerRegs + 128 * kProducerRegs <= 65536,
-                  "setmaxnreg: the warpgroups' registers must fit the SM's 64K");
+    static_assert(kConsumerWarpgroups * 128 * kConsumerRegs + 128 * kProducerRegs <=
+                      kNThreads * registers_at_entry(kNThreads),
+                  "setmaxnreg: the warpgroups' registers must fit what the block holds at entry");
     static_assert(kSmemBytes <= kMaxSmemPerBlock, "shared memory over the sm_90 per-block limit");
 };
 
@@ -81,6 +90,10 @@ template <bool Is_local> struct FwdConfig<96, Is_local> { static constexpr int k
 template <bool Is_local> struct FwdConfig<128, Is_local> { static constexpr int kBlockN = Is_local ? 128 : 176; };
 template <bool Is_local> struct FwdConfig<192, Is_local> { static constexpr int kBlockN = Is_local ? 96 : 112; };
 template <bool Is_local> struct FwdConfig<256, Is_local> { static constexpr int kBlockN = 80; };
+
+// The zeroed counters a causal or windowed forward asks for (FwdParams::
+// fwd_counters): its blocks' tile counter (fwd_kernel.cuh: WorkCounter).
+constexpr int kWorkCounterInts = 2;
 
 // Paged keys (block_table): a key tile is copied in boxes of kv_box_rows rows,
 // each inside one page, so that a box's rows are consecutive in memory: the
@@ -107,5 +120,95 @@ static_assert(kv_box_rows(16, 128) == 16 && kv_box_rows(256, 128) == 128 && kv_b
 
 template <int kHeadDim, typename Element, bool Is_local>
 using FwdTraitsFor = FwdTraits<kHeadDim, FwdConfig<kHeadDim, Is_local>::kBlockN, Element>;
+
+// The sm90 backward's main kernel (bwd_kernel.cuh): a block owns kBlockN keys of
+// one KV head (64 per consumer warpgroup: the M of its S^T = K Q^T, dP^T = V dO^T,
+// dV += P^T dO and dK += dS^T Q) and walks query tiles of kBlockM rows, two
+// stages of Q and dO deep. dQ = dS K of a step, kBlockM x kHeadDim, is split
+// between the two consumer warpgroups, 64 x 64 each: by rows when kBlockM is 128
+// (d64), by column blocks when it is 64 (d128).
+template <int kHeadDim_, int kBlockM_, typename Element_>
+struct BwdTraits {
+    using Element = Element_;  // __half or __nv_bfloat16
+    static constexpr int kHeadDim = kHeadDim_;
+    static constexpr int kBlockM = kBlockM_;  // queries per step
+    static constexpr int kWarpgroupKeys = 64;
+    static constexpr int kConsumerWarpgroups = 2;
+    static constexpr int kBlockN = kConsumerWarpgroups * kWarpgroupKeys;  // keys per block
+    static constexpr int kStages = 2;                                     // Q and dO tiles in flight
+    static constexpr int kNThreads = 128 * (1 + kConsumerWarpgroups);
+    // setmaxnreg: the producer warp needs little; the consumers hold dK, dV and
+    // a step's S^T, dP^T (or the P^T, dS^T fragments and dQ).
+    static constexpr int kProducerRegs = 24;
+    static constexpr int kConsumerRegs = 240;
+
+    static constexpr int kColBlocks = kHeadDim / kSwizzleCols;  // 64-column blocks of K, V, Q, dO
+    static constexpr int kTileCols = kColBlocks * kSwizzleCols;
+    static constexpr int kKStepsD = kHeadDim / 16;     // k16 steps of S^T and dP^T (over the head dim)
+    static constexpr int kKStepsM = kBlockM / 16;      // of dV and dK (over the step's queries)
+    static constexpr int kKStepsN = kBlockN / 16;      // of dQ (over the block's keys)
+    static constexpr int kNTilesS = kBlockM / 8;       // n8 blocks of a warp's S^T, dP^T fragment
+    static constexpr int kNTilesD = kTileCols / 8;     // of its dK, dV fragment
+    static constexpr int kQueryBlocks = kBlockM / kSwizzleCols;  // 64-query column blocks of dS^T
+
+    // dQ: a warpgroup's share is kDqRows x kDqCols of the step's tile, staged in
+    // fp32 as kDqBoxes boxes of 32 columns (128-byte rows, the swizzle's width)
+    // for the bulk reduce-add into dq_accum.
+    static constexpr bool kDqSplitRows = kBlockM == kConsumerWarpgroups * 64;
+    static constexpr int kDqRows = 64;
+    static constexpr int kDqCols = kDqSplitRows ? kTileCols : kTileCols / kConsumerWarpgroups;
+    static constexpr int kNTilesDq = kDqCols / 8;
+    static constexpr int kDqBoxCols = kSwizzleBytes / 4;
+    static constexpr int kDqBoxes = kDqCols / kDqBoxCols;
+    static constexpr int kDqBoxBytes = kDqRows * kSwizzleBytes;
+
+    // Bytes of one column block and of a whole tile.
+    static constexpr int kKVBlockBytes = kBlockN * kSwizzleBytes;  // K, V: kBlockN rows
+    static constexpr int kKVBytes = kColBlocks * kKVBlockBytes;
+    static constexpr int kQBlockBytes = kBlockM * kSwizzleBytes;   // Q, dO: kBlockM rows
+    static constexpr int kQBytes = kColBlocks * kQBlockBytes;
+    static constexpr int kDsBlockBytes = kBlockN * kSwizzleBytes;  // dS^T: kBlockN key rows x 64 queries
+    static constexpr int kDsBytes = kQueryBlocks * kDsBlockBytes;
+    static constexpr int kDqBytes = kDqBoxes * kDqBoxBytes;        // one warpgroup's dQ share
+
+    // K, V, then kStages Q and dO tiles, two dS^T buffers (a step's and the one
+    // before it, which the other warpgroup's dQ may still read), a dQ share per
+    // consumer warpgroup, the row stats (LSE in base 2 and D per stage), then
+    // the mbarriers: K/V full, and full and empty per stage.
+    static constexpr int kDsBuffers = 2;
+    static constexpr int kSmemKOffset = 0;
+    static constexpr int kSmemVOffset = kSmemKOffset + kKVBytes;
+    static constexpr int kSmemQOffset = kSmemVOffset + kKVBytes;
+    static constexpr int kSmemDoOffset = kSmemQOffset + kStages * kQBytes;
+    static constexpr int kSmemDsOffset = kSmemDoOffset + kStages * kQBytes;
+    static constexpr int kSmemDqOffset = kSmemDsOffset + kDsBuffers * kDsBytes;
+    static constexpr int kSmemRowStatsOffset = kSmemDqOffset + kConsumerWarpgroups * kDqBytes;
+    static constexpr int kRowStatsBytes = 2 * kBlockM * 4;  // lse_log2 and D of one stage
+    static constexpr int kSmemBarrierOffset = kSmemRowStatsOffset + kStages * kRowStatsBytes;
+    static constexpr int kBarriers = 1 + 2 * kStages;
+    static constexpr int kSmemAlign = kSwizzleAtomBytes;
+    static constexpr int kSmemBytes = kSmemBarrierOffset + 8 * kBarriers + kSmemAlign;
+
+    static_assert(kHeadDim == 64 || kHeadDim == 128, "the first sm90 backward: head dims 64 and 128");
+    static_assert(kBlockM == 64 || kBlockM == 128, "whole 64-query column blocks of dS^T, wgmma N <= 256");
+    static_assert(kDqCols % kSwizzleCols == 0 && kNTilesDq == 8,
+                  "a warpgroup's dQ share is one 64-column block of K, N = 64");
+    static_assert(kKVBlockBytes % kSwizzleAtomBytes == 0 && kQBlockBytes % kSwizzleAtomBytes == 0 &&
+                      kDsBlockBytes % kSwizzleAtomBytes == 0 && kDqBoxBytes % kSwizzleAtomBytes == 0 &&
+                      kSmemRowStatsOffset % kSwizzleAtomBytes == 0,
+                  "every swizzled block starts on an atom");
+    static_assert(kConsumerWarpgroups * 128 * kConsumerRegs + 128 * kProducerRegs <=
+                      kNThreads * registers_at_entry(kNThreads),
+                  "setmaxnreg: the warpgroups' registers must fit what the block holds at entry");
+    static_assert(kSmemBytes <= kMaxSmemPerBlock, "shared memory over the sm_90 per-block limit");
+};
+
+// Queries per step for each head dim the sm90 backward compiles (BwdTraits).
+template <int kHeadDim> struct BwdConfig;
+template <> struct BwdConfig<64> { static constexpr int kBlockM = 128; };
+template <> struct BwdConfig<128> { static constexpr int kBlockM = 64; };
+
+template <int kHeadDim, typename Element>
+using BwdTraitsFor = BwdTraits<kHeadDim, BwdConfig<kHeadDim>::kBlockM, Element>;
 
 }  // namespace flash::sm90

@@ -33,6 +33,13 @@ __device__ __forceinline__ void mbarrier_arrive_expect_tx(uint32_t bar, uint32_t
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
 }
 
+// mbarrier.expect_tx: announce `bytes` bytes that copies will deliver to the
+// current phase, without arriving (the thread's own arrival releases its
+// stores separately: racecheck does not count arrive.expect_tx as a release).
+__device__ __forceinline__ void mbarrier_expect_tx(uint32_t bar, uint32_t bytes) {
+    asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+
 // mbarrier.arrive: one arrival.
 __device__ __forceinline__ void mbarrier_arrive(uint32_t bar) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
@@ -73,6 +80,37 @@ __device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map
         : "memory");
 }
 
+// cp.reduce.async.bulk.tensor.4d (shared -> global, tile mode, add): adds the
+// box at `src` element-wise into the tensor of `map` at coordinates (c0
+// innermost .. c3), atomically per element; elements outside the tensor are
+// skipped. Completes in the issuing thread's bulk async-group (commit below).
+__device__ __forceinline__ void tma_reduce_add_4d(const CUtensorMap* map, uint32_t src, int c0, int c1, int c2,
+                                                  int c3) {
+    asm volatile(
+        "cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group"
+        " [%0, {%1, %2, %3, %4}], [%5];\n" ::"l"(reinterpret_cast<uint64_t>(map)),
+        "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(src)
+        : "memory");
+}
+
+// cp.async.bulk.commit_group: closes this thread's group of bulk copies issued
+// since the last commit.
+__device__ __forceinline__ void bulk_commit_group() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+
+// cp.async.bulk.wait_group.read: waits until at most kPending of this thread's
+// committed groups still read their shared-memory source (it may be rewritten).
+template <int kPending>
+__device__ __forceinline__ void bulk_wait_group_read() {
+    asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(kPending) : "memory");
+}
+
+// cp.async.bulk.wait_group: waits until at most kPending of this thread's
+// committed groups are incomplete (their writes done).
+template <int kPending>
+__device__ __forceinline__ void bulk_wait_group() {
+    asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
 // ---- warp specialisation ------------------------------------------------------
 
 // setmaxnreg.dec / .inc: hand registers back to the pool (the producer) or take
@@ -95,12 +133,13 @@ __device__ __forceinline__ void claim_registers() {
 // must start 1024-byte aligned (base offset 0). Fields: start address >> 4
 // (bits 0-13), leading byte offset >> 4 (16-29), stride byte offset >> 4
 // (32-45), swizzle mode 1 = 128 B (62-63).
-//   K-major operand (Q, K): the stride offset steps 8 rows (1024 B); the
-//   leading offset is unused (the k16 slice lies within one 128-byte row:
-//   kUnusedLeadingBytes).
-//   MN-major operand (V read transposed): the stride offset steps 8 rows of
-//   the K dimension (1024 B), the leading offset steps 64 columns of the MN
-//   dimension (from one 128-byte-wide column block to the next).
+//   K-major operand (Q, K; the backward's K, V, Q, dO of S^T and dP^T): the
+//   stride offset steps 8 rows (1024 B); the leading offset is unused (the
+//   k16 slice lies within one 128-byte row: kUnusedLeadingBytes).
+//   MN-major operand (V read transposed; the backward's dO, Q, K and its dS^T
+//   tile): the stride offset steps 8 rows of the K dimension (1024 B), the
+//   leading offset steps 64 columns of the MN dimension (from one
+//   128-byte-wide column block to the next); the next k16 step is 16 rows on.
 constexpr uint32_t kUnusedLeadingBytes = 16;
 
 __device__ __forceinline__ uint64_t smem_descriptor_sw128(uint32_t addr, uint32_t leading_bytes,
@@ -130,6 +169,13 @@ __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
 }
 
+// The accumulator fragment of one warp, [1][n8 blocks][4], seen as the flat
+// register list a wgmma of N = 8 * kNTiles columns takes.
+template <int kNTiles>
+__device__ __forceinline__ float (&flat(float (&frag)[1][kNTiles][4]))[kNTiles * 4] {
+    return reinterpret_cast<float(&)[kNTiles * 4]>(frag);
+}
+
 // Pins registers at this point of the program: the compiler may neither read
 // an accumulator before the wgmma_wait that completes it nor move a write after
 // the wgmma that reads it (the asynchronous MMA is invisible to it otherwise).
@@ -154,6 +200,24 @@ __device__ __forceinline__ void pin_registers(uint32_t (&r)[kRows][4]) {
 // st.shared.v4 of 16 zero bytes at a shared-memory address.
 __device__ __forceinline__ void store_zero_16(uint32_t addr) {
     asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(addr), "r"(0) : "memory");
+}
+
+// st.shared.b32 / st.shared.f32 / st.shared.v2.f32 at a shared-memory address.
+__device__ __forceinline__ void store_shared_b32(uint32_t addr, uint32_t v) {
+    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+}
+__device__ __forceinline__ void store_shared_f32(uint32_t addr, float v) {
+    asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(addr), "f"(v) : "memory");
+}
+__device__ __forceinline__ void store_shared_f32x2(uint32_t addr, float lo, float hi) {
+    asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(lo), "f"(hi) : "memory");
+}
+
+// ld.shared.v2.f32 at a shared-memory address (8-byte aligned).
+__device__ __forceinline__ float2 load_shared_f32x2(uint32_t addr) {
+    float2 v;
+    asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(addr) : "memory");
+    return v;
 }
 
 // fence.proxy.async: this thread's earlier shared-memory writes become visible
@@ -181,7 +245,8 @@ __device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
 // accumulators, n8 block j at d[4j..4j+3]). `ss`: A and B from shared memory
 // (descriptors), both K-major. `rs`: A from registers (4 x 32 bits: the
 // m16k16 A fragment of mma.m16n8k16), B from shared memory MN-major (the
-// transpose bit). scale_d = 0 overwrites d, 1 accumulates.
+// transpose bit). `ss_mn`: A and B from shared memory, both MN-major (both
+// transpose bits; 16-bit types only). scale_d = 0 overwrites d, 1 accumulates.
 template <int N>
 struct Wgmma;
 
@@ -219,10 +284,10 @@ struct Wgmma;
 
 // SS: the operands after the accumulators are %R (desc_a), %R+1 (desc_b),
 // %R+2 (scale_d); RS: %R..%R+3 (a), %R+4 (desc_b), %R+5 (scale_d); R = N / 2.
-#define FLASH_WGMMA_SS_ASM(N, TYPE, R0, R1, R2)                                                              \
+#define FLASH_WGMMA_SS_ASM(N, TYPE, TRANSPOSE, R0, R1, R2)                                                   \
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" R2 ", 0;\n"                                          \
                  "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TYPE "." TYPE " {" FLASH_ACC_OPERANDS_##N \
-                 "}, %" R0 ", %" R1 ", p, 1, 1, 0, 0;\n}\n"                                                \
+                 "}, %" R0 ", %" R1 ", p, 1, 1, " TRANSPOSE ";\n}\n"                                         \
                  : FLASH_ACC_CONSTRAINTS_##N                                                                \
                  : "l"(desc_a), "l"(desc_b), "r"(scale_d))
 #define FLASH_WGMMA_RS_ASM(N, TYPE, R0, R1, R2, R3, R4, R5)                                                  \
@@ -238,9 +303,18 @@ struct Wgmma;
         __device__ __forceinline__ static void ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b,        \
                                                   int scale_d) {                                              \
             if constexpr (std::is_same_v<Element, __nv_bfloat16>) {                                           \
-                FLASH_WGMMA_SS_ASM(N, "bf16", R0, R1, R2);                                                    \
+                FLASH_WGMMA_SS_ASM(N, "bf16", "0, 0", R0, R1, R2);                                            \
             } else {                                                                                          \
-                FLASH_WGMMA_SS_ASM(N, "f16", R0, R1, R2);                                                     \
+                FLASH_WGMMA_SS_ASM(N, "f16", "0, 0", R0, R1, R2);                                             \
+            }                                                                                                 \
+        }                                                                                                     \
+        template <typename Element>                                                                           \
+        __device__ __forceinline__ static void ss_mn(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b,     \
+                                                     int scale_d) {                                           \
+            if constexpr (std::is_same_v<Element, __nv_bfloat16>) {                                           \
+                FLASH_WGMMA_SS_ASM(N, "bf16", "1, 1", R0, R1, R2);                                            \
+            } else {                                                                                          \
+                FLASH_WGMMA_SS_ASM(N, "f16", "1, 1", R0, R1, R2);                                             \
             }                                                                                                 \
         }                                                                                                     \
         template <typename Element>                                                                           \

@@ -1,8 +1,8 @@
 // The sm90 family's entry points: the Hopper kernels (wgmma, TMA, warp
 // specialisation; sm_90a only). The same table as sm80.h, which the binding
 // calls through api/family.h. What the family's kernels do not serve (serves()
-// below; the backward, the KV cache) runs on the sm80 family on the same GPU:
-// these entry points delegate to flash::sm80::.
+// and serves_bwd() below; the KV cache) runs on the sm80 family on the same
+// GPU: these entry points delegate to flash::sm80::.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -19,10 +19,20 @@ namespace flash::sm90 {
 bool serves(const FwdParams& params);
 
 cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream);
+
+// Whether the sm90 backward serves a call: fp16/bf16, head dims that round to
+// 64 or 128 (33..64, 97..128), causal, windowed, GQA/MQA, padded batches with
+// strides the tensor maps can describe. Not (the sm80 family runs them):
+// deterministic=True, softcap, ALiBi, dropout, variable lengths, other head
+// dims.
+bool serves_bwd(const BwdParams& params);
 cudaError_t run_bwd(const BwdParams& params, cudaStream_t stream);
 KvcacheWorkspace plan_kvcache(FwdParams& params, int64_t requested_splits);
 cudaError_t run_kvcache_append(const AppendParams& params, cudaStream_t stream);
 cudaError_t run_fwd_kvcache(const FwdParams& params, cudaStream_t stream);
 int kernel_head_dim(int head_dim);
+// The zeroed counters a forward call needs (FwdParams::fwd_counters): the tile
+// counter of a causal or windowed forward (its blocks draw tiles dynamically).
+int fwd_counters(const FwdParams& params);
 
 }  // namespace flash::sm90

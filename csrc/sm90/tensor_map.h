@@ -20,9 +20,17 @@ namespace flash::sm90 {
 cudaError_t make_fwd_tensor_maps(const FwdParams& params, int box_rows_q, int box_rows_kv, CUtensorMap* q,
                                  CUtensorMap* k, CUtensorMap* v);
 
+// The backward's maps beyond q, k and v: dout as q (boxes of box_rows_q rows)
+// and dq_accum (fp32, boxes of 32 columns x box_rows_dq rows, the 128-byte
+// swizzle), the target of the main kernel's bulk reduce-add, which skips the
+// rows and columns outside the tensor.
+cudaError_t make_bwd_tensor_maps(const BwdParams& params, int box_rows_q, int box_rows_dq, CUtensorMap* dout,
+                                 CUtensorMap* dq_accum);
+
 // Whether the tensor maps above can describe the params' layout: every stride
 // of a dimension longer than one is non-zero (the copy engine walks distinct
 // rows; a broadcast view goes to the sm80 family).
 bool tensor_maps_fit(const FwdParams& params);
+bool bwd_tensor_maps_fit(const BwdParams& params);  // q, k, v and dout
 
 }  // namespace flash::sm90

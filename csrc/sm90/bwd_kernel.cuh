@@ -1,0 +1,486 @@
+// The sm90 backward's main kernel: one block per (key tile of kBlockN keys, KV
+// head, batch), warp-specialised. It recomputes each tile's probabilities from
+// Q, K and the forward's LSE and folds them into the gradients (sm80's
+// bwd_kernel.cuh states the algebra):
+//   S^T = K Q^T,  P^T = exp2(S^T * scale_log2 - lse_log2),  dV += P^T dO,
+//   dP^T = V dO^T,  dS^T = P^T * (dP^T - D),  dK += dS^T Q,  dQ += dS K,
+// with D = rowsum(dO * O) from the preprocess; dK takes the softmax scale at
+// the end, dQ in the conversion after this kernel.
+//
+//   producer warpgroup: one warp stays. Lane 0 copies K and V once, then each
+//     step's Q and dO tiles into kStages stages (TMA, 128-byte swizzle); the
+//     32 lanes load the step's LSE (in base 2) and D into the stage's row-stat
+//     slots. A stage's "full" mbarrier takes the 32 arrivals and the copies'
+//     bytes, its "empty" one an arrival from each consumer warp.
+//   consumer warpgroups: 64 keys each (the M of wgmma). Per step: S^T and dP^T
+//     (SS wgmma, both operands K-major); P^T and dS^T in registers, re-packed
+//     into A fragments, so that dV and dK are RS wgmma reading dO and Q
+//     MN-major (the transpose bit); dS^T to shared memory; after a barrier of
+//     both warpgroups, dQ = dS K as SS wgmma with both operands MN-major, each
+//     warpgroup on its 64 x 64 share (kernel_traits.h: BwdTraits); the share
+//     goes through shared memory into dq_accum by a bulk reduce-add (fp32),
+//     which one thread of the warpgroup issues and waits for a step later.
+//
+// The steps are the query tiles that see a key of the block's tile
+// (mask.cuh: query_tile_range), for every query head of the KV head's group:
+// dK and dV of the group sum in registers.
+#pragma once
+
+#include <cuda.h>
+
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#include "common/flash.h"
+#include "common/mask.cuh"
+#include "common/ptx.cuh"
+#include "common/softmax.cuh"
+#include "sm90/kernel_traits.h"
+#include "sm90/ptx.cuh"
+
+namespace flash::sm90 {
+
+// The shared-memory addresses of the backward block's tiles and barriers.
+template <typename Traits>
+struct BwdSmem {
+    uint32_t base;  // aligned to a swizzle atom
+
+    __device__ __forceinline__ explicit BwdSmem(const char* smem) {
+        base = (smem_addr(smem) + Traits::kSmemAlign - 1) & ~static_cast<uint32_t>(Traits::kSmemAlign - 1);
+    }
+    __device__ __forceinline__ uint32_t k() const { return base + Traits::kSmemKOffset; }
+    __device__ __forceinline__ uint32_t v() const { return base + Traits::kSmemVOffset; }
+    __device__ __forceinline__ uint32_t q(int stage) const { return base + Traits::kSmemQOffset + stage * Traits::kQBytes; }
+    __device__ __forceinline__ uint32_t dout(int stage) const {
+        return base + Traits::kSmemDoOffset + stage * Traits::kQBytes;
+    }
+    __device__ __forceinline__ uint32_t ds(int buffer) const {
+        return base + Traits::kSmemDsOffset + buffer * Traits::kDsBytes;
+    }
+    __device__ __forceinline__ uint32_t dq(int consumer) const {
+        return base + Traits::kSmemDqOffset + consumer * Traits::kDqBytes;
+    }
+    // float lse_log2[kBlockM], then float dsum[kBlockM], per stage.
+    __device__ __forceinline__ uint32_t lse_log2(int stage) const {
+        return base + Traits::kSmemRowStatsOffset + stage * Traits::kRowStatsBytes;
+    }
+    __device__ __forceinline__ uint32_t dsum(int stage) const { return lse_log2(stage) + Traits::kBlockM * 4; }
+    __device__ __forceinline__ uint32_t barrier(int i) const { return base + Traits::kSmemBarrierOffset + 8 * i; }
+    __device__ __forceinline__ uint32_t kv_full() const { return barrier(0); }
+    __device__ __forceinline__ uint32_t full(int stage) const { return barrier(1 + stage); }
+    __device__ __forceinline__ uint32_t empty(int stage) const { return barrier(1 + Traits::kStages + stage); }
+};
+
+// The byte address of byte `byte_in_row` of row `row` of a block stored in the
+// 128-byte swizzle (the layout TMA writes and wgmma reads, ptx.cuh): rows of
+// 128 bytes whose 16-byte chunks are XOR-permuted by the row's place in its
+// 8-row atom. `block` is atom-aligned.
+__device__ __forceinline__ uint32_t swizzled_address(uint32_t block, int row, int byte_in_row) {
+    return block + row * kSwizzleBytes + ((((byte_in_row >> 4) ^ (row & 7)) << 4) | (byte_in_row & 15));
+}
+
+// apply_mask_transposed (mask.cuh) on one warp's S^T fragment [1][kNTiles][4],
+// first key key0 and first query query0, written as compares of a single
+// key-minus-query difference against immediates: the same visibility with a
+// few live registers instead of a bound per column (the d64 tile's 128 score
+// registers leave no room for those).
+template <bool Is_local, int kNTiles>
+__device__ __forceinline__ void mask_transposed(float (&s)[1][kNTiles][4], int key0, int query0, const Window& window,
+                                                int lane) {
+    const int key = key0 + lane / 4;                    // of elements e = 0, 1; e = 2, 3: key + 8
+    const int diff = key - (query0 + (lane % 4) * 2);   // key - query of element [j = 0][e = 0]
+    const int from_begin = diff - window.begin_offset;  // visible iff >= 0 ...
+    const int to_end = window.end_offset - diff;        // ... and > 0 (with the element's offset)
+#pragma unroll
+    for (int j = 0; j < kNTiles; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int offset = (e / 2) * 8 - j * 8 - e % 2;  // the element's key - query, minus diff
+            const bool hidden = key + (e / 2) * 8 >= window.seqlen_k ||
+                                (Is_local && (from_begin + offset < 0 || to_end - offset <= 0));
+            if (hidden) s[0][j][e] = -INFINITY;
+        }
+    }
+}
+
+// The work of a block: its key tile, and the steps (query head, query tile)
+// that the producer and the consumers walk in the same order.
+template <typename Traits, bool Is_local>
+struct BwdWork {
+    int n_block, head_k, batch;
+    Sequence seq;
+    Window window;
+    QueryTileRange query_tiles;
+    int m_tiles;  // query tiles per query head
+    int steps;    // m_tiles for each of the group's query heads; 0: dK = dV = 0
+
+    __device__ __forceinline__ BwdWork(const BwdParams& params) {
+        n_block = blockIdx.x;
+        head_k = blockIdx.y;
+        batch = blockIdx.z;
+        seq = sequence_of<false>(params, batch);
+        window = window_of(params, seq.seqlen_q, seq.seqlen_k);
+        const int n0 = n_block * Traits::kBlockN;
+        query_tiles = n0 < seq.seqlen_k ? query_tile_range<Traits::kBlockM, Traits::kBlockN>(n0, seq.seqlen_q, window)
+                                        : QueryTileRange{0, 0};
+        m_tiles = query_tiles.m_end - query_tiles.m_begin;
+        steps = params.heads_per_kv_head * m_tiles;
+    }
+    __device__ __forceinline__ int head_of(const BwdParams& params, int t) const {
+        return head_k * params.heads_per_kv_head + t / m_tiles;
+    }
+    __device__ __forceinline__ int m0_of(int t) const { return (query_tiles.m_begin + t % m_tiles) * Traits::kBlockM; }
+};
+
+// The i-th step (0, 1, ...) uses stage i % kStages for the (i / kStages)-th
+// time: the phase of that stage's barriers to wait for.
+template <typename Traits>
+struct BwdStage {
+    int stage;
+    uint32_t phase;
+    __device__ __forceinline__ explicit BwdStage(int i) : stage(i % Traits::kStages), phase((i / Traits::kStages) & 1) {}
+};
+
+// Copies a tile of `rows` rows of a [head dim, rows, heads, batch] tensor map,
+// one box per 64-column block.
+template <typename Traits>
+__device__ __forceinline__ void load_tile(uint32_t dst, const CUtensorMap* map, uint32_t bar, int row, int head,
+                                          int batch, int block_bytes) {
+#pragma unroll
+    for (int cb = 0; cb < Traits::kColBlocks; ++cb) {
+        tma_load_4d(dst + cb * block_bytes, map, bar, cb * kSwizzleCols, row, head, batch);
+    }
+}
+
+template <typename Traits, bool Is_local>
+__global__ void __launch_bounds__(Traits::kNThreads, 1)
+    bwd_kernel(const __grid_constant__ BwdParams params, const __grid_constant__ CUtensorMap tma_q,
+               const __grid_constant__ CUtensorMap tma_k, const __grid_constant__ CUtensorMap tma_v,
+               const __grid_constant__ CUtensorMap tma_do, const __grid_constant__ CUtensorMap tma_dq_accum) {
+    using Element = typename Traits::Element;
+    constexpr int kBlockM = Traits::kBlockM;
+    constexpr int kBlockN = Traits::kBlockN;
+    constexpr int kStages = Traits::kStages;
+
+    extern __shared__ char smem[];
+    const BwdSmem<Traits> layout(smem);
+
+    if (threadIdx.x == 0) {
+        mbarrier_init(layout.kv_full(), 1);  // the producer's arrive.expect_tx
+        for (int stage = 0; stage < kStages; ++stage) {
+            mbarrier_init(layout.full(stage), 32);  // every producer lane, once its row stats are stored (+ copies' bytes)
+            // One arrival per consumer warp, once its reads of the stage (the
+            // wgmma of dV and dK, the row stats) are complete.
+            mbarrier_init(layout.empty(stage), Traits::kConsumerWarpgroups * 4);
+        }
+        fence_barrier_init();
+    }
+    __syncthreads();  // the barriers exist before anyone waits on them; the last block-wide barrier
+
+    const int warpgroup = threadIdx.x / 128;
+    if (warpgroup == 0) {
+        // Producer: warp 0 stays, the rest of the warpgroup exits. Nothing is
+        // copied for a block without steps (its consumers write zeros and exit:
+        // no copy may land in a block that is gone).
+        release_registers<Traits::kProducerRegs>();
+        // Each role derives its work after setmaxnreg: a value live across it is kept in local memory.
+        const BwdWork<Traits, Is_local> work(params);
+        const int n0 = work.n_block * kBlockN;
+        if (threadIdx.x >= 32 || work.steps == 0) return;
+        const int lane = threadIdx.x;
+        if (lane == 0) {
+            prefetch_tensor_map(&tma_q);
+            prefetch_tensor_map(&tma_do);
+            mbarrier_arrive_expect_tx(layout.kv_full(), 2 * Traits::kKVBytes);
+            load_tile<Traits>(layout.k(), &tma_k, layout.kv_full(), work.seq.k_start + n0, work.head_k, work.batch,
+                              Traits::kKVBlockBytes);
+            load_tile<Traits>(layout.v(), &tma_v, layout.kv_full(), work.seq.k_start + n0, work.head_k, work.batch,
+                              Traits::kKVBlockBytes);
+        }
+        for (int t = 0; t < work.steps; ++t) {
+            const BwdStage<Traits> s(t);
+            const int head = work.head_of(params, t);
+            const int m0 = work.m0_of(t);
+            // A stage's first use needs no release; its u-th waits for release u - 1.
+            if (t >= kStages) mbarrier_wait(layout.empty(s.stage), s.phase ^ 1);
+            // Q and dO first (lane 0 announces their bytes without arriving),
+            // then the row stats: rows past the sequence get lse_log2 = +inf
+            // (p = 0) and D = 0. Every lane's arrival releases its own stores.
+            if (lane == 0) {
+                mbarrier_expect_tx(layout.full(s.stage), 2 * Traits::kQBytes);
+                load_tile<Traits>(layout.q(s.stage), &tma_q, layout.full(s.stage), work.seq.q_start + m0, head,
+                                  work.batch, Traits::kQBlockBytes);
+                load_tile<Traits>(layout.dout(s.stage), &tma_do, layout.full(s.stage), work.seq.q_start + m0, head,
+                                  work.batch, Traits::kQBlockBytes);
+            }
+            const int64_t stats = work.batch * params.lse_batch_stride + head * params.lse_head_stride +
+                                  work.seq.q_start + m0;
+            for (int r = lane; r < kBlockM; r += 32) {
+                const bool valid = m0 + r < work.seq.seqlen_q;
+                store_shared_f32(layout.lse_log2(s.stage) + 4 * r,
+                                 lse_to_log2(valid ? params.lse_ptr[stats + r] : -INFINITY));
+                store_shared_f32(layout.dsum(s.stage) + 4 * r, valid ? params.dsum_ptr[stats + r] : 0.f);
+            }
+            mbarrier_arrive(layout.full(s.stage));
+        }
+        return;
+    }
+
+    // Consumers.
+    claim_registers<Traits::kConsumerRegs>();
+    const BwdWork<Traits, Is_local> work(params);
+    const int n0 = work.n_block * kBlockN;
+    const int consumer = warpgroup - 1;
+    const int thread_in_group = threadIdx.x % 128;
+    const int lane = threadIdx.x % 32;
+    const int warp_in_group = thread_in_group / 32;
+    const int warp_key0 = consumer * Traits::kWarpgroupKeys + warp_in_group * 16;  // this warp's first key in the tile
+    // Named barriers: 0 is __syncthreads'. kDsBarrier: both consumer
+    // warpgroups' dS^T are in shared memory. kDqBarrier + c: warpgroup c's dQ
+    // share is staged for the bulk reduce.
+    constexpr int kDsBarrier = 1;
+    constexpr int kDqBarrier = 2;
+    constexpr int kConsumerThreads = Traits::kConsumerWarpgroups * 128;
+
+    float dk[1][Traits::kNTilesD][4];
+    float dv[1][Traits::kNTilesD][4];
+#pragma unroll
+    for (int j = 0; j < Traits::kNTilesD; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dk[0][j][e] = dv[0][j][e] = 0.f;
+
+    // Descriptors that do not move with the stage. S^T and dP^T: this
+    // warpgroup's 64 rows of K and V (K-major). dQ: K read MN-major (keys are
+    // the K dimension), this warpgroup's 64 columns of it at d128.
+    const uint64_t k_desc = smem_descriptor_sw128(layout.k() + consumer * Traits::kWarpgroupKeys * kSwizzleBytes,
+                                                  kUnusedLeadingBytes, kSwizzleAtomBytes);
+    const uint64_t v_desc = smem_descriptor_sw128(layout.v() + consumer * Traits::kWarpgroupKeys * kSwizzleBytes,
+                                                  kUnusedLeadingBytes, kSwizzleAtomBytes);
+    const int dq_row0 = Traits::kDqSplitRows ? consumer * Traits::kDqRows : 0;  // of the step's query tile
+    const int dq_col0 = Traits::kDqSplitRows ? 0 : consumer * Traits::kDqCols;
+    const uint64_t k_mn_desc = smem_descriptor_sw128(layout.k() + (dq_col0 / kSwizzleCols) * Traits::kKVBlockBytes,
+                                                     Traits::kKVBlockBytes, kSwizzleAtomBytes);
+
+    // The steps of one query tile, named.
+    auto issue_scores = [&](float (&s)[1][Traits::kNTilesS][4], float (&dp)[1][Traits::kNTilesS][4],
+                            const BwdStage<Traits>& st) {  // S^T = K Q^T, then dP^T = V dO^T
+        const uint64_t q_desc = smem_descriptor_sw128(layout.q(st.stage), kUnusedLeadingBytes, kSwizzleAtomBytes);
+        const uint64_t do_desc =
+            smem_descriptor_sw128(layout.dout(st.stage), kUnusedLeadingBytes, kSwizzleAtomBytes);
+        wgmma_fence();
+#pragma unroll
+        for (int k = 0; k < Traits::kKStepsD; ++k) {
+            // k16 step k: 32 bytes into a 128-byte row, column block k / 4.
+            const uint32_t offset_kv = (k / 4) * Traits::kKVBlockBytes + (k % 4) * 32;
+            const uint32_t offset_q = (k / 4) * Traits::kQBlockBytes + (k % 4) * 32;
+            Wgmma<kBlockM>::template ss<Element>(flat(s), advance_descriptor(k_desc, offset_kv),
+                                                 advance_descriptor(q_desc, offset_q), /*scale_d=*/k > 0);
+        }
+        wgmma_commit();
+#pragma unroll
+        for (int k = 0; k < Traits::kKStepsD; ++k) {
+            const uint32_t offset_kv = (k / 4) * Traits::kKVBlockBytes + (k % 4) * 32;
+            const uint32_t offset_q = (k / 4) * Traits::kQBlockBytes + (k % 4) * 32;
+            Wgmma<kBlockM>::template ss<Element>(flat(dp), advance_descriptor(v_desc, offset_kv),
+                                                 advance_descriptor(do_desc, offset_q), /*scale_d=*/k > 0);
+        }
+        wgmma_commit();
+    };
+    // A fragment of a transposed score tile (rows: keys, columns: queries)
+    // re-packed into the A fragments of the k16 steps over the queries: step k
+    // holds n8 blocks 2k and 2k + 1.
+    auto pack = [&](uint32_t (&a)[Traits::kKStepsM][4], const float (&frag)[1][Traits::kNTilesS][4]) {
+#pragma unroll
+        for (int k = 0; k < Traits::kKStepsM; ++k) {
+            a[k][0] = pack2<Element>(frag[0][2 * k][0], frag[0][2 * k][1]);
+            a[k][1] = pack2<Element>(frag[0][2 * k][2], frag[0][2 * k][3]);
+            a[k][2] = pack2<Element>(frag[0][2 * k + 1][0], frag[0][2 * k + 1][1]);
+            a[k][3] = pack2<Element>(frag[0][2 * k + 1][2], frag[0][2 * k + 1][3]);
+        }
+    };
+    // dS^T into shared memory for dQ: rows are the tile's keys, 128-byte rows of
+    // 64 queries per column block (the layout wgmma reads MN-major). A fragment
+    // register holds the pair of queries (2 * (lane % 4)) + {0, 1} of n8 block j,
+    // for key row lane / 4 (+ 8).
+    auto store_ds = [&](const uint32_t (&a)[Traits::kKStepsM][4], uint32_t ds_smem) {
+#pragma unroll
+        for (int k = 0; k < Traits::kKStepsM; ++k) {
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+                const int key = warp_key0 + lane / 4 + (r % 2) * 8;
+                const int query = (2 * k + r / 2) * 8 + (lane % 4) * 2;
+                const uint32_t block = ds_smem + (query / kSwizzleCols) * Traits::kDsBlockBytes;
+                store_shared_b32(swizzled_address(block, key, (query % kSwizzleCols) * 2), a[k][r]);
+            }
+        }
+    };
+    // dQ share into shared memory: rows of the share, kDqBoxes boxes of 32 fp32
+    // columns, each in the 128-byte swizzle (the box the tensor map reduces).
+    auto store_dq = [&](const float (&dq)[1][Traits::kNTilesDq][4]) {
+        const uint32_t share = layout.dq(consumer);
+#pragma unroll
+        for (int j = 0; j < Traits::kNTilesDq; ++j) {
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+                const int row = warp_in_group * 16 + lane / 4 + half * 8;
+                const int col = j * 8 + (lane % 4) * 2;
+                const uint32_t box = share + (col / Traits::kDqBoxCols) * Traits::kDqBoxBytes;
+                store_shared_f32x2(swizzled_address(box, row, (col % Traits::kDqBoxCols) * 4), dq[0][j][2 * half],
+                                   dq[0][j][2 * half + 1]);
+            }
+        }
+    };
+    // A warp's arrival releases what all its lanes read (the row stats by plain
+    // loads): the warp converges first, so that lane 0's arrival follows every
+    // lane's reads (as WorkQueue::take does in the forward).
+    auto release = [&](uint32_t empty) {
+        __syncwarp();
+        if (lane == 0) mbarrier_arrive(empty);
+    };
+
+    auto step = [&](int t, auto is_masked) {
+        const BwdStage<Traits> st(t);
+        const int head = work.head_of(params, t);
+        const int m0 = work.m0_of(t);
+        const uint32_t ds_smem = layout.ds(t % Traits::kDsBuffers);
+        mbarrier_wait(layout.full(st.stage), st.phase);
+
+        float s[1][Traits::kNTilesS][4];   // S^T, then P^T
+        float dp[1][Traits::kNTilesS][4];  // dP^T, then dS^T
+        issue_scores(s, dp, st);
+
+        // P^T while dP^T runs. Masked tiles hide the mask's keys and the keys
+        // past the sequence (whose zero rows would score 0, and exp2(0 - lse)
+        // can overflow 16 bits); queries past it have lse_log2 = +inf, so p = 0.
+        // A thread's columns are the queries j * 8 + 2 * (lane % 4) + {0, 1}.
+        wgmma_wait<1>();
+        pin_registers(flat(s));
+        if constexpr (decltype(is_masked)::value) {
+            mask_transposed<Is_local>(s, n0 + warp_key0, m0, work.window, lane);
+        }
+        const uint32_t lse_row = layout.lse_log2(st.stage) + 8 * (lane % 4);
+#pragma unroll
+        for (int j = 0; j < Traits::kNTilesS; ++j) {
+            const float2 lse = load_shared_f32x2(lse_row + 32 * j);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                s[0][j][e] = exp2_approx(fmaf(s[0][j][e], params.softmax_scale_log2, -(e % 2 ? lse.y : lse.x)));
+            }
+        }
+
+        // dS^T = P^T * (dP^T - D); then both are re-packed for dV and dK (P^T
+        // only now: its fp32 values and its fragments are not live together).
+        wgmma_wait<0>();
+        pin_registers(flat(dp));
+        const uint32_t dsum_row = layout.dsum(st.stage) + 8 * (lane % 4);
+#pragma unroll
+        for (int j = 0; j < Traits::kNTilesS; ++j) {
+            const float2 d = load_shared_f32x2(dsum_row + 32 * j);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) dp[0][j][e] = s[0][j][e] * (dp[0][j][e] - (e % 2 ? d.y : d.x));
+        }
+        uint32_t p_frag[Traits::kKStepsM][4];
+        uint32_t ds_frag[Traits::kKStepsM][4];
+        pack(p_frag, s);
+        pack(ds_frag, dp);
+
+        // The previous step's dQ reduce has read this warpgroup's share (its
+        // issuer waits before the barrier that all the warpgroup passes before
+        // restaging it). dS^T is written where the dQ GEMMs of two steps ago read.
+        if (thread_in_group == 0) bulk_wait_group_read<0>();
+        store_ds(ds_frag, ds_smem);
+        fence_proxy_async_shared();  // the stores are read by wgmma (async proxy) after the barrier
+        named_barrier_sync(kDsBarrier, kConsumerThreads);
+
+        // dV += P^T dO and dK += dS^T Q (queries are the K dimension: dO and Q
+        // read MN-major, 16 rows per k16 step), then dQ = dS K over the keys.
+        const uint64_t do_mn_desc =
+            smem_descriptor_sw128(layout.dout(st.stage), Traits::kQBlockBytes, kSwizzleAtomBytes);
+        const uint64_t q_mn_desc = smem_descriptor_sw128(layout.q(st.stage), Traits::kQBlockBytes, kSwizzleAtomBytes);
+        const uint64_t ds_mn_desc =
+            smem_descriptor_sw128(ds_smem + (dq_row0 / kSwizzleCols) * Traits::kDsBlockBytes, Traits::kDsBlockBytes,
+                                  kSwizzleAtomBytes);
+        float dq[1][Traits::kNTilesDq][4];
+        wgmma_fence();
+#pragma unroll
+        for (int k = 0; k < Traits::kKStepsM; ++k) {
+            Wgmma<Traits::kTileCols>::template rs<Element>(
+                flat(dv), p_frag[k], advance_descriptor(do_mn_desc, k * 16 * kSwizzleBytes), /*scale_d=*/1);
+        }
+#pragma unroll
+        for (int k = 0; k < Traits::kKStepsM; ++k) {
+            Wgmma<Traits::kTileCols>::template rs<Element>(
+                flat(dk), ds_frag[k], advance_descriptor(q_mn_desc, k * 16 * kSwizzleBytes), /*scale_d=*/1);
+        }
+#pragma unroll
+        for (int k = 0; k < Traits::kKStepsN; ++k) {
+            Wgmma<Traits::kDqCols>::template ss_mn<Element>(
+                flat(dq), advance_descriptor(ds_mn_desc, k * 16 * kSwizzleBytes),
+                advance_descriptor(k_mn_desc, k * 16 * kSwizzleBytes), /*scale_d=*/k > 0);
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+        pin_registers(flat(dv));
+        pin_registers(flat(dk));
+        pin_registers(flat(dq));
+        pin_registers(p_frag);
+        pin_registers(ds_frag);
+        release(layout.empty(st.stage));
+
+        // dQ share into dq_accum: staged, then one thread adds it by the copy engine.
+        store_dq(dq);
+        fence_proxy_async_shared();  // the stores are read by the bulk reduce (async proxy)
+        named_barrier_sync(kDqBarrier + consumer, 128);
+        if (thread_in_group == 0) {
+#pragma unroll
+            for (int b = 0; b < Traits::kDqBoxes; ++b) {
+                tma_reduce_add_4d(&tma_dq_accum, layout.dq(consumer) + b * Traits::kDqBoxBytes,
+                                  dq_col0 + b * Traits::kDqBoxCols, work.seq.q_start + m0 + dq_row0, head,
+                                  work.batch);
+            }
+            bulk_commit_group();
+        }
+    };
+
+    if (work.steps > 0) {
+        mbarrier_wait(layout.kv_full(), 0);
+        // Masked only where some query of the tile misses some key: the causal
+        // diagonal, window edges, the sequence's last key tile.
+        for (int t = 0; t < work.steps; ++t) {
+            if (tile_is_full<kBlockM, kBlockN>(work.m0_of(t), n0, work.seq.seqlen_q, work.window)) {
+                step(t, std::false_type{});
+            } else {
+                step(t, std::true_type{});
+            }
+        }
+        // The last reduce is complete before the block (and its shared memory) is gone.
+        if (thread_in_group == 0) bulk_wait_group<0>();
+    }
+
+    // Epilogue: dK takes the softmax scale; each thread writes its pairs of
+    // columns of its two key rows (rows past the sequence, columns past the
+    // head dim stay unwritten).
+    Element* dk_out = static_cast<Element*>(params.dk_ptr) + work.batch * params.dk_batch_stride +
+                      work.head_k * params.dk_head_stride;
+    Element* dv_out = static_cast<Element*>(params.dv_ptr) + work.batch * params.dv_batch_stride +
+                      work.head_k * params.dv_head_stride;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        const int key = n0 + warp_key0 + lane / 4 + half * 8;
+        if (key >= work.seq.seqlen_k) continue;
+        Element* dk_row = dk_out + static_cast<int64_t>(work.seq.k_start + key) * params.dk_row_stride;
+        Element* dv_row = dv_out + static_cast<int64_t>(work.seq.k_start + key) * params.dv_row_stride;
+#pragma unroll
+        for (int j = 0; j < Traits::kNTilesD; ++j) {
+            const int col = j * 8 + (lane % 4) * 2;
+            if (col < params.head_dim) {
+                *reinterpret_cast<uint32_t*>(dk_row + col) =
+                    pack2<Element>(dk[0][j][2 * half] * params.softmax_scale, dk[0][j][2 * half + 1] * params.softmax_scale);
+                *reinterpret_cast<uint32_t*>(dv_row + col) = pack2<Element>(dv[0][j][2 * half], dv[0][j][2 * half + 1]);
+            }
+        }
+    }
+}
+
+}  // namespace flash::sm90
