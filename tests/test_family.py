@@ -3,10 +3,10 @@ capability, forced with FLASHATTN_FAMILY, and visible in the kernels that run.
 
 A 9.x GPU runs the sm90 family when the build includes 9.0a: its forward kernels
 (namespace flash::sm90::) serve what csrc/sm90/sm90.h's serves() accepts, and
-everything else (the backward, ALiBi, dropout, head dims up to 32) runs on the sm80
-family's kernels (flash::sm80::) on the same GPU. FLASHATTN_FAMILY=sm80 forces sm80.
-The sm90 backward's main kernel serves what serves_bwd() accepts; its row-wise passes
-(preprocess, dQ conversion) and the rest of the backward are sm80's."""
+everything else (ALiBi, dropout, head dims up to 32, ...) runs on the sm80 family's
+kernels (flash::sm80::) on the same GPU. FLASHATTN_FAMILY=sm80 forces sm80. The sm90
+backward's main kernel serves what serves_bwd() accepts; its row-wise passes
+(preprocess, dQ conversion) and the backwards it does not serve are sm80's."""
 import os
 import subprocess
 import sys
