@@ -37,6 +37,7 @@
 #include "common/ptx.cuh"
 #include "common/softmax.cuh"
 #include "sm90/kernel_traits.h"
+#include "sm90/pipeline.cuh"
 #include "sm90/ptx.cuh"
 
 namespace flash::sm90 {
@@ -47,7 +48,7 @@ struct BwdSmem {
     uint32_t base;  // aligned to a swizzle atom
 
     __device__ __forceinline__ explicit BwdSmem(const char* smem) {
-        base = (smem_addr(smem) + Traits::kSmemAlign - 1) & ~static_cast<uint32_t>(Traits::kSmemAlign - 1);
+        base = aligned_smem_base<Traits::kSmemAlign>(smem);
     }
     __device__ __forceinline__ uint32_t k() const { return base + Traits::kSmemKOffset; }
     __device__ __forceinline__ uint32_t v() const { return base + Traits::kSmemVOffset; }
@@ -133,26 +134,6 @@ struct BwdWork {
     __device__ __forceinline__ int m0_of(int t) const { return (query_tiles.m_begin + t % m_tiles) * Traits::kBlockM; }
 };
 
-// The i-th step (0, 1, ...) uses stage i % kStages for the (i / kStages)-th
-// time: the phase of that stage's barriers to wait for.
-template <typename Traits>
-struct BwdStage {
-    int stage;
-    uint32_t phase;
-    __device__ __forceinline__ explicit BwdStage(int i) : stage(i % Traits::kStages), phase((i / Traits::kStages) & 1) {}
-};
-
-// Copies a tile of `rows` rows of a [head dim, rows, heads, batch] tensor map,
-// one box per 64-column block.
-template <typename Traits>
-__device__ __forceinline__ void load_tile(uint32_t dst, const CUtensorMap* map, uint32_t bar, int row, int head,
-                                          int batch, int block_bytes) {
-#pragma unroll
-    for (int cb = 0; cb < Traits::kColBlocks; ++cb) {
-        tma_load_4d(dst + cb * block_bytes, map, bar, cb * kSwizzleCols, row, head, batch);
-    }
-}
-
 template <typename Traits, bool Is_local>
 __global__ void __launch_bounds__(Traits::kNThreads, 1)
     bwd_kernel(const __grid_constant__ BwdParams params, const __grid_constant__ CUtensorMap tma_q,
@@ -199,7 +180,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                               Traits::kKVBlockBytes);
         }
         for (int t = 0; t < work.steps; ++t) {
-            const BwdStage<Traits> s(t);
+            const StageOf<Traits> s(t);
             const int head = work.head_of(params, t);
             const int m0 = work.m0_of(t);
             // A stage's first use needs no release; its u-th waits for release u - 1.
@@ -264,7 +245,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
 
     // The steps of one query tile, named.
     auto issue_scores = [&](float (&s)[1][Traits::kNTilesS][4], float (&dp)[1][Traits::kNTilesS][4],
-                            const BwdStage<Traits>& st) {  // S^T = K Q^T, then dP^T = V dO^T
+                            const StageOf<Traits>& st) {  // S^T = K Q^T, then dP^T = V dO^T
         const uint64_t q_desc = smem_descriptor_sw128(layout.q(st.stage), kUnusedLeadingBytes, kSwizzleAtomBytes);
         const uint64_t do_desc =
             smem_descriptor_sw128(layout.dout(st.stage), kUnusedLeadingBytes, kSwizzleAtomBytes);
@@ -340,7 +321,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     };
 
     auto step = [&](int t, auto is_masked) {
-        const BwdStage<Traits> st(t);
+        const StageOf<Traits> st(t);
         const int head = work.head_of(params, t);
         const int m0 = work.m0_of(t);
         const uint32_t ds_smem = layout.ds(t % Traits::kDsBuffers);

@@ -38,6 +38,7 @@
 #include "common/ptx.cuh"
 #include "common/softmax.cuh"
 #include "sm90/kernel_traits.h"
+#include "sm90/pipeline.cuh"
 #include "sm90/ptx.cuh"
 
 namespace flash::sm90 {
@@ -48,7 +49,7 @@ struct SmemLayout {
     uint32_t base;  // aligned to a swizzle atom
 
     __device__ __forceinline__ explicit SmemLayout(const char* smem) {
-        base = (smem_addr(smem) + Traits::kSmemAlign - 1) & ~static_cast<uint32_t>(Traits::kSmemAlign - 1);
+        base = aligned_smem_base<Traits::kSmemAlign>(smem);
     }
     __device__ __forceinline__ uint32_t q() const { return base + Traits::kSmemQOffset; }
     __device__ __forceinline__ uint32_t k(int stage) const { return base + Traits::kSmemKOffset + stage * Traits::kKVBytes; }
@@ -66,26 +67,6 @@ struct SmemLayout {
     }
     __device__ __forceinline__ uint32_t work(int slot) const { return base + Traits::kSmemWorkOffset + 4 * slot; }
 };
-
-// The i-th key tile a block walks (0, 1, ...) uses stage i % kStages for the
-// (i / kStages)-th time: the phase of that stage's barriers to wait for.
-template <typename Traits>
-struct StageOf {
-    int stage;
-    uint32_t phase;
-    __device__ __forceinline__ explicit StageOf(int i) : stage(i % Traits::kStages), phase((i / Traits::kStages) & 1) {}
-};
-
-// Each copy covers one column block of 64 elements: coordinates (column,
-// row, head, batch) of the tensor maps built by make_fwd_tensor_maps.
-template <typename Traits>
-__device__ __forceinline__ void load_tile(uint32_t dst, const CUtensorMap* map, uint32_t bar, int row, int head,
-                                          int batch, int block_bytes) {
-#pragma unroll
-    for (int cb = 0; cb < Traits::kColBlocks; ++cb) {
-        tma_load_4d(dst + cb * block_bytes, map, bar, cb * kSwizzleCols, row, head, batch);
-    }
-}
 
 // Where the producer warp copies a key (and value) tile from: rows of k and v
 // in the layout of their tensor maps. Contiguous keys: lane 0 copies the whole

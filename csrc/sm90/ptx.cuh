@@ -34,8 +34,8 @@ __device__ __forceinline__ void mbarrier_arrive_expect_tx(uint32_t bar, uint32_t
 }
 
 // mbarrier.expect_tx: announce `bytes` bytes that copies will deliver to the
-// current phase, without arriving (the thread's own arrival releases its
-// stores separately: racecheck does not count arrive.expect_tx as a release).
+// current phase, without arriving (the thread arrives separately, once its own
+// stores for the phase are done).
 __device__ __forceinline__ void mbarrier_expect_tx(uint32_t bar, uint32_t bytes) {
     asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
 }
