@@ -10,8 +10,9 @@
 //   producer warpgroup: one warp stays. Lane 0 copies K and V once, then each
 //     step's Q and dO tiles into kStages stages (TMA, 128-byte swizzle); the
 //     32 lanes load the step's LSE (in base 2) and D into the stage's row-stat
-//     slots. A stage's "full" mbarrier takes the 32 arrivals and the copies'
-//     bytes, its "empty" one an arrival from each consumer warp.
+//     slots. A stage's "full" mbarrier takes the copies' bytes, its
+//     "stats_full" one the 32 lanes' arrivals, its "empty" one an arrival from
+//     each consumer warp.
 //   consumer warpgroups: 64 keys each (the M of wgmma). Per step: S^T and dP^T
 //     (SS wgmma, both operands K-major); P^T and dS^T in registers, re-packed
 //     into A fragments, so that dV and dK are RS wgmma reading dO and Q
@@ -71,6 +72,7 @@ struct BwdSmem {
     __device__ __forceinline__ uint32_t kv_full() const { return barrier(0); }
     __device__ __forceinline__ uint32_t full(int stage) const { return barrier(1 + stage); }
     __device__ __forceinline__ uint32_t empty(int stage) const { return barrier(1 + Traits::kStages + stage); }
+    __device__ __forceinline__ uint32_t stats_full(int stage) const { return barrier(1 + 2 * Traits::kStages + stage); }
 };
 
 // The byte address of byte `byte_in_row` of row `row` of a block stored in the
@@ -150,7 +152,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     if (threadIdx.x == 0) {
         mbarrier_init(layout.kv_full(), 1);  // the producer's arrive.expect_tx
         for (int stage = 0; stage < kStages; ++stage) {
-            mbarrier_init(layout.full(stage), 32);  // every producer lane, once its row stats are stored (+ copies' bytes)
+            mbarrier_init(layout.full(stage), 1);         // lane 0's arrive.expect_tx: Q and dO's bytes
+            mbarrier_init(layout.stats_full(stage), 32);  // every producer lane, once its row stats are stored
             // One arrival per consumer warp, once its reads of the stage (the
             // wgmma of dV and dK, the row stats) are complete.
             mbarrier_init(layout.empty(stage), Traits::kConsumerWarpgroups * 4);
@@ -185,11 +188,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             const int m0 = work.m0_of(t);
             // A stage's first use needs no release; its u-th waits for release u - 1.
             if (t >= kStages) mbarrier_wait(layout.empty(s.stage), s.phase ^ 1);
-            // Q and dO first (lane 0 announces their bytes without arriving),
-            // then the row stats: rows past the sequence get lse_log2 = +inf
-            // (p = 0) and D = 0. Every lane's arrival releases its own stores.
+            // Q and dO first (their own barrier, completed by the copies' bytes),
+            // then the row stats (rows past the sequence get lse_log2 = +inf, so
+            // p = 0, and D = 0) on a barrier of thread arrivals only: each lane's
+            // arrival releases its own stores.
             if (lane == 0) {
-                mbarrier_expect_tx(layout.full(s.stage), 2 * Traits::kQBytes);
+                mbarrier_arrive_expect_tx(layout.full(s.stage), 2 * Traits::kQBytes);
                 load_tile<Traits>(layout.q(s.stage), &tma_q, layout.full(s.stage), work.seq.q_start + m0, head,
                                   work.batch, Traits::kQBlockBytes);
                 load_tile<Traits>(layout.dout(s.stage), &tma_do, layout.full(s.stage), work.seq.q_start + m0, head,
@@ -203,7 +207,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                                  lse_to_log2(valid ? params.lse_ptr[stats + r] : -INFINITY));
                 store_shared_f32(layout.dsum(s.stage) + 4 * r, valid ? params.dsum_ptr[stats + r] : 0.f);
             }
-            mbarrier_arrive(layout.full(s.stage));
+            mbarrier_arrive(layout.stats_full(s.stage));
         }
         return;
     }
@@ -326,6 +330,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         const int m0 = work.m0_of(t);
         const uint32_t ds_smem = layout.ds(t % Traits::kDsBuffers);
         mbarrier_wait(layout.full(st.stage), st.phase);
+        mbarrier_wait(layout.stats_full(st.stage), st.phase);
 
         float s[1][Traits::kNTilesS][4];   // S^T, then P^T
         float dp[1][Traits::kNTilesS][4];  // dP^T, then dS^T

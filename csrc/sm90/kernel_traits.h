@@ -185,7 +185,7 @@ struct BwdTraits {
     static constexpr int kSmemRowStatsOffset = kSmemDqOffset + kConsumerWarpgroups * kDqBytes;
     static constexpr int kRowStatsBytes = 2 * kBlockM * 4;  // lse_log2 and D of one stage
     static constexpr int kSmemBarrierOffset = kSmemRowStatsOffset + kStages * kRowStatsBytes;
-    static constexpr int kBarriers = 1 + 2 * kStages;
+    static constexpr int kBarriers = 1 + 3 * kStages;  // kv_full; per stage full (copies), stats_full, empty
     static constexpr int kSmemAlign = kSwizzleAtomBytes;
     static constexpr int kSmemBytes = kSmemBarrierOffset + 8 * kBarriers + kSmemAlign;
 

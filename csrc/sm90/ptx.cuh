@@ -33,13 +33,6 @@ __device__ __forceinline__ void mbarrier_arrive_expect_tx(uint32_t bar, uint32_t
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
 }
 
-// mbarrier.expect_tx: announce `bytes` bytes that copies will deliver to the
-// current phase, without arriving (the thread arrives separately, once its own
-// stores for the phase are done).
-__device__ __forceinline__ void mbarrier_expect_tx(uint32_t bar, uint32_t bytes) {
-    asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-
 // mbarrier.arrive: one arrival.
 __device__ __forceinline__ void mbarrier_arrive(uint32_t bar) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
