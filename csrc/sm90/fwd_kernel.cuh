@@ -172,14 +172,15 @@ struct WorkQueue {
         return __shfl_sync(0xffffffffu, t, 0);
     }
 
-    // The consumers' draw k: wait for the producer's, read it, free the slot.
-    __device__ __forceinline__ int take(int k, int lane) const {
+    // The consumers' draw k: wait for the producer's, read it, free the slot
+    // (every thread arrives for its own read: racecheck follows that, not one
+    // arrival per warp after __syncwarp; NOTES.md).
+    __device__ __forceinline__ int take(int k) const {
         const int slot = k % Traits::kWorkSlots;
         mbarrier_wait(layout.work_full(slot), (k / Traits::kWorkSlots) & 1);
         int t;
         asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(t) : "r"(layout.work(slot)) : "memory");
-        __syncwarp();
-        if (lane == 0) mbarrier_arrive(layout.work_empty(slot));
+        mbarrier_arrive(layout.work_empty(slot));
         return t;
     }
 };
@@ -246,7 +247,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         }
         for (int slot = 0; slot < Traits::kWorkSlots; ++slot) {
             mbarrier_init(layout.work_full(slot), 1);  // the producer's draw
-            mbarrier_init(layout.work_empty(slot), Traits::kConsumerWarpgroups * 4);  // each consumer warp's take
+            mbarrier_init(layout.work_empty(slot), Traits::kConsumerWarpgroups * 128);  // each consumer thread's take
         }
         fence_barrier_init();
     }
@@ -324,7 +325,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     const bool tail_is_memory =
         params.cu_seqlens_k != nullptr || params.seqused_k != nullptr || params.block_table != nullptr;
     int q_count = 0, tile_count = 0;
-    for (int k = 0, t = queue.take(0, lane); t < num_work; t = queue.take(++k, lane)) {
+    for (int k = 0, t = queue.take(0); t < num_work; t = queue.take(++k)) {
         const Work work(params, t, num_m_blocks);
         if (!work.has_rows) continue;
         const Sequence& seq = work.seq;
