@@ -21,6 +21,9 @@
 //     warpgroup on its 64 x 64 share (kernel_traits.h: BwdTraits); the share
 //     goes through shared memory into dq_accum by a bulk reduce-add (fp32),
 //     which one thread of the warpgroup issues and waits for a step later.
+//     Each warpgroup issues the next step's S^T behind this step's dQ, and its
+//     dP^T right after dQ's reduce, so that its tensor cores have work queued
+//     while it stages dQ (the software pipeline above the consumers' loop).
 //
 // The steps are the query tiles that see a key of the block's tile
 // (mask.cuh: query_tile_range), for every query head of the KV head's group:
@@ -248,27 +251,19 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                                                      Traits::kKVBlockBytes, kSwizzleAtomBytes);
 
     // The steps of one query tile, named.
-    auto issue_scores = [&](float (&s)[1][Traits::kNTilesS][4], float (&dp)[1][Traits::kNTilesS][4],
-                            const StageOf<Traits>& st) {  // S^T = K Q^T, then dP^T = V dO^T
-        const uint64_t q_desc = smem_descriptor_sw128(layout.q(st.stage), kUnusedLeadingBytes, kSwizzleAtomBytes);
-        const uint64_t do_desc =
-            smem_descriptor_sw128(layout.dout(st.stage), kUnusedLeadingBytes, kSwizzleAtomBytes);
+    // A transposed score tile, one wgmma group: acc = X Y^T for this
+    // warpgroup's 64 rows of X (K or V: x_desc) and the stage's tile of Y (Q or
+    // dO at y_tile), both K-major over the head dim. S^T = K Q^T, dP^T = V dO^T.
+    auto issue_scores = [&](float (&acc)[1][Traits::kNTilesS][4], uint64_t x_desc, uint32_t y_tile) {
+        const uint64_t y_desc = smem_descriptor_sw128(y_tile, kUnusedLeadingBytes, kSwizzleAtomBytes);
         wgmma_fence();
 #pragma unroll
         for (int k = 0; k < Traits::kKStepsD; ++k) {
             // k16 step k: 32 bytes into a 128-byte row, column block k / 4.
-            const uint32_t offset_kv = (k / 4) * Traits::kKVBlockBytes + (k % 4) * 32;
-            const uint32_t offset_q = (k / 4) * Traits::kQBlockBytes + (k % 4) * 32;
-            Wgmma<kBlockM>::template ss<Element>(flat(s), advance_descriptor(k_desc, offset_kv),
-                                                 advance_descriptor(q_desc, offset_q), /*scale_d=*/k > 0);
-        }
-        wgmma_commit();
-#pragma unroll
-        for (int k = 0; k < Traits::kKStepsD; ++k) {
-            const uint32_t offset_kv = (k / 4) * Traits::kKVBlockBytes + (k % 4) * 32;
-            const uint32_t offset_q = (k / 4) * Traits::kQBlockBytes + (k % 4) * 32;
-            Wgmma<kBlockM>::template ss<Element>(flat(dp), advance_descriptor(v_desc, offset_kv),
-                                                 advance_descriptor(do_desc, offset_q), /*scale_d=*/k > 0);
+            const uint32_t offset_x = (k / 4) * Traits::kKVBlockBytes + (k % 4) * 32;
+            const uint32_t offset_y = (k / 4) * Traits::kQBlockBytes + (k % 4) * 32;
+            Wgmma<kBlockM>::template ss<Element>(flat(acc), advance_descriptor(x_desc, offset_x),
+                                                 advance_descriptor(y_desc, offset_y), /*scale_d=*/k > 0);
         }
         wgmma_commit();
     };
@@ -323,25 +318,23 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     // chain and reports each later store of the producer as a hazard (NOTES.md).
     auto release = [&](uint32_t empty) { mbarrier_arrive(empty); };
 
-    auto step = [&](int t, auto is_masked) {
+    // Step t's P^T and dP^T, entered with its S^T and dP^T in flight (the only
+    // wgmma groups pending) and left with both complete, no wgmma pending.
+    auto scores = [&](int t, float (&s)[1][Traits::kNTilesS][4], float (&dp)[1][Traits::kNTilesS][4]) {
         const StageOf<Traits> st(t);
-        const int head = work.head_of(params, t);
         const int m0 = work.m0_of(t);
-        const uint32_t ds_smem = layout.ds(t % Traits::kDsBuffers);
-        mbarrier_wait(layout.full(st.stage), st.phase);
-        mbarrier_wait(layout.stats_full(st.stage), st.phase);
-
-        float s[1][Traits::kNTilesS][4];   // S^T, then P^T
-        float dp[1][Traits::kNTilesS][4];  // dP^T, then dS^T
-        issue_scores(s, dp, st);
-
-        // P^T while dP^T runs. Masked tiles hide the mask's keys and the keys
-        // past the sequence (whose zero rows would score 0, and exp2(0 - lse)
-        // can overflow 16 bits); queries past it have lse_log2 = +inf, so p = 0.
-        // A thread's columns are the queries j * 8 + 2 * (lane % 4) + {0, 1}.
+        // P^T = exp2(S^T * scale_log2 - lse_log2) while dP^T runs. Masked only
+        // where some query of the tile misses some key (the causal diagonal,
+        // window edges, the sequence's last key tile): the mask's keys and the
+        // keys past the sequence (whose zero rows would score 0, and exp2(0 -
+        // lse) can overflow 16 bits) are hidden; queries past it have lse_log2
+        // = +inf, so p = 0. The branch holds element-wise work on completed
+        // registers only, no wgmma issue or wait. A thread's columns are the
+        // queries j * 8 + 2 * (lane % 4) + {0, 1}.
         wgmma_wait<1>();
         pin_registers(flat(s));
-        if constexpr (decltype(is_masked)::value) {
+        mbarrier_wait(layout.stats_full(st.stage), st.phase);
+        if (!tile_is_full<kBlockM, kBlockN>(m0, n0, work.seq.seqlen_q, work.window)) {
             mask_transposed<Is_local>(s, n0 + warp_key0, m0, work.window, lane);
         }
         const uint32_t lse_row = layout.lse_log2(st.stage) + 8 * (lane % 4);
@@ -353,11 +346,19 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                 s[0][j][e] = exp2_approx(fmaf(s[0][j][e], params.softmax_scale_log2, -(e % 2 ? lse.y : lse.x)));
             }
         }
-
-        // dS^T = P^T * (dP^T - D); then both are re-packed for dV and dK (P^T
-        // only now: its fp32 values and its fragments are not live together).
         wgmma_wait<0>();
         pin_registers(flat(dp));
+    };
+
+    // Step t from its P^T and dP^T up to its dQ GEMM, entered with no wgmma
+    // pending and left with the dQ GEMM in flight (the only group pending) and
+    // the stage released.
+    auto gradients = [&](int t, float (&s)[1][Traits::kNTilesS][4], float (&dp)[1][Traits::kNTilesS][4],
+                         float (&dq)[1][Traits::kNTilesDq][4]) {
+        const StageOf<Traits> st(t);
+        const uint32_t ds_smem = layout.ds(t % Traits::kDsBuffers);
+        // dS^T = P^T * (dP^T - D); then both are re-packed for dV and dK (P^T
+        // only now: its fp32 values and its fragments are not live together).
         const uint32_t dsum_row = layout.dsum(st.stage) + 8 * (lane % 4);
 #pragma unroll
         for (int j = 0; j < Traits::kNTilesS; ++j) {
@@ -370,34 +371,41 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         pack(p_frag, s);
         pack(ds_frag, dp);
 
-        // The previous step's dQ reduce has read this warpgroup's share (its
-        // issuer waits before the barrier that all the warpgroup passes before
-        // restaging it). dS^T is written where the dQ GEMMs of two steps ago read.
-        if (thread_in_group == 0) bulk_wait_group_read<0>();
-        store_ds(ds_frag, ds_smem);
-        fence_proxy_async_shared();  // the stores are read by wgmma (async proxy) after the barrier
-        named_barrier_sync(kDsBarrier, kConsumerThreads);
-
-        // dV += P^T dO and dK += dS^T Q (queries are the K dimension: dO and Q
-        // read MN-major, 16 rows per k16 step), then dQ = dS K over the keys.
+        // dV += P^T dO, then dK += dS^T Q (queries are the K dimension: dO and
+        // Q read MN-major, 16 rows per k16 step). dS^T goes to shared memory
+        // while dV runs, before dK is issued: the registers of an A fragment
+        // may not be read while a wgmma that takes them is in flight.
         const uint64_t do_mn_desc =
             smem_descriptor_sw128(layout.dout(st.stage), Traits::kQBlockBytes, kSwizzleAtomBytes);
         const uint64_t q_mn_desc = smem_descriptor_sw128(layout.q(st.stage), Traits::kQBlockBytes, kSwizzleAtomBytes);
-        const uint64_t ds_mn_desc =
-            smem_descriptor_sw128(ds_smem + (dq_row0 / kSwizzleCols) * Traits::kDsBlockBytes, Traits::kDsBlockBytes,
-                                  kSwizzleAtomBytes);
-        float dq[1][Traits::kNTilesDq][4];
         wgmma_fence();
 #pragma unroll
         for (int k = 0; k < Traits::kKStepsM; ++k) {
             Wgmma<Traits::kTileCols>::template rs<Element>(
                 flat(dv), p_frag[k], advance_descriptor(do_mn_desc, k * 16 * kSwizzleBytes), /*scale_d=*/1);
         }
+        // The previous step's dQ reduce has read this warpgroup's share (its
+        // issuer waits before the barrier that all the warpgroup passes before
+        // restaging it). dS^T is written where the dQ GEMMs of two steps ago
+        // read: both warpgroups waited for those before the previous step's
+        // barrier.
+        if (thread_in_group == 0) bulk_wait_group_read<0>();
+        store_ds(ds_frag, ds_smem);
+        wgmma_fence();
 #pragma unroll
         for (int k = 0; k < Traits::kKStepsM; ++k) {
             Wgmma<Traits::kTileCols>::template rs<Element>(
                 flat(dk), ds_frag[k], advance_descriptor(q_mn_desc, k * 16 * kSwizzleBytes), /*scale_d=*/1);
         }
+        wgmma_commit();
+        fence_proxy_async_shared();  // the stores are read by wgmma (async proxy) after the barrier
+        named_barrier_sync(kDsBarrier, kConsumerThreads);
+
+        // dQ = dS K over the keys, from both warpgroups' dS^T.
+        const uint64_t ds_mn_desc =
+            smem_descriptor_sw128(ds_smem + (dq_row0 / kSwizzleCols) * Traits::kDsBlockBytes, Traits::kDsBlockBytes,
+                                  kSwizzleAtomBytes);
+        wgmma_fence();
 #pragma unroll
         for (int k = 0; k < Traits::kKStepsN; ++k) {
             Wgmma<Traits::kDqCols>::template ss_mn<Element>(
@@ -405,40 +413,71 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                 advance_descriptor(k_mn_desc, k * 16 * kSwizzleBytes), /*scale_d=*/k > 0);
         }
         wgmma_commit();
-        wgmma_wait<0>();
+
+        // dV and dK are complete: the stage's Q and dO (and its row stats,
+        // read above) are free, and so are the fragments.
+        wgmma_wait<1>();
         pin_registers(flat(dv));
         pin_registers(flat(dk));
-        pin_registers(flat(dq));
         pin_registers(p_frag);
         pin_registers(ds_frag);
         release(layout.empty(st.stage));
+    };
 
-        // dQ share into dq_accum: staged, then one thread adds it by the copy engine.
-        store_dq(dq);
+    // Step t's dQ share into dq_accum, once its GEMM is complete and the share
+    // is staged (store_dq): one thread adds it by the copy engine.
+    auto reduce_dq = [&](int t) {
         fence_proxy_async_shared();  // the stores are read by the bulk reduce (async proxy)
         named_barrier_sync(kDqBarrier + consumer, 128);
         if (thread_in_group == 0) {
 #pragma unroll
             for (int b = 0; b < Traits::kDqBoxes; ++b) {
                 tma_reduce_add_4d(&tma_dq_accum, layout.dq(consumer) + b * Traits::kDqBoxBytes,
-                                  dq_col0 + b * Traits::kDqBoxCols, work.seq.q_start + m0 + dq_row0, head,
-                                  work.batch);
+                                  dq_col0 + b * Traits::kDqBoxCols, work.seq.q_start + work.m0_of(t) + dq_row0,
+                                  work.head_of(params, t), work.batch);
             }
             bulk_commit_group();
         }
     };
 
+    // Software pipeline across steps: as soon as step t's dV and dK are
+    // complete, the next step's S^T goes in behind step t's dQ GEMM, and its
+    // dP^T once dQ is staged and its reduce issued (dQ's registers are free
+    // then), so that the tensor cores have queued work while this warpgroup
+    // waits for the next stage, stages dQ and issues the reduce. Both scores of
+    // the next step behind dQ do not fit: dK, dV, dQ, S^T and dP^T are 224 of
+    // the 240 registers at either head dim (ptxas spills and serialises). The
+    // loop turns where nothing is in flight (the next step's P^T and dP^T
+    // complete): with wgmma groups pending across the back edge, ptxas
+    // serialises them (C7514). The first step's scores and the last step's
+    // gradients (no next scores) are peeled, so every wgmma issued meets its
+    // wait on every path.
     if (work.steps > 0) {
+        float s[1][Traits::kNTilesS][4];   // S^T, then P^T
+        float dp[1][Traits::kNTilesS][4];  // dP^T, then dS^T
+        float dq[1][Traits::kNTilesDq][4];
         mbarrier_wait(layout.kv_full(), 0);
-        // Masked only where some query of the tile misses some key: the causal
-        // diagonal, window edges, the sequence's last key tile.
-        for (int t = 0; t < work.steps; ++t) {
-            if (tile_is_full<kBlockM, kBlockN>(work.m0_of(t), n0, work.seq.seqlen_q, work.window)) {
-                step(t, std::false_type{});
-            } else {
-                step(t, std::true_type{});
-            }
+        mbarrier_wait(layout.full(0), 0);
+        issue_scores(s, k_desc, layout.q(0));
+        issue_scores(dp, v_desc, layout.dout(0));
+        scores(0, s, dp);
+        for (int t = 0; t + 1 < work.steps; ++t) {
+            const StageOf<Traits> next(t + 1);
+            gradients(t, s, dp, dq);
+            mbarrier_wait(layout.full(next.stage), next.phase);
+            issue_scores(s, k_desc, layout.q(next.stage));
+            wgmma_wait<1>();  // step t's dQ; the next S^T runs on
+            pin_registers(flat(dq));
+            store_dq(dq);
+            reduce_dq(t);
+            issue_scores(dp, v_desc, layout.dout(next.stage));
+            scores(t + 1, s, dp);
         }
+        gradients(work.steps - 1, s, dp, dq);
+        wgmma_wait<0>();
+        pin_registers(flat(dq));
+        store_dq(dq);
+        reduce_dq(work.steps - 1);
         // The last reduce is complete before the block (and its shared memory) is gone.
         if (thread_in_group == 0) bulk_wait_group<0>();
     }
