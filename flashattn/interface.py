@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import cpu
+from . import cpu, ops
 from ._extension import HAS_CUDA_KERNELS, NOT_BUILT_REASON, unsupported_gpu_reason
 from .cpu import MAX_HEAD_DIM
 
@@ -451,11 +451,11 @@ def _flash_attn_forward(
                seqused_q, seqused_k, leftpad_k, block_table)
     pad = _head_dim_padding(q, k, v)
     if not pad:
-        return torch.ops.flashattn.fwd(q, k, v, softmax_scale, causal, deterministic, left, right, *options)
+        return ops.fwd(q, k, v, softmax_scale, causal, deterministic, left, right, *options)
     head_dim = q.shape[-1]
     # A fresh tensor: zero columns change neither q @ k^T nor any other column of the output or the gradients.
     q, k, v = (F.pad(t, (0, pad)) for t in (q, k, v))
-    out, softmax_lse = torch.ops.flashattn.fwd(q, k, v, softmax_scale, causal, deterministic, left, right, *options)
+    out, softmax_lse = ops.fwd(q, k, v, softmax_scale, causal, deterministic, left, right, *options)
     return out[..., :head_dim], softmax_lse
 
 
