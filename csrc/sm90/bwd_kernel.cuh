@@ -313,9 +313,9 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& params, const BwdS
         pin_registers(flat(dp));
     };
 
-    // Step t from its P^T and dP^T up to its last gradient GEMM, entered with
-    // no wgmma pending and left with {dV, dK} in flight, and for the owner the
-    // dQ GEMM behind them. The A fragments are the caller's: they must stay
+    // Step t from its P^T and dP^T up to {dV, dK} and the dS barrier, entered
+    // with no wgmma pending and left with {dV, dK} in flight (the owner issues
+    // dQ behind them). The A fragments are the caller's: they must stay
     // unchanged until {dV, dK} completes.
     auto gradients = [&](int t, float (&s)[1][Traits::kNTilesS][4], float (&dp)[1][Traits::kNTilesS][4],
                          uint32_t (&p_frag)[Traits::kKStepsM][4], uint32_t (&ds_frag)[Traits::kKStepsM][4]) {
