@@ -16,14 +16,13 @@
 //   consumer warpgroups: 64 keys each (the M of wgmma). Per step: S^T and dP^T
 //     (SS wgmma, both operands K-major); P^T and dS^T in registers, re-packed
 //     into A fragments, so that dV and dK are RS wgmma reading dO and Q
-//     MN-major (the transpose bit); dS^T to shared memory; after a barrier of
-//     both warpgroups, dQ = dS K as SS wgmma with both operands MN-major, each
-//     warpgroup on its 64 x 64 share (kernel_traits.h: BwdTraits); the share
-//     goes through shared memory into dq_accum by a bulk reduce-add (fp32),
-//     which one thread of the warpgroup issues and waits for a step later.
-//     Each warpgroup issues the next step's S^T behind this step's dQ, and its
-//     dP^T right after dQ's reduce, so that its tensor cores have work queued
-//     while it stages dQ (the software pipeline above the consumers' loop).
+//     MN-major (the transpose bit); dS^T to shared memory. After a barrier of
+//     both warpgroups, one of them (the dQ owner, kernel_traits.h: BwdTraits)
+//     computes the step's whole dQ = dS K from both dS^T halves as one SS
+//     wgmma chain of N = 128 (dQ at d128, dQ^T = K^T dS^T at d64), stages it
+//     in fp32 in shared memory, and one of its threads adds it into dq_accum
+//     by a bulk reduce-add, waited for a step later. The other warpgroup goes
+//     on to the next step's scores meanwhile; the owner takes more registers.
 //
 // The steps are the query tiles that see a key of the block's tile
 // (mask.cuh: query_tile_range), for every query head of the KV head's group:
@@ -63,9 +62,7 @@ struct BwdSmem {
     __device__ __forceinline__ uint32_t ds(int buffer) const {
         return base + Traits::kSmemDsOffset + buffer * Traits::kDsBytes;
     }
-    __device__ __forceinline__ uint32_t dq(int consumer) const {
-        return base + Traits::kSmemDqOffset + consumer * Traits::kDqBytes;
-    }
+    __device__ __forceinline__ uint32_t dq() const { return base + Traits::kSmemDqOffset; }
     // float lse_log2[kBlockM], then float dsum[kBlockM], per stage.
     __device__ __forceinline__ uint32_t lse_log2(int stage) const {
         return base + Traits::kSmemRowStatsOffset + stage * Traits::kRowStatsBytes;
@@ -139,12 +136,350 @@ struct BwdWork {
     __device__ __forceinline__ int m0_of(int t) const { return (query_tiles.m_begin + t % m_tiles) * Traits::kBlockM; }
 };
 
+// A consumer warpgroup's whole work: its 64 keys' S^T, dP^T, dV and dK over
+// every step and, for the dQ owner (kOwnsDq), each step's whole dQ = dS K from
+// both warpgroups' dS^T, which it stages in fp32 and adds into dq_accum by the
+// copy engine. Its place among the consumers (its keys in the block's tile)
+// follows from the role, at compile time: the descriptors and addresses derived
+// from it are then warp-uniform, and can live in uniform registers.
+template <typename Traits, bool Is_local, bool kOwnsDq>
+__device__ __forceinline__ void bwd_consumer(const BwdParams& params, const BwdSmem<Traits>& layout,
+                                             const CUtensorMap* tma_dq_accum) {
+    using Element = typename Traits::Element;
+    constexpr int kBlockM = Traits::kBlockM;
+    constexpr int kBlockN = Traits::kBlockN;
+    constexpr int consumer = kOwnsDq ? Traits::kDqOwner : 1 - Traits::kDqOwner;
+
+    const BwdWork<Traits, Is_local> work(params);
+    const int n0 = work.n_block * kBlockN;
+    const int thread_in_group = threadIdx.x % 128;
+    const int lane = threadIdx.x % 32;
+    const int warp_in_group = thread_in_group / 32;
+    const int warp_key0 = consumer * Traits::kWarpgroupKeys + warp_in_group * 16;  // this warp's first key in the tile
+    // Named barriers: 0 is __syncthreads'. kDsBarrier: both consumer
+    // warpgroups' dS^T are in shared memory (the owner's dQ reads both; the
+    // other warpgroup's next dS^T store waits for the owner's dQ of two steps
+    // ago through it). kDqBarrier: the owner's dQ tile is staged for the bulk
+    // reduce.
+    constexpr int kDsBarrier = 1;
+    constexpr int kDqBarrier = 2;
+    constexpr int kConsumerThreads = Traits::kConsumerWarpgroups * 128;
+
+    float dk[1][Traits::kNTilesD][4];
+    float dv[1][Traits::kNTilesD][4];
+#pragma unroll
+    for (int j = 0; j < Traits::kNTilesD; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dk[0][j][e] = dv[0][j][e] = 0.f;
+
+    // Descriptors that do not move with the stage. S^T and dP^T: this
+    // warpgroup's 64 rows of K and V (K-major). dQ: all of K read MN-major
+    // (keys are the K dimension), its 64-column blocks kKVBlockBytes apart.
+    const uint64_t k_desc = smem_descriptor_sw128(layout.k() + consumer * Traits::kWarpgroupKeys * kSwizzleBytes,
+                                                  kUnusedLeadingBytes, kSwizzleAtomBytes);
+    const uint64_t v_desc = smem_descriptor_sw128(layout.v() + consumer * Traits::kWarpgroupKeys * kSwizzleBytes,
+                                                  kUnusedLeadingBytes, kSwizzleAtomBytes);
+    const uint64_t k_mn_desc = smem_descriptor_sw128(layout.k(), Traits::kKVBlockBytes, kSwizzleAtomBytes);
+
+    // The steps of one query tile, named.
+    // A transposed score tile, one wgmma group: acc = X Y^T for this
+    // warpgroup's 64 rows of X (K or V: x_desc) and the stage's tile of Y (Q or
+    // dO at y_tile), both K-major over the head dim. S^T = K Q^T, dP^T = V dO^T.
+    auto issue_scores = [&](float (&acc)[1][Traits::kNTilesS][4], uint64_t x_desc, uint32_t y_tile) {
+        const uint64_t y_desc = smem_descriptor_sw128(y_tile, kUnusedLeadingBytes, kSwizzleAtomBytes);
+        x_desc = recompute_per_use(x_desc);
+        wgmma_fence();
+#pragma unroll
+        for (int k = 0; k < Traits::kKStepsD; ++k) {
+            // k16 step k: 32 bytes into a 128-byte row, column block k / 4.
+            const uint32_t offset_x = (k / 4) * Traits::kKVBlockBytes + (k % 4) * 32;
+            const uint32_t offset_y = (k / 4) * Traits::kQBlockBytes + (k % 4) * 32;
+            Wgmma<kBlockM>::template ss<Element>(flat(acc), advance_descriptor(x_desc, offset_x),
+                                                 advance_descriptor(y_desc, offset_y), /*scale_d=*/k > 0);
+        }
+        wgmma_commit();
+    };
+    // A fragment of a transposed score tile (rows: keys, columns: queries)
+    // re-packed into the A fragments of the k16 steps over the queries: step k
+    // holds n8 blocks 2k and 2k + 1.
+    auto pack = [&](uint32_t (&a)[Traits::kKStepsM][4], const float (&frag)[1][Traits::kNTilesS][4]) {
+#pragma unroll
+        for (int k = 0; k < Traits::kKStepsM; ++k) {
+            a[k][0] = pack2<Element>(frag[0][2 * k][0], frag[0][2 * k][1]);
+            a[k][1] = pack2<Element>(frag[0][2 * k][2], frag[0][2 * k][3]);
+            a[k][2] = pack2<Element>(frag[0][2 * k + 1][0], frag[0][2 * k + 1][1]);
+            a[k][3] = pack2<Element>(frag[0][2 * k + 1][2], frag[0][2 * k + 1][3]);
+        }
+    };
+    // dS^T into shared memory for dQ: rows are the tile's keys, 128-byte rows of
+    // 64 queries per column block (the layout wgmma reads MN-major). A fragment
+    // register holds the pair of queries (2 * (lane % 4)) + {0, 1} of n8 block j,
+    // for key row lane / 4 (+ 8).
+    auto store_ds = [&](const uint32_t (&a)[Traits::kKStepsM][4], uint32_t ds_smem) {
+#pragma unroll
+        for (int k = 0; k < Traits::kKStepsM; ++k) {
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+                const int key = warp_key0 + lane / 4 + (r % 2) * 8;
+                const int query = (2 * k + r / 2) * 8 + (lane % 4) * 2;
+                const uint32_t block = ds_smem + (query / kSwizzleCols) * Traits::kDsBlockBytes;
+                store_shared_b32(swizzled_address(block, key, (query % kSwizzleCols) * 2), a[k][r]);
+            }
+        }
+    };
+    // The step's dQ, one wgmma group over the block's 128 keys, both operands
+    // MN-major: dQ = dS K (A: dS^T read transposed, B: K read transposed) or,
+    // with more queries than head-dim columns, dQ^T = K^T dS^T (A: K, B: dS^T),
+    // so that N is 128 either way.
+    auto issue_dq = [&](float (&dq)[1][Traits::kNTilesDq][4], uint32_t ds_smem) {
+        const uint64_t ds_mn_desc = smem_descriptor_sw128(ds_smem, Traits::kDsBlockBytes, kSwizzleAtomBytes);
+        const uint64_t k_mn = recompute_per_use(k_mn_desc);
+        wgmma_fence();
+#pragma unroll
+        for (int k = 0; k < Traits::kKStepsN; ++k) {
+            const uint64_t ds_k = advance_descriptor(ds_mn_desc, k * 16 * kSwizzleBytes);
+            const uint64_t k_k = advance_descriptor(k_mn, k * 16 * kSwizzleBytes);
+            const uint64_t a_k = Traits::kDqTransposed ? k_k : ds_k;
+            const uint64_t b_k = Traits::kDqTransposed ? ds_k : k_k;
+            Wgmma<Traits::kDqN>::template ss_mn<Element>(flat(dq), a_k, b_k, /*scale_d=*/k > 0);
+        }
+        wgmma_commit();
+    };
+    // The dQ tile into shared memory as the step's [kBlockM, kTileCols] rows,
+    // kDqBoxes boxes of 32 fp32 columns, each in the 128-byte swizzle (the box
+    // the tensor map reduces). A thread's accumulator rows are 16 * warp +
+    // lane / 4 (+ 8), its columns j * 8 + 2 * (lane % 4) + {0, 1}: queries and
+    // head-dim columns, pairs of one row stored together; for dQ^T the other
+    // way round, each element alone (its pair lies in two rows of the tile).
+    auto store_dq = [&](const float (&dq)[1][Traits::kNTilesDq][4]) {
+        const uint32_t tile = layout.dq();
+#pragma unroll
+        for (int j = 0; j < Traits::kNTilesDq; ++j) {
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+                const int acc_row = warp_in_group * 16 + lane / 4 + half * 8;
+                const int acc_col = j * 8 + (lane % 4) * 2;
+                if constexpr (Traits::kDqTransposed) {
+                    const uint32_t box = tile + (acc_row / Traits::kDqBoxCols) * Traits::kDqBoxBytes;
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        store_shared_f32(swizzled_address(box, acc_col + e, (acc_row % Traits::kDqBoxCols) * 4),
+                                         dq[0][j][2 * half + e]);
+                    }
+                } else {
+                    const uint32_t box = tile + (acc_col / Traits::kDqBoxCols) * Traits::kDqBoxBytes;
+                    store_shared_f32x2(swizzled_address(box, acc_row, (acc_col % Traits::kDqBoxCols) * 4),
+                                       dq[0][j][2 * half], dq[0][j][2 * half + 1]);
+                }
+            }
+        }
+    };
+    // Every thread arrives for its own reads of the stage (the row stats by
+    // plain loads; its warp's wgmma reads are complete by then). One arrival
+    // per warp after __syncwarp orders the lanes' reads as well under the PTX
+    // memory model, but compute-sanitizer's racecheck does not follow that
+    // chain and reports each later store of the producer as a hazard (NOTES.md).
+    auto release = [&](uint32_t empty) { mbarrier_arrive(empty); };
+
+    // Step t's P^T and dP^T, entered with its S^T and dP^T in flight (the only
+    // wgmma groups pending) and left with both complete, no wgmma pending.
+    auto scores = [&](int t, float (&s)[1][Traits::kNTilesS][4], float (&dp)[1][Traits::kNTilesS][4]) {
+        const StageOf<Traits> st(t);
+        const int m0 = work.m0_of(t);
+        // P^T = exp2(S^T * scale_log2 - lse_log2) while dP^T runs. Masked only
+        // where some query of the tile misses some key (the causal diagonal,
+        // window edges, the sequence's last key tile): the mask's keys and the
+        // keys past the sequence (whose zero rows would score 0, and exp2(0 -
+        // lse) can overflow 16 bits) are hidden; queries past it have lse_log2
+        // = +inf, so p = 0. The branch holds element-wise work on completed
+        // registers only, no wgmma issue or wait. A thread's columns are the
+        // queries j * 8 + 2 * (lane % 4) + {0, 1}.
+        wgmma_wait<1>();
+        pin_registers(flat(s));
+        mbarrier_wait(layout.stats_full(st.stage), st.phase);
+        if (!tile_is_full<kBlockM, kBlockN>(m0, n0, work.seq.seqlen_q, work.window)) {
+            mask_transposed<Is_local>(s, n0 + warp_key0, m0, work.window, lane);
+        }
+        const uint32_t lse_row = layout.lse_log2(st.stage) + 8 * (lane % 4);
+#pragma unroll
+        for (int j = 0; j < Traits::kNTilesS; ++j) {
+            const float2 lse = load_shared_f32x2(lse_row + 32 * j);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                s[0][j][e] = exp2_approx(fmaf(s[0][j][e], params.softmax_scale_log2, -(e % 2 ? lse.y : lse.x)));
+            }
+        }
+        wgmma_wait<0>();
+        pin_registers(flat(dp));
+    };
+
+    // Step t from its P^T and dP^T up to {dV, dK} and the dS barrier, entered
+    // with no wgmma pending and left with {dV, dK} in flight (the owner issues
+    // dQ behind them). The A fragments are the caller's: they must stay
+    // unchanged until {dV, dK} completes.
+    auto gradients = [&](int t, float (&s)[1][Traits::kNTilesS][4], float (&dp)[1][Traits::kNTilesS][4],
+                         uint32_t (&p_frag)[Traits::kKStepsM][4], uint32_t (&ds_frag)[Traits::kKStepsM][4]) {
+        const StageOf<Traits> st(t);
+        const uint32_t ds_smem = layout.ds(t % Traits::kDsBuffers);
+        // dS^T = P^T * (dP^T - D); then both are re-packed for dV and dK (P^T
+        // only now: its fp32 values and its fragments are not live together).
+        const uint32_t dsum_row = layout.dsum(st.stage) + 8 * (lane % 4);
+#pragma unroll
+        for (int j = 0; j < Traits::kNTilesS; ++j) {
+            const float2 d = load_shared_f32x2(dsum_row + 32 * j);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) dp[0][j][e] = s[0][j][e] * (dp[0][j][e] - (e % 2 ? d.y : d.x));
+        }
+        pack(p_frag, s);
+        pack(ds_frag, dp);
+
+        // dV += P^T dO, then dK += dS^T Q (queries are the K dimension: dO and
+        // Q read MN-major, 16 rows per k16 step). dS^T goes to shared memory
+        // while dV runs, before dK is issued: the registers of an A fragment
+        // may not be read while a wgmma that takes them is in flight.
+        const uint64_t do_mn_desc = recompute_per_use(
+            smem_descriptor_sw128(layout.dout(st.stage), Traits::kQBlockBytes, kSwizzleAtomBytes));
+        const uint64_t q_mn_desc =
+            recompute_per_use(smem_descriptor_sw128(layout.q(st.stage), Traits::kQBlockBytes, kSwizzleAtomBytes));
+        wgmma_fence();
+#pragma unroll
+        for (int k = 0; k < Traits::kKStepsM; ++k) {
+            Wgmma<Traits::kTileCols>::template rs<Element>(
+                flat(dv), p_frag[k], advance_descriptor(do_mn_desc, k * 16 * kSwizzleBytes), /*scale_d=*/1);
+        }
+        // The owner's previous dQ reduce has read the staged tile (its issuer
+        // waits before the barrier that all the warpgroup passes before
+        // restaging it). dS^T is written where the dQ GEMM of two steps ago
+        // read: the owner waited for it before the previous step's barrier.
+        if constexpr (kOwnsDq) {
+            if (thread_in_group == 0) bulk_wait_group_read<0>();
+        }
+        store_ds(ds_frag, ds_smem);
+        wgmma_fence();
+#pragma unroll
+        for (int k = 0; k < Traits::kKStepsM; ++k) {
+            Wgmma<Traits::kTileCols>::template rs<Element>(
+                flat(dk), ds_frag[k], advance_descriptor(q_mn_desc, k * 16 * kSwizzleBytes), /*scale_d=*/1);
+        }
+        wgmma_commit();
+        fence_proxy_async_shared();  // the stores are read by wgmma (async proxy) after the barrier
+        named_barrier_sync(kDsBarrier, kConsumerThreads);
+    };
+
+    // dV and dK of step t are complete: the stage's Q and dO (and its row
+    // stats, read above) are free, and so are the fragments.
+    auto gradients_done = [&](int t, uint32_t (&p_frag)[Traits::kKStepsM][4], uint32_t (&ds_frag)[Traits::kKStepsM][4]) {
+        pin_registers(flat(dv));
+        pin_registers(flat(dk));
+        pin_registers(p_frag);
+        pin_registers(ds_frag);
+        release(layout.empty(StageOf<Traits>(t).stage));
+    };
+
+    // Step t's dQ into dq_accum, once its GEMM is complete: the owner stages
+    // the tile (store_dq) and one thread adds it by the copy engine.
+    auto reduce_dq = [&](int t, float (&dq)[1][Traits::kNTilesDq][4]) {
+        pin_registers(flat(dq));
+        store_dq(dq);
+        fence_proxy_async_shared();  // the stores are read by the bulk reduce (async proxy)
+        named_barrier_sync(kDqBarrier, 128);
+        if (thread_in_group == 0) {
+#pragma unroll
+            for (int b = 0; b < Traits::kDqBoxes; ++b) {
+                tma_reduce_add_4d(tma_dq_accum, layout.dq() + b * Traits::kDqBoxBytes, b * Traits::kDqBoxCols,
+                                  work.seq.q_start + work.m0_of(t), work.head_of(params, t), work.batch);
+            }
+            bulk_commit_group();
+        }
+    };
+
+    // Software pipeline across steps, per warpgroup: the owner's dQ GEMM goes
+    // in behind {dV, dK}, so that its tensor cores have queued work while it
+    // waits for them and releases the stage; the next step's S^T and dP^T go in
+    // once the registers of this step's are free: after {dV, dK} (the other
+    // warpgroup), after dQ is staged (the owner). Earlier, dK, dV, the A
+    // fragments or dQ, and S^T do not fit together (ptxas serialises the wgmma
+    // at d128: C7512; spills at d64). The two warpgroups overlap each other
+    // instead: while the owner runs dQ and stages it, the other computes the
+    // next step's scores. The loop turns where nothing is in flight (the next
+    // step's P^T and dP^T complete): with wgmma groups pending across the back
+    // edge, ptxas serialises them (C7514). The first step's scores and the last
+    // step's gradients (no next scores) are peeled, so every wgmma issued meets
+    // its wait on every path.
+    if (work.steps > 0) {
+        float s[1][Traits::kNTilesS][4];   // S^T, then P^T
+        float dp[1][Traits::kNTilesS][4];  // dP^T, then dS^T
+        float dq[1][Traits::kNTilesDq][4];  // the owner's dQ (or dQ^T); unused by the other
+        mbarrier_wait(layout.kv_full(), 0);
+        mbarrier_wait(layout.full(0), 0);
+        issue_scores(s, k_desc, layout.q(0));
+        issue_scores(dp, v_desc, layout.dout(0));
+        scores(0, s, dp);
+        // Step t from P^T and dP^T to {dV, dK} complete (the stage released)
+        // and, for the owner, its dQ GEMM in flight.
+        auto step_gradients = [&](int t) {
+            uint32_t p_frag[Traits::kKStepsM][4];
+            uint32_t ds_frag[Traits::kKStepsM][4];
+            gradients(t, s, dp, p_frag, ds_frag);
+            if constexpr (kOwnsDq) {
+                issue_dq(dq, layout.ds(t % Traits::kDsBuffers));
+                wgmma_wait<1>();  // {dV, dK}; dQ runs on
+            } else {
+                wgmma_wait<0>();
+            }
+            gradients_done(t, p_frag, ds_frag);
+        };
+        for (int t = 0; t + 1 < work.steps; ++t) {
+            const StageOf<Traits> next(t + 1);
+            step_gradients(t);
+            mbarrier_wait(layout.full(next.stage), next.phase);
+            if constexpr (kOwnsDq) {
+                wgmma_wait<0>();
+                reduce_dq(t, dq);
+            }
+            issue_scores(s, k_desc, layout.q(next.stage));
+            issue_scores(dp, v_desc, layout.dout(next.stage));
+            scores(t + 1, s, dp);
+        }
+        step_gradients(work.steps - 1);
+        if constexpr (kOwnsDq) {
+            wgmma_wait<0>();
+            reduce_dq(work.steps - 1, dq);
+            // The last reduce is complete before the block (and its shared memory) is gone.
+            if (thread_in_group == 0) bulk_wait_group<0>();
+        }
+    }
+
+    // Epilogue: dK takes the softmax scale; each thread writes its pairs of
+    // columns of its two key rows (rows past the sequence, columns past the
+    // head dim stay unwritten).
+    Element* dk_out = static_cast<Element*>(params.dk_ptr) + work.batch * params.dk_batch_stride +
+                      work.head_k * params.dk_head_stride;
+    Element* dv_out = static_cast<Element*>(params.dv_ptr) + work.batch * params.dv_batch_stride +
+                      work.head_k * params.dv_head_stride;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        const int key = n0 + warp_key0 + lane / 4 + half * 8;
+        if (key >= work.seq.seqlen_k) continue;
+        Element* dk_row = dk_out + static_cast<int64_t>(work.seq.k_start + key) * params.dk_row_stride;
+        Element* dv_row = dv_out + static_cast<int64_t>(work.seq.k_start + key) * params.dv_row_stride;
+#pragma unroll
+        for (int j = 0; j < Traits::kNTilesD; ++j) {
+            const int col = j * 8 + (lane % 4) * 2;
+            if (col < params.head_dim) {
+                *reinterpret_cast<uint32_t*>(dk_row + col) =
+                    pack2<Element>(dk[0][j][2 * half] * params.softmax_scale, dk[0][j][2 * half + 1] * params.softmax_scale);
+                *reinterpret_cast<uint32_t*>(dv_row + col) = pack2<Element>(dv[0][j][2 * half], dv[0][j][2 * half + 1]);
+            }
+        }
+    }
+}
+
 template <typename Traits, bool Is_local>
 __global__ void __launch_bounds__(Traits::kNThreads, 1)
     bwd_kernel(const __grid_constant__ BwdParams params, const __grid_constant__ CUtensorMap tma_q,
                const __grid_constant__ CUtensorMap tma_k, const __grid_constant__ CUtensorMap tma_v,
                const __grid_constant__ CUtensorMap tma_do, const __grid_constant__ CUtensorMap tma_dq_accum) {
-    using Element = typename Traits::Element;
     constexpr int kBlockM = Traits::kBlockM;
     constexpr int kBlockN = Traits::kBlockN;
     constexpr int kStages = Traits::kStages;
@@ -215,295 +550,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         return;
     }
 
-    // Consumers.
-    claim_registers<Traits::kConsumerRegs>();
-    const BwdWork<Traits, Is_local> work(params);
-    const int n0 = work.n_block * kBlockN;
-    const int consumer = warpgroup - 1;
-    const int thread_in_group = threadIdx.x % 128;
-    const int lane = threadIdx.x % 32;
-    const int warp_in_group = thread_in_group / 32;
-    const int warp_key0 = consumer * Traits::kWarpgroupKeys + warp_in_group * 16;  // this warp's first key in the tile
-    // Named barriers: 0 is __syncthreads'. kDsBarrier: both consumer
-    // warpgroups' dS^T are in shared memory. kDqBarrier + c: warpgroup c's dQ
-    // share is staged for the bulk reduce.
-    constexpr int kDsBarrier = 1;
-    constexpr int kDqBarrier = 2;
-    constexpr int kConsumerThreads = Traits::kConsumerWarpgroups * 128;
-
-    float dk[1][Traits::kNTilesD][4];
-    float dv[1][Traits::kNTilesD][4];
-#pragma unroll
-    for (int j = 0; j < Traits::kNTilesD; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) dk[0][j][e] = dv[0][j][e] = 0.f;
-
-    // Descriptors that do not move with the stage. S^T and dP^T: this
-    // warpgroup's 64 rows of K and V (K-major). dQ: K read MN-major (keys are
-    // the K dimension), this warpgroup's 64 columns of it at d128.
-    const uint64_t k_desc = smem_descriptor_sw128(layout.k() + consumer * Traits::kWarpgroupKeys * kSwizzleBytes,
-                                                  kUnusedLeadingBytes, kSwizzleAtomBytes);
-    const uint64_t v_desc = smem_descriptor_sw128(layout.v() + consumer * Traits::kWarpgroupKeys * kSwizzleBytes,
-                                                  kUnusedLeadingBytes, kSwizzleAtomBytes);
-    const int dq_row0 = Traits::kDqSplitRows ? consumer * Traits::kDqRows : 0;  // of the step's query tile
-    const int dq_col0 = Traits::kDqSplitRows ? 0 : consumer * Traits::kDqCols;
-    const uint64_t k_mn_desc = smem_descriptor_sw128(layout.k() + (dq_col0 / kSwizzleCols) * Traits::kKVBlockBytes,
-                                                     Traits::kKVBlockBytes, kSwizzleAtomBytes);
-
-    // The steps of one query tile, named.
-    // A transposed score tile, one wgmma group: acc = X Y^T for this
-    // warpgroup's 64 rows of X (K or V: x_desc) and the stage's tile of Y (Q or
-    // dO at y_tile), both K-major over the head dim. S^T = K Q^T, dP^T = V dO^T.
-    auto issue_scores = [&](float (&acc)[1][Traits::kNTilesS][4], uint64_t x_desc, uint32_t y_tile) {
-        const uint64_t y_desc = smem_descriptor_sw128(y_tile, kUnusedLeadingBytes, kSwizzleAtomBytes);
-        wgmma_fence();
-#pragma unroll
-        for (int k = 0; k < Traits::kKStepsD; ++k) {
-            // k16 step k: 32 bytes into a 128-byte row, column block k / 4.
-            const uint32_t offset_x = (k / 4) * Traits::kKVBlockBytes + (k % 4) * 32;
-            const uint32_t offset_y = (k / 4) * Traits::kQBlockBytes + (k % 4) * 32;
-            Wgmma<kBlockM>::template ss<Element>(flat(acc), advance_descriptor(x_desc, offset_x),
-                                                 advance_descriptor(y_desc, offset_y), /*scale_d=*/k > 0);
-        }
-        wgmma_commit();
-    };
-    // A fragment of a transposed score tile (rows: keys, columns: queries)
-    // re-packed into the A fragments of the k16 steps over the queries: step k
-    // holds n8 blocks 2k and 2k + 1.
-    auto pack = [&](uint32_t (&a)[Traits::kKStepsM][4], const float (&frag)[1][Traits::kNTilesS][4]) {
-#pragma unroll
-        for (int k = 0; k < Traits::kKStepsM; ++k) {
-            a[k][0] = pack2<Element>(frag[0][2 * k][0], frag[0][2 * k][1]);
-            a[k][1] = pack2<Element>(frag[0][2 * k][2], frag[0][2 * k][3]);
-            a[k][2] = pack2<Element>(frag[0][2 * k + 1][0], frag[0][2 * k + 1][1]);
-            a[k][3] = pack2<Element>(frag[0][2 * k + 1][2], frag[0][2 * k + 1][3]);
-        }
-    };
-    // dS^T into shared memory for dQ: rows are the tile's keys, 128-byte rows of
-    // 64 queries per column block (the layout wgmma reads MN-major). A fragment
-    // register holds the pair of queries (2 * (lane % 4)) + {0, 1} of n8 block j,
-    // for key row lane / 4 (+ 8).
-    auto store_ds = [&](const uint32_t (&a)[Traits::kKStepsM][4], uint32_t ds_smem) {
-#pragma unroll
-        for (int k = 0; k < Traits::kKStepsM; ++k) {
-#pragma unroll
-            for (int r = 0; r < 4; ++r) {
-                const int key = warp_key0 + lane / 4 + (r % 2) * 8;
-                const int query = (2 * k + r / 2) * 8 + (lane % 4) * 2;
-                const uint32_t block = ds_smem + (query / kSwizzleCols) * Traits::kDsBlockBytes;
-                store_shared_b32(swizzled_address(block, key, (query % kSwizzleCols) * 2), a[k][r]);
-            }
-        }
-    };
-    // dQ share into shared memory: rows of the share, kDqBoxes boxes of 32 fp32
-    // columns, each in the 128-byte swizzle (the box the tensor map reduces).
-    auto store_dq = [&](const float (&dq)[1][Traits::kNTilesDq][4]) {
-        const uint32_t share = layout.dq(consumer);
-#pragma unroll
-        for (int j = 0; j < Traits::kNTilesDq; ++j) {
-#pragma unroll
-            for (int half = 0; half < 2; ++half) {
-                const int row = warp_in_group * 16 + lane / 4 + half * 8;
-                const int col = j * 8 + (lane % 4) * 2;
-                const uint32_t box = share + (col / Traits::kDqBoxCols) * Traits::kDqBoxBytes;
-                store_shared_f32x2(swizzled_address(box, row, (col % Traits::kDqBoxCols) * 4), dq[0][j][2 * half],
-                                   dq[0][j][2 * half + 1]);
-            }
-        }
-    };
-    // Every thread arrives for its own reads of the stage (the row stats by
-    // plain loads; its warp's wgmma reads are complete by then). One arrival
-    // per warp after __syncwarp orders the lanes' reads as well under the PTX
-    // memory model, but compute-sanitizer's racecheck does not follow that
-    // chain and reports each later store of the producer as a hazard (NOTES.md).
-    auto release = [&](uint32_t empty) { mbarrier_arrive(empty); };
-
-    // Step t's P^T and dP^T, entered with its S^T and dP^T in flight (the only
-    // wgmma groups pending) and left with both complete, no wgmma pending.
-    auto scores = [&](int t, float (&s)[1][Traits::kNTilesS][4], float (&dp)[1][Traits::kNTilesS][4]) {
-        const StageOf<Traits> st(t);
-        const int m0 = work.m0_of(t);
-        // P^T = exp2(S^T * scale_log2 - lse_log2) while dP^T runs. Masked only
-        // where some query of the tile misses some key (the causal diagonal,
-        // window edges, the sequence's last key tile): the mask's keys and the
-        // keys past the sequence (whose zero rows would score 0, and exp2(0 -
-        // lse) can overflow 16 bits) are hidden; queries past it have lse_log2
-        // = +inf, so p = 0. The branch holds element-wise work on completed
-        // registers only, no wgmma issue or wait. A thread's columns are the
-        // queries j * 8 + 2 * (lane % 4) + {0, 1}.
-        wgmma_wait<1>();
-        pin_registers(flat(s));
-        mbarrier_wait(layout.stats_full(st.stage), st.phase);
-        if (!tile_is_full<kBlockM, kBlockN>(m0, n0, work.seq.seqlen_q, work.window)) {
-            mask_transposed<Is_local>(s, n0 + warp_key0, m0, work.window, lane);
-        }
-        const uint32_t lse_row = layout.lse_log2(st.stage) + 8 * (lane % 4);
-#pragma unroll
-        for (int j = 0; j < Traits::kNTilesS; ++j) {
-            const float2 lse = load_shared_f32x2(lse_row + 32 * j);
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                s[0][j][e] = exp2_approx(fmaf(s[0][j][e], params.softmax_scale_log2, -(e % 2 ? lse.y : lse.x)));
-            }
-        }
-        wgmma_wait<0>();
-        pin_registers(flat(dp));
-    };
-
-    // Step t from its P^T and dP^T up to its dQ GEMM, entered with no wgmma
-    // pending and left with the dQ GEMM in flight (the only group pending) and
-    // the stage released.
-    auto gradients = [&](int t, float (&s)[1][Traits::kNTilesS][4], float (&dp)[1][Traits::kNTilesS][4],
-                         float (&dq)[1][Traits::kNTilesDq][4]) {
-        const StageOf<Traits> st(t);
-        const uint32_t ds_smem = layout.ds(t % Traits::kDsBuffers);
-        // dS^T = P^T * (dP^T - D); then both are re-packed for dV and dK (P^T
-        // only now: its fp32 values and its fragments are not live together).
-        const uint32_t dsum_row = layout.dsum(st.stage) + 8 * (lane % 4);
-#pragma unroll
-        for (int j = 0; j < Traits::kNTilesS; ++j) {
-            const float2 d = load_shared_f32x2(dsum_row + 32 * j);
-#pragma unroll
-            for (int e = 0; e < 4; ++e) dp[0][j][e] = s[0][j][e] * (dp[0][j][e] - (e % 2 ? d.y : d.x));
-        }
-        uint32_t p_frag[Traits::kKStepsM][4];
-        uint32_t ds_frag[Traits::kKStepsM][4];
-        pack(p_frag, s);
-        pack(ds_frag, dp);
-
-        // dV += P^T dO, then dK += dS^T Q (queries are the K dimension: dO and
-        // Q read MN-major, 16 rows per k16 step). dS^T goes to shared memory
-        // while dV runs, before dK is issued: the registers of an A fragment
-        // may not be read while a wgmma that takes them is in flight.
-        const uint64_t do_mn_desc =
-            smem_descriptor_sw128(layout.dout(st.stage), Traits::kQBlockBytes, kSwizzleAtomBytes);
-        const uint64_t q_mn_desc = smem_descriptor_sw128(layout.q(st.stage), Traits::kQBlockBytes, kSwizzleAtomBytes);
-        wgmma_fence();
-#pragma unroll
-        for (int k = 0; k < Traits::kKStepsM; ++k) {
-            Wgmma<Traits::kTileCols>::template rs<Element>(
-                flat(dv), p_frag[k], advance_descriptor(do_mn_desc, k * 16 * kSwizzleBytes), /*scale_d=*/1);
-        }
-        // The previous step's dQ reduce has read this warpgroup's share (its
-        // issuer waits before the barrier that all the warpgroup passes before
-        // restaging it). dS^T is written where the dQ GEMMs of two steps ago
-        // read: both warpgroups waited for those before the previous step's
-        // barrier.
-        if (thread_in_group == 0) bulk_wait_group_read<0>();
-        store_ds(ds_frag, ds_smem);
-        wgmma_fence();
-#pragma unroll
-        for (int k = 0; k < Traits::kKStepsM; ++k) {
-            Wgmma<Traits::kTileCols>::template rs<Element>(
-                flat(dk), ds_frag[k], advance_descriptor(q_mn_desc, k * 16 * kSwizzleBytes), /*scale_d=*/1);
-        }
-        wgmma_commit();
-        fence_proxy_async_shared();  // the stores are read by wgmma (async proxy) after the barrier
-        named_barrier_sync(kDsBarrier, kConsumerThreads);
-
-        // dQ = dS K over the keys, from both warpgroups' dS^T.
-        const uint64_t ds_mn_desc =
-            smem_descriptor_sw128(ds_smem + (dq_row0 / kSwizzleCols) * Traits::kDsBlockBytes, Traits::kDsBlockBytes,
-                                  kSwizzleAtomBytes);
-        wgmma_fence();
-#pragma unroll
-        for (int k = 0; k < Traits::kKStepsN; ++k) {
-            Wgmma<Traits::kDqCols>::template ss_mn<Element>(
-                flat(dq), advance_descriptor(ds_mn_desc, k * 16 * kSwizzleBytes),
-                advance_descriptor(k_mn_desc, k * 16 * kSwizzleBytes), /*scale_d=*/k > 0);
-        }
-        wgmma_commit();
-
-        // dV and dK are complete: the stage's Q and dO (and its row stats,
-        // read above) are free, and so are the fragments.
-        wgmma_wait<1>();
-        pin_registers(flat(dv));
-        pin_registers(flat(dk));
-        pin_registers(p_frag);
-        pin_registers(ds_frag);
-        release(layout.empty(st.stage));
-    };
-
-    // Step t's dQ share into dq_accum, once its GEMM is complete and the share
-    // is staged (store_dq): one thread adds it by the copy engine.
-    auto reduce_dq = [&](int t) {
-        fence_proxy_async_shared();  // the stores are read by the bulk reduce (async proxy)
-        named_barrier_sync(kDqBarrier + consumer, 128);
-        if (thread_in_group == 0) {
-#pragma unroll
-            for (int b = 0; b < Traits::kDqBoxes; ++b) {
-                tma_reduce_add_4d(&tma_dq_accum, layout.dq(consumer) + b * Traits::kDqBoxBytes,
-                                  dq_col0 + b * Traits::kDqBoxCols, work.seq.q_start + work.m0_of(t) + dq_row0,
-                                  work.head_of(params, t), work.batch);
-            }
-            bulk_commit_group();
-        }
-    };
-
-    // Software pipeline across steps: as soon as step t's dV and dK are
-    // complete, the next step's S^T goes in behind step t's dQ GEMM, and its
-    // dP^T once dQ is staged and its reduce issued (dQ's registers are free
-    // then), so that the tensor cores have queued work while this warpgroup
-    // waits for the next stage, stages dQ and issues the reduce. Both scores of
-    // the next step behind dQ do not fit: dK, dV, dQ, S^T and dP^T are 224 of
-    // the 240 registers at either head dim (ptxas spills and serialises). The
-    // loop turns where nothing is in flight (the next step's P^T and dP^T
-    // complete): with wgmma groups pending across the back edge, ptxas
-    // serialises them (C7514). The first step's scores and the last step's
-    // gradients (no next scores) are peeled, so every wgmma issued meets its
-    // wait on every path.
-    if (work.steps > 0) {
-        float s[1][Traits::kNTilesS][4];   // S^T, then P^T
-        float dp[1][Traits::kNTilesS][4];  // dP^T, then dS^T
-        float dq[1][Traits::kNTilesDq][4];
-        mbarrier_wait(layout.kv_full(), 0);
-        mbarrier_wait(layout.full(0), 0);
-        issue_scores(s, k_desc, layout.q(0));
-        issue_scores(dp, v_desc, layout.dout(0));
-        scores(0, s, dp);
-        for (int t = 0; t + 1 < work.steps; ++t) {
-            const StageOf<Traits> next(t + 1);
-            gradients(t, s, dp, dq);
-            mbarrier_wait(layout.full(next.stage), next.phase);
-            issue_scores(s, k_desc, layout.q(next.stage));
-            wgmma_wait<1>();  // step t's dQ; the next S^T runs on
-            pin_registers(flat(dq));
-            store_dq(dq);
-            reduce_dq(t);
-            issue_scores(dp, v_desc, layout.dout(next.stage));
-            scores(t + 1, s, dp);
-        }
-        gradients(work.steps - 1, s, dp, dq);
-        wgmma_wait<0>();
-        pin_registers(flat(dq));
-        store_dq(dq);
-        reduce_dq(work.steps - 1);
-        // The last reduce is complete before the block (and its shared memory) is gone.
-        if (thread_in_group == 0) bulk_wait_group<0>();
-    }
-
-    // Epilogue: dK takes the softmax scale; each thread writes its pairs of
-    // columns of its two key rows (rows past the sequence, columns past the
-    // head dim stay unwritten).
-    Element* dk_out = static_cast<Element*>(params.dk_ptr) + work.batch * params.dk_batch_stride +
-                      work.head_k * params.dk_head_stride;
-    Element* dv_out = static_cast<Element*>(params.dv_ptr) + work.batch * params.dv_batch_stride +
-                      work.head_k * params.dv_head_stride;
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-        const int key = n0 + warp_key0 + lane / 4 + half * 8;
-        if (key >= work.seq.seqlen_k) continue;
-        Element* dk_row = dk_out + static_cast<int64_t>(work.seq.k_start + key) * params.dk_row_stride;
-        Element* dv_row = dv_out + static_cast<int64_t>(work.seq.k_start + key) * params.dv_row_stride;
-#pragma unroll
-        for (int j = 0; j < Traits::kNTilesD; ++j) {
-            const int col = j * 8 + (lane % 4) * 2;
-            if (col < params.head_dim) {
-                *reinterpret_cast<uint32_t*>(dk_row + col) =
-                    pack2<Element>(dk[0][j][2 * half] * params.softmax_scale, dk[0][j][2 * half + 1] * params.softmax_scale);
-                *reinterpret_cast<uint32_t*>(dv_row + col) = pack2<Element>(dv[0][j][2 * half], dv[0][j][2 * half + 1]);
-            }
-        }
+    // Consumers: warpgroup 1 + kDqOwner owns dQ and takes the registers for it.
+    if (warpgroup - 1 == Traits::kDqOwner) {
+        claim_registers<Traits::kDqOwnerRegs>();
+        bwd_consumer<Traits, Is_local, /*kOwnsDq=*/true>(params, layout, &tma_dq_accum);
+    } else {
+        claim_registers<Traits::kKeyRegs>();
+        bwd_consumer<Traits, Is_local, /*kOwnsDq=*/false>(params, layout, &tma_dq_accum);
     }
 }
 

@@ -124,9 +124,11 @@ using FwdTraitsFor = FwdTraits<kHeadDim, FwdConfig<kHeadDim, Is_local>::kBlockN,
 // The sm90 backward's main kernel (bwd_kernel.cuh): a block owns kBlockN keys of
 // one KV head (64 per consumer warpgroup: the M of its S^T = K Q^T, dP^T = V dO^T,
 // dV += P^T dO and dK += dS^T Q) and walks query tiles of kBlockM rows, two
-// stages of Q and dO deep. dQ = dS K of a step, kBlockM x kHeadDim, is split
-// between the two consumer warpgroups, 64 x 64 each: by rows when kBlockM is 128
-// (d64), by column blocks when it is 64 (d128).
+// stages of Q and dO deep. dQ = dS K of a step, kBlockM x kHeadDim, belongs to
+// one consumer warpgroup (the dQ owner) as a single wgmma chain of N = 128, so
+// that no warpgroup runs a narrow SS GEMM for it: with kBlockM = 64 (d128) as
+// dQ itself (M = 64 queries, N = the head dim); with kHeadDim = 64 (d64) as its
+// transpose dQ^T = K^T dS^T (M = 64 head-dim columns, N = 128 queries).
 template <int kHeadDim_, int kBlockM_, typename Element_>
 struct BwdTraits {
     using Element = Element_;  // __half or __nv_bfloat16
@@ -137,11 +139,6 @@ struct BwdTraits {
     static constexpr int kBlockN = kConsumerWarpgroups * kWarpgroupKeys;  // keys per block
     static constexpr int kStages = 2;                                     // Q and dO tiles in flight
     static constexpr int kNThreads = 128 * (1 + kConsumerWarpgroups);
-    // setmaxnreg: the producer warp needs little; the consumers hold dK, dV and
-    // a step's S^T, dP^T (or the P^T, dS^T fragments and dQ).
-    static constexpr int kProducerRegs = 24;
-    static constexpr int kConsumerRegs = 240;
-
     static constexpr int kColBlocks = kHeadDim / kSwizzleCols;  // 64-column blocks of K, V, Q, dO
     static constexpr int kTileCols = kColBlocks * kSwizzleCols;
     static constexpr int kKStepsD = kHeadDim / 16;     // k16 steps of S^T and dP^T (over the head dim)
@@ -151,16 +148,34 @@ struct BwdTraits {
     static constexpr int kNTilesD = kTileCols / 8;     // of its dK, dV fragment
     static constexpr int kQueryBlocks = kBlockM / kSwizzleCols;  // 64-query column blocks of dS^T
 
-    // dQ: a warpgroup's share is kDqRows x kDqCols of the step's tile, staged in
-    // fp32 as kDqBoxes boxes of 32 columns (128-byte rows, the swizzle's width)
+    // dQ: the owner's accumulator is 64 x kDqN, dQ (rows: queries) or, when
+    // the step has more queries than the head dim has columns, dQ^T (rows:
+    // head-dim columns). It is staged in fp32 as the step's [kBlockM, kTileCols]
+    // tile in kDqBoxes boxes of 32 columns (128-byte rows, the swizzle's width)
     // for the bulk reduce-add into dq_accum.
-    static constexpr bool kDqSplitRows = kBlockM == kConsumerWarpgroups * 64;
-    static constexpr int kDqRows = 64;
-    static constexpr int kDqCols = kDqSplitRows ? kTileCols : kTileCols / kConsumerWarpgroups;
-    static constexpr int kNTilesDq = kDqCols / 8;
+    static constexpr bool kDqTransposed = kBlockM > kTileCols;
+    static constexpr int kDqN = kDqTransposed ? kBlockM : kTileCols;
+    static constexpr int kNTilesDq = kDqN / 8;
+    static constexpr int kDqRows = kBlockM;  // rows of a reduce box: the step's queries
     static constexpr int kDqBoxCols = kSwizzleBytes / 4;
-    static constexpr int kDqBoxes = kDqCols / kDqBoxCols;
+    static constexpr int kDqBoxes = kTileCols / kDqBoxCols;
     static constexpr int kDqBoxBytes = kDqRows * kSwizzleBytes;
+
+    // setmaxnreg: the producer warp needs little; the consumers share the
+    // rest. Accumulator registers per thread at each consumer's peak: both
+    // hold dK and dV (kTileCols) and, in a step's scores, S^T and dP^T
+    // (kBlockM); the owner, when it issues dQ behind {dV, dK}, holds dK, dV,
+    // the P^T and dS^T A fragments (kBlockM / 2) and dQ (kDqN / 2): 224 at
+    // d128 against 192, 192 against 192 at d64. The owner takes that
+    // difference over an even split (d128: 256 and 224; d64: 240 each).
+    static constexpr int kDqOwner = 0;  // the consumer warpgroup (0 or 1) that computes dQ
+    static constexpr int kProducerRegs = 24;
+    static constexpr int kKeyPeakRegs = kTileCols + kBlockM;
+    static constexpr int kOwnerPeakRegs =
+        kTileCols + kBlockM / 2 + kDqN / 2 > kKeyPeakRegs ? kTileCols + kBlockM / 2 + kDqN / 2 : kKeyPeakRegs;
+    static constexpr int kConsumerRegsTotal = (1 + kConsumerWarpgroups) * registers_at_entry(kNThreads) - kProducerRegs;
+    static constexpr int kKeyRegs = (kConsumerRegsTotal - (kOwnerPeakRegs - kKeyPeakRegs)) / 2 / 8 * 8;
+    static constexpr int kDqOwnerRegs = kConsumerRegsTotal - kKeyRegs;  // the dQ owner's
 
     // Bytes of one column block and of a whole tile.
     static constexpr int kKVBlockBytes = kBlockN * kSwizzleBytes;  // K, V: kBlockN rows
@@ -169,12 +184,12 @@ struct BwdTraits {
     static constexpr int kQBytes = kColBlocks * kQBlockBytes;
     static constexpr int kDsBlockBytes = kBlockN * kSwizzleBytes;  // dS^T: kBlockN key rows x 64 queries
     static constexpr int kDsBytes = kQueryBlocks * kDsBlockBytes;
-    static constexpr int kDqBytes = kDqBoxes * kDqBoxBytes;        // one warpgroup's dQ share
+    static constexpr int kDqBytes = kDqBoxes * kDqBoxBytes;        // the step's dQ tile, fp32
 
     // K, V, then kStages Q and dO tiles, two dS^T buffers (a step's and the one
-    // before it, which the other warpgroup's dQ may still read), a dQ share per
-    // consumer warpgroup, the row stats (LSE in base 2 and D per stage), then
-    // the mbarriers: K/V full, and full and empty per stage.
+    // before it, which the owner's dQ may still read), the dQ tile, the row
+    // stats (LSE in base 2 and D per stage), then the mbarriers: K/V full, and
+    // full, stats_full and empty per stage.
     static constexpr int kDsBuffers = 2;
     static constexpr int kSmemKOffset = 0;
     static constexpr int kSmemVOffset = kSmemKOffset + kKVBytes;
@@ -182,7 +197,7 @@ struct BwdTraits {
     static constexpr int kSmemDoOffset = kSmemQOffset + kStages * kQBytes;
     static constexpr int kSmemDsOffset = kSmemDoOffset + kStages * kQBytes;
     static constexpr int kSmemDqOffset = kSmemDsOffset + kDsBuffers * kDsBytes;
-    static constexpr int kSmemRowStatsOffset = kSmemDqOffset + kConsumerWarpgroups * kDqBytes;
+    static constexpr int kSmemRowStatsOffset = kSmemDqOffset + kDqBytes;
     static constexpr int kRowStatsBytes = 2 * kBlockM * 4;  // lse_log2 and D of one stage
     static constexpr int kSmemBarrierOffset = kSmemRowStatsOffset + kStages * kRowStatsBytes;
     static constexpr int kBarriers = 1 + 3 * kStages;  // kv_full; per stage full (copies), stats_full, empty
@@ -191,15 +206,18 @@ struct BwdTraits {
 
     static_assert(kHeadDim == 64 || kHeadDim == 128, "the first sm90 backward: head dims 64 and 128");
     static_assert(kBlockM == 64 || kBlockM == 128, "whole 64-query column blocks of dS^T, wgmma N <= 256");
-    static_assert(kDqCols % kSwizzleCols == 0 && kNTilesDq == 8,
-                  "a warpgroup's dQ share is one 64-column block of K, N = 64");
+    static_assert((kDqTransposed ? kTileCols : kBlockM) == 64 && kDqN % 16 == 0 && kDqN <= 256,
+                  "dQ (or dQ^T) is one warpgroup's M = 64 rows by a wgmma N");
+    static_assert(kDqRows <= 256, "a reduce box is at most 256 rows");
     static_assert(kKVBlockBytes % kSwizzleAtomBytes == 0 && kQBlockBytes % kSwizzleAtomBytes == 0 &&
                       kDsBlockBytes % kSwizzleAtomBytes == 0 && kDqBoxBytes % kSwizzleAtomBytes == 0 &&
                       kSmemRowStatsOffset % kSwizzleAtomBytes == 0,
                   "every swizzled block starts on an atom");
-    static_assert(kConsumerWarpgroups * 128 * kConsumerRegs + 128 * kProducerRegs <=
-                      kNThreads * registers_at_entry(kNThreads),
-                  "setmaxnreg: the warpgroups' registers must fit what the block holds at entry");
+    static_assert(kConsumerWarpgroups == 2 && (kDqOwner == 0 || kDqOwner == 1),
+                  "one dQ owner and one other consumer warpgroup");
+    static_assert(128 * (kProducerRegs + kDqOwnerRegs + kKeyRegs) <= kNThreads * registers_at_entry(kNThreads) &&
+                      kDqOwnerRegs <= 256 && kDqOwnerRegs % 8 == 0,
+                  "setmaxnreg: the warpgroups' registers must fit what the block holds at entry, 256 at most each");
     static_assert(kSmemBytes <= kMaxSmemPerBlock, "shared memory over the sm_90 per-block limit");
 };
 
@@ -210,5 +228,8 @@ template <> struct BwdConfig<128> { static constexpr int kBlockM = 64; };
 
 template <int kHeadDim, typename Element>
 using BwdTraitsFor = BwdTraits<kHeadDim, BwdConfig<kHeadDim>::kBlockM, Element>;
+static_assert(BwdTraitsFor<128, void>::kDqOwnerRegs == 256 && BwdTraitsFor<128, void>::kKeyRegs == 224 &&
+                  BwdTraitsFor<64, void>::kDqOwnerRegs == 240 && BwdTraitsFor<64, void>::kKeyRegs == 240,
+              "the register split ptxas was checked with (no spills, no C75)");
 
 }  // namespace flash::sm90

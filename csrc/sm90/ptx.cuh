@@ -188,6 +188,15 @@ __device__ __forceinline__ void pin_registers(uint32_t (&r)[kRows][4]) {
         for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(r[i][j])::"memory");
 }
 
+// The value, through an empty asm: what is derived from it (the descriptors of
+// a GEMM's k16 steps) is computed again at each use rather than hoisted out of
+// a loop and held in registers across it, where registers are scarcer than
+// the few integer adds.
+__device__ __forceinline__ uint64_t recompute_per_use(uint64_t v) {
+    asm volatile("" : "+l"(v));
+    return v;
+}
+
 // ---- generic writes that the async proxy reads ------------------------------
 
 // st.shared.v4 of 16 zero bytes at a shared-memory address.
