@@ -173,12 +173,14 @@ std::tuple<at::Tensor, at::Tensor> mha_fwd(const at::Tensor& q,  // [B, Sq, H, D
     check_sequences(q, k, layout, batch, seqused_q, seqused_k, leftpad_k, block_table);
     const c10::cuda::CUDAGuard device_guard(q.device());
     const int64_t rows = layout.rows(q), num_heads = q.size(-2);
-    // Rows no block writes (past cu_seqlens_q[-1], which batches padded for CUDA
-    // graphs carry, or past a sequence's seqused_q): out 0 and lse -inf, as on CPU.
-    at::Tensor out = layout.varlen ? at::zeros(q.sizes(), q.options()) : at::empty(q.sizes(), q.options());
-    at::Tensor lse = layout.varlen ? at::full({num_heads, rows}, -INFINITY, q.options().dtype(at::kFloat))
+    // A variable-length batch's rows that no sequence uses (past cu_seqlens_q[-1],
+    // which batches padded for CUDA graphs carry, or past a sequence's
+    // seqused_q) get out 0 and lse -inf, as on CPU: from the family's forward
+    // (sm80.h: run_fwd_unwritten_rows), or here when there is no sequence.
+    at::Tensor out = at::empty(q.sizes(), q.options());
+    at::Tensor lse = layout.varlen ? at::empty({num_heads, rows}, q.options().dtype(at::kFloat))
                                    : at::empty({batch, num_heads, rows}, q.options().dtype(at::kFloat));
-    if (batch == 0 || rows == 0 || num_heads == 0) return {out, lse};
+    if (batch == 0 || rows == 0 || num_heads == 0) return {out.zero_(), lse.fill_(-INFINITY)};
 
     const at::Tensor q_in = aligned(q), k_in = aligned(k), v_in = aligned(v);
     flash::FwdParams params{};

@@ -22,6 +22,7 @@ int kernel_head_dim(int head_dim) {
 }
 
 cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream) {
+    if (const cudaError_t err = run_fwd_unwritten_rows(params, stream); err != cudaSuccess) return err;
     return FLASH_DTYPE_SWITCH(params.dtype, Element, [&] {
         return FLASH_HEADDIM_SWITCH(params.head_dim, kHeadDim, [&] {
             return FLASH_BOOL_SWITCH(params.has_extras, Has_extras, [&] {

@@ -13,6 +13,11 @@ namespace flash::sm80 {
 cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream);
 cudaError_t run_bwd(const BwdParams& params, cudaStream_t stream);
 
+// A variable-length forward's rows that no sequence uses (outside every
+// cu_seqlens_q range, or past a sequence's seqused_q): out 0 and lse -inf.
+// Every family's run_fwd calls it before its kernels, which write the rest.
+cudaError_t run_fwd_unwritten_rows(const FwdParams& params, cudaStream_t stream);
+
 // The backward's row-wise passes, for a family whose main backward kernel keeps
 // the sm80 layouts of its scratch (dsum_ptr, dq_accum_ptr): the preprocess
 // D = rowsum(dout * out) into dsum_ptr, and the dQ conversion dq =

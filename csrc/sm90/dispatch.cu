@@ -73,6 +73,7 @@ bool serves(const FwdParams& params) {
 
 cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream) {
     if (!serves(params)) return sm80::run_fwd(params, stream);
+    if (const cudaError_t err = sm80::run_fwd_unwritten_rows(params, stream); err != cudaSuccess) return err;
     return FLASH_DTYPE_SWITCH(params.dtype, Element, [&] {
         return FLASH_HEADDIM_SWITCH(params.head_dim, kHeadDim,
                                     [&] { return run_fwd_head_dim<Element, kHeadDim>(params, stream); });
