@@ -7,6 +7,7 @@ everything else (ALiBi, dropout, head dims up to 32, ...) runs on the sm80 famil
 kernels (flash::sm80::) on the same GPU. FLASHATTN_FAMILY=sm80 forces sm80. The sm90
 backward's main kernel serves what serves_bwd() accepts; its row-wise passes
 (preprocess, dQ conversion) and the backwards it does not serve are sm80's."""
+import itertools
 import os
 import subprocess
 import sys
@@ -155,24 +156,38 @@ BACKWARD_CASES = {  # case: (head dim, KV heads of 4 query heads, options)
     "d64": (64, 4, {}), "d40": (40, 4, {}), "d128_causal": (128, 4, {"causal": True}),
     "window": (64, 4, {"window_size": (50, 10)}), "gqa": (128, 2, {}), "d96": (96, 4, {}),
     "softcap": (64, 4, {"softcap": 30.0}), "deterministic": (64, 4, {"deterministic": True}),
+    "varlen": (64, 4, {"varlen": ([300, 1, 0, 177], [250, 7, 3, 177])}),
+    "varlen_gqa_causal": (128, 2, {"varlen": ([300, 1, 0, 177], [250, 7, 3, 177]), "causal": True}),
 }
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9 or not sm90_in_build(),
                     reason="the sm90 family runs on 9.x GPUs of builds that include 9.0a")
 @pytest.mark.parametrize("case, family", [("d64", "sm90"), ("d40", "sm90"), ("d128_causal", "sm90"), ("window", "sm90"),
-                                          ("gqa", "sm90"), ("d96", "sm80"), ("softcap", "sm80"),
-                                          ("deterministic", "sm80")])
+                                          ("gqa", "sm90"), ("varlen", "sm90"), ("varlen_gqa_causal", "sm90"),
+                                          ("d96", "sm80"), ("softcap", "sm80"), ("deterministic", "sm80")])
 def test_sm90_backward_serves_or_delegates(case, family):
     """The backward's main kernel is sm90's for what serves_bwd() accepts (head dims 33..64 and
-    97..128, causal, windows, GQA) and sm80's for the rest (FLASHATTN_FAMILY=sm80 forces sm80 for
-    all: test_the_forward_and_backward_run_the_family_kernels in the suite's sm80 pass)."""
+    97..128, causal, windows, GQA, variable lengths) and sm80's for the rest (FLASHATTN_FAMILY=sm80
+    forces sm80 for all: test_the_forward_and_backward_run_the_family_kernels in the suite's sm80
+    pass)."""
     if flashattn.kernel_family() != "sm90":
         pytest.skip("FLASHATTN_FAMILY forces another family")
     head_dim, kv_heads, options = BACKWARD_CASES[case]
-    q, k, v = (torch.randn(2, 300, heads, head_dim, device="cuda", dtype=torch.float16, requires_grad=True)
-               for heads in (4, kv_heads, kv_heads))
-    run = lambda: flashattn.flash_attn_func(q, k, v, **options).sum().backward()  # noqa: E731
+    options = dict(options)
+    lengths = options.pop("varlen", None)  # (query lengths, key lengths) of a packed batch
+    if lengths is None:
+        q, k, v = (torch.randn(2, 300, heads, head_dim, device="cuda", dtype=torch.float16, requires_grad=True)
+                   for heads in (4, kv_heads, kv_heads))
+        run = lambda: flashattn.flash_attn_func(q, k, v, **options).sum().backward()  # noqa: E731
+    else:
+        lengths_q, lengths_k = lengths
+        q, k, v = (torch.randn(sum(rows), heads, head_dim, device="cuda", dtype=torch.float16, requires_grad=True)
+                   for rows, heads in ((lengths_q, 4), (lengths_k, kv_heads), (lengths_k, kv_heads)))
+        cu_q, cu_k = (torch.tensor([0, *itertools.accumulate(n)], device="cuda", dtype=torch.int32)
+                      for n in (lengths_q, lengths_k))
+        run = lambda: flashattn.flash_attn_varlen_func(  # noqa: E731
+            q, k, v, cu_q, cu_k, max(lengths_q), max(lengths_k), **options).sum().backward()
     run()  # module load outside the profile
     names = [n for n in kernels_run_by(run) if "bwd_kernel" in n or "bwd_dk_dv" in n]
     assert names and all(f"flash::{family}::" in name for name in names), names

@@ -58,6 +58,9 @@ CPU_HEAD_DIMS = [32, 59, 64]
 GPU_HEAD_DIMS = [40, 64, 128, 256]
 CPU_SEQLENS = [(1, 1), (3, 203), (113, 203), (203, 113), (256, 256)]
 GPU_SEQLENS = [(1, 1), (3, 799), (113, 203), (203, 113), (1024, 1023)]
+# Plain and causal, with no window or score feature, for the sweeps of other files (feature_options
+# takes these names too): the calls every kernel family serves, the sm90 backward included.
+MASKS = {"plain": {}, "causal": {"causal": True}}
 HEADS = [(4, 4), (4, 2), (4, 1)]  # (H, Hk): MHA, GQA, MQA
 BATCH = 2
 ALIBI_MAX = 0.3  # slopes in [0, 0.3): a bias of up to ~60 over 200 positions, far from flat or one-hot
@@ -92,9 +95,9 @@ def _gpu_cases() -> list:
 def feature_options(
     feature: str, batch: int, num_heads: int, device: str, seed: int
 ) -> tuple[bool, float | None, dict]:
-    """(causal, softmax_scale or None, the op's other options) of a feature, with fresh ALiBi
-    slopes and, for dropout, an rng_state of its own."""
-    options = dict(FEATURES[feature])
+    """(causal, softmax_scale or None, the op's other options) of a feature (or of a MASKS
+    entry), with fresh ALiBi slopes and, for dropout, an rng_state of its own."""
+    options = dict(FEATURES[feature] if feature in FEATURES else MASKS[feature])
     causal = options.pop("causal", False)
     scale = options.pop("softmax_scale", None)
     gen = torch.Generator(device=device).manual_seed(seed)

@@ -29,7 +29,7 @@ from helpers import (
     run_backward,
     run_forward,
 )
-from test_features import FEATURES, HEADS, feature_options
+from test_features import FEATURES, HEADS, MASKS, feature_options
 from test_varlen import offsets, sequence_options
 
 import flashattn
@@ -340,7 +340,8 @@ def _cut_batch(device, dtype, head_dim, heads, cut, seed):
     return q, k, v, varlen, uses
 
 
-def _check_cut(device, feature, dtype, head_dim, heads, cut):
+def _check_cut(device, feature, dtype, head_dim, heads, cut, deterministic=None):
+    """deterministic None: either backward, by the case's seed."""
     seed = case_seed("cut varlen", device, feature, dtype, head_dim, heads, cut)
     q, k, v, varlen, uses = _cut_batch(device, dtype, head_dim, heads, cut, seed)
     causal, scale, options = feature_options(feature, len(uses), heads[0], device, seed)
@@ -353,7 +354,8 @@ def _check_cut(device, feature, dtype, head_dim, heads, cut):
         )  # fmt: skip
     assert_unused_rows(out, lse, [rows for rows, _ in uses])
     dout = torch.randn(q.shape, generator=torch.Generator(device).manual_seed(seed + 1), device=device).to(dtype)
-    dq, dk, dv = run_backward(q, k, v, dout, scale, causal, seed % 2 == 0, **options, **varlen)
+    deterministic = seed % 2 == 0 if deterministic is None else deterministic
+    dq, dk, dv = run_backward(q, k, v, dout, scale, causal, deterministic, **options, **varlen)
     used_k = torch.zeros(k.shape[0], dtype=torch.bool, device=device)
     for b, (rows, keys) in enumerate(uses):
         used_k[keys] = True
@@ -386,14 +388,47 @@ def test_cut_sequences_gpu(feature, dtype, head_dim, heads, cut):
     _check_cut("cuda", feature, dtype, head_dim, heads, cut)
 
 
+def _cut_mask_cases() -> list:
+    """Plain and causal x dtype x head dims of both sm90 backward kernels x every cut; (H, Hk) cycles."""
+    cases = []
+    grid = itertools.product(MASKS, GPU_DTYPES, [40, 64, 100, 128], ["q", "k", "qk", "qk-leftpad"])
+    for i, (feature, dtype, head_dim, cut) in enumerate(grid):
+        heads = HEADS[i % 3]
+        case_id = f"{feature}-{str(dtype)[6:]}-d{head_dim}-h{heads[0]}kv{heads[1]}-{cut}"
+        cases.append(pytest.param(feature, dtype, head_dim, heads, cut, id=case_id))
+    return cases
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("feature, dtype, head_dim, heads, cut", _cut_mask_cases())
+def test_cut_sequences_masks_gpu(feature, dtype, head_dim, heads, cut):
+    """seqused_q, seqused_k and leftpad_k without a score feature, by atomics: on the H100 the sm90
+    backward (each sequence's lengths after the cuts, the causal diagonal of the cut sequence)."""
+    _check_cut("cuda", feature, dtype, head_dim, heads, cut, deterministic=False)
+
+
+def _assert_same_grads(grads, want_grads, deterministic: bool) -> None:
+    """Bitwise, but for dq by atomics (its key tiles' shares added in any order): equal up to that
+    rounding, and never NaN."""
+    for name, grad, want_grad in zip(("dq", "dk", "dv"), grads, want_grads):
+        if name == "dq" and not deterministic:
+            torch.testing.assert_close(grad, want_grad, rtol=2 * torch.finfo(grad.dtype).eps, atol=1e-5)
+        else:
+            assert torch.equal(grad, want_grad), name
+
+
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("deterministic", [True, False], ids=["deterministic", "atomic"])
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("cut", ["none", "k", "qk-leftpad"])
-def test_keys_no_sequence_uses_never_reach_a_result(device, head_dim, causal, cut):
+def test_keys_no_sequence_uses_never_reach_a_result(device, head_dim, causal, cut, deterministic):
     """NaN and Inf in the key rows that no sequence uses (before leftpad_k, after seqused_k, past
     cu_seqlens_k[-1]) change nothing: a kernel that copies whole tiles of packed rows reads them,
-    and only zero weights keep them out of P V, where 0 * Inf is NaN."""
+    and only zero weights keep them out of P V, where 0 * Inf is NaN (in the backward also out of
+    dP^T = V dO^T and dQ = dS K: on the H100 the atomic backward of head dims 64 and 128 is sm90's)."""
+    if device == "cpu" and not deterministic:
+        pytest.skip("the CPU backward is one algorithm whatever deterministic says")
     seed = case_seed("unused keys poisoned", device, head_dim, causal, cut)
     q, k, v, varlen, uses = _cut_batch(device, torch.bfloat16, head_dim, (4, 2), cut, seed)
     k, v = (torch.cat([t, torch.randn_like(t[:9])]) for t in (k, v))  # rows past cu_seqlens_k[-1]
@@ -407,10 +442,41 @@ def test_keys_no_sequence_uses_never_reach_a_result(device, head_dim, causal, cu
     out, lse = run_forward(q, bad_k, bad_v, 0.125, causal, **varlen)
     assert torch.equal(out, want) and torch.equal(lse, want_lse)
     dout = torch.randn_like(q)
-    want_grads = run_backward(q, clean_k, clean_v, dout, 0.125, causal, True, **varlen)
-    grads = run_backward(q, bad_k, bad_v, dout, 0.125, causal, True, **varlen)
-    for grad, want_grad in zip(grads, want_grads):
-        assert torch.equal(grad, want_grad)
+    want_grads = run_backward(q, clean_k, clean_v, dout, 0.125, causal, deterministic, **varlen)
+    grads = run_backward(q, bad_k, bad_v, dout, 0.125, causal, deterministic, **varlen)
+    _assert_same_grads(grads, want_grads, deterministic)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("deterministic", [True, False], ids=["deterministic", "atomic"])
+@pytest.mark.parametrize("head_dim", [64, 100, 128, 256])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("cut", ["q", "qk-leftpad"])
+def test_queries_no_sequence_uses_never_reach_a_result(device, head_dim, causal, cut, deterministic):
+    """NaN and Inf in the rows of q and dout that no sequence uses (after seqused_q, past
+    cu_seqlens_q[-1]) change no gradient: a backward that copies whole tiles of packed rows reads
+    them, and a zero P^T or dS^T does not cancel them in dV += P^T dO or dK += dS^T Q (0 * NaN is
+    NaN); dq of those rows is exactly 0."""
+    if device == "cpu" and not deterministic:
+        pytest.skip("the CPU backward is one algorithm whatever deterministic says")
+    seed = case_seed("unused queries poisoned", device, head_dim, causal, cut)
+    q, k, v, varlen, uses = _cut_batch(device, torch.bfloat16, head_dim, (4, 2), cut, seed)
+    unused = torch.ones(q.shape[0], dtype=torch.bool, device=device)
+    for rows, _ in uses:
+        unused[rows] = False
+    assert unused.sum() > 3  # rows past seqused_q and the 3 past cu_seqlens_q[-1]
+    dout = torch.randn_like(q)
+    clean_q, clean_dout = (t.masked_fill(unused[:, None, None], 0) for t in (q, dout))
+    bad_q, bad_dout = (t.masked_fill(unused[:, None, None], fill) for t, fill in ((q, torch.nan), (dout, torch.inf)))
+    bad_q[unused.nonzero()[::2, 0]] = torch.inf
+    bad_dout[unused.nonzero()[::2, 0]] = torch.nan
+    want, want_lse = run_forward(clean_q, k, v, 0.125, causal, **varlen)
+    out, lse = run_forward(bad_q, k, v, 0.125, causal, **varlen)
+    assert torch.equal(out, want) and torch.equal(lse, want_lse)
+    want_grads = run_backward(clean_q, k, v, clean_dout, 0.125, causal, deterministic, **varlen)
+    grads = run_backward(bad_q, k, v, bad_dout, 0.125, causal, deterministic, **varlen)
+    _assert_same_grads(grads, want_grads, deterministic)
+    assert torch.equal(grads[0][unused], torch.zeros_like(grads[0][unused]))
 
 
 @pytest.mark.parametrize("device", DEVICES)

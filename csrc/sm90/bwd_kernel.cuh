@@ -27,6 +27,13 @@
 // The steps are the query tiles that see a key of the block's tile
 // (mask.cuh: query_tile_range), for every query head of the KV head's group:
 // dK and dV of the group sum in registers.
+//
+// Variable-length batches (cu_seqlens_q/k, seqused_q/k, leftpad_k) run on the
+// same blocks: the grid spans the longest sequence's key tiles, and a block
+// whose tile starts past its sequence's keys has no step (no copy, no write).
+// A sequence's rows are packed (its lengths, query tiles and causal diagonal
+// its own: BwdWork), and the rows a tile reads past its sequence are zeroed in
+// shared memory before any wgmma reads them (BwdWork: zeroes_query_rows).
 #pragma once
 
 #include <cuda.h>
@@ -83,6 +90,23 @@ __device__ __forceinline__ uint32_t swizzled_address(uint32_t block, int row, in
     return block + row * kSwizzleBytes + ((((byte_in_row >> 4) ^ (row & 7)) << 4) | (byte_in_row & 15));
 }
 
+// Zeroes rows [first_row, kRows) of two tiles (a and b) of Traits::kColBlocks
+// column blocks of kRows rows (block_bytes apart), `threads` threads from
+// `thread`: whole 128-byte rows, which the swizzle only permutes within.
+template <typename Traits, int kRows>
+__device__ __forceinline__ void zero_rows(uint32_t a, uint32_t b, int block_bytes, int first_row, int thread,
+                                          int threads) {
+    constexpr int kChunksPerRow = kSwizzleBytes / 16;
+#pragma unroll 1
+    for (int c = first_row * kChunksPerRow + thread; c < kRows * kChunksPerRow; c += threads) {
+#pragma unroll
+        for (int cb = 0; cb < Traits::kColBlocks; ++cb) {
+            store_zero_16(a + cb * block_bytes + 16 * c);
+            store_zero_16(b + cb * block_bytes + 16 * c);
+        }
+    }
+}
+
 // apply_mask_transposed (mask.cuh) on one warp's S^T fragment [1][kNTiles][4],
 // first key key0 and first query query0, written as compares of a single
 // key-minus-query difference against immediates: the same visibility with a
@@ -108,7 +132,11 @@ __device__ __forceinline__ void mask_transposed(float (&s)[1][kNTiles][4], int k
 }
 
 // The work of a block: its key tile, and the steps (query head, query tile)
-// that the producer and the consumers walk in the same order.
+// that the producer and the consumers walk in the same order. A
+// variable-length batch's rows are packed: its tensor maps have one batch
+// entry, the sequence's rows start at q_start / k_start, and the lengths are
+// the sequence's own (seqused_q/k and leftpad_k applied: mask.cuh,
+// varlen_sequence_of), as are the query tiles and the causal diagonal.
 template <typename Traits, bool Is_local>
 struct BwdWork {
     int n_block, head_k, batch;
@@ -134,6 +162,33 @@ struct BwdWork {
         return head_k * params.heads_per_kv_head + t / m_tiles;
     }
     __device__ __forceinline__ int m0_of(int t) const { return (query_tiles.m_begin + t % m_tiles) * Traits::kBlockM; }
+    // The batch coordinate in the tensor maps of q, dout and dq_accum (q_batch)
+    // and of k and v (k_batch): 0 for packed rows. These and the tests below
+    // read params where used (a constant load), holding no register across
+    // the main loop.
+    __device__ __forceinline__ int q_batch(const BwdParams& params) const {
+        return params.cu_seqlens_q == nullptr ? batch : 0;
+    }
+    __device__ __forceinline__ int k_batch(const BwdParams& params) const {
+        return params.cu_seqlens_k == nullptr ? batch : 0;
+    }
+    // Rows past a packed sequence are the next sequence's or rows no sequence
+    // uses (past seqused_q/k, past cu_seqlens[-1]), which may hold anything
+    // (NaN, Inf), where the padded layout has the tensor map's zeros. A P^T or
+    // dS^T of 0 does not cancel them in dV += P^T dO, dK += dS^T Q or dQ = dS K
+    // (0 * NaN is NaN), so a tile that reaches past its packed sequence has
+    // those rows zeroed in shared memory before any wgmma reads it: step t's
+    // Q and dO tiles (by the producer), the block's K and V tiles (by the
+    // consumers). Their S^T and dP^T are then 0, P^T is 0 (keys: masked;
+    // queries: lse_log2 = +inf), dS^T = P^T (dP^T - D) is 0, and so are the
+    // rows of the dQ tile past the sequence, which the bulk reduce adds into
+    // the next sequence's rows of dq_accum (an add of zeros: harmless).
+    __device__ __forceinline__ bool zeroes_query_rows(const BwdParams& params, int t) const {
+        return params.cu_seqlens_q != nullptr && m0_of(t) + Traits::kBlockM > seq.seqlen_q;
+    }
+    __device__ __forceinline__ bool zeroes_key_rows(const BwdParams& params) const {
+        return params.cu_seqlens_k != nullptr && (n_block + 1) * Traits::kBlockN > seq.seqlen_k;
+    }
 };
 
 // A consumer warpgroup's whole work: its 64 keys' S^T, dP^T, dV and dK over
@@ -160,9 +215,11 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& params, const BwdS
     // warpgroups' dS^T are in shared memory (the owner's dQ reads both; the
     // other warpgroup's next dS^T store waits for the owner's dQ of two steps
     // ago through it). kDqBarrier: the owner's dQ tile is staged for the bulk
-    // reduce.
+    // reduce. kKeyRowsBarrier: the K and V rows past a packed sequence are
+    // zeroed (BwdWork), once per block.
     constexpr int kDsBarrier = 1;
     constexpr int kDqBarrier = 2;
+    constexpr int kKeyRowsBarrier = 3;
     constexpr int kConsumerThreads = Traits::kConsumerWarpgroups * 128;
 
     float dk[1][Traits::kNTilesD][4];
@@ -387,10 +444,22 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& params, const BwdS
 #pragma unroll
             for (int b = 0; b < Traits::kDqBoxes; ++b) {
                 tma_reduce_add_4d(tma_dq_accum, layout.dq() + b * Traits::kDqBoxBytes, b * Traits::kDqBoxCols,
-                                  work.seq.q_start + work.m0_of(t), work.head_of(params, t), work.batch);
+                                  work.seq.q_start + work.m0_of(t), work.head_of(params, t), work.q_batch(params));
             }
             bulk_commit_group();
         }
+    };
+
+    // Step t's Q and dO tiles are in shared memory: the copies have landed
+    // and, for packed rows, the producer's zeros past the sequence too
+    // (BwdWork), which it stores before its arrival on stats_full. Every
+    // packed step waits for stats_full, not just those it zeroes: the test
+    // stays a constant's (no division by m_tiles before the issue), and the
+    // row stats are stored a stage ahead.
+    auto wait_tiles = [&](int t) {
+        const StageOf<Traits> st(t);
+        mbarrier_wait(layout.full(st.stage), st.phase);
+        if (params.cu_seqlens_q != nullptr) mbarrier_wait(layout.stats_full(st.stage), st.phase);
     };
 
     // Software pipeline across steps, per warpgroup: the owner's dQ GEMM goes
@@ -411,7 +480,15 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& params, const BwdS
         float dp[1][Traits::kNTilesS][4];  // dP^T, then dS^T
         float dq[1][Traits::kNTilesDq][4];  // the owner's dQ (or dQ^T); unused by the other
         mbarrier_wait(layout.kv_full(), 0);
-        mbarrier_wait(layout.full(0), 0);
+        if (work.zeroes_key_rows(params)) {  // uniform across both consumer warpgroups
+            const int first_row = work.seq.seqlen_k - n0;
+            const int thread = threadIdx.x - 128;
+            zero_rows<Traits, kBlockN>(layout.k(), layout.v(), Traits::kKVBlockBytes, first_row, thread,
+                                       kConsumerThreads);
+            fence_proxy_async_shared();  // the zeros are read by wgmma (async proxy) after the barrier
+            named_barrier_sync(kKeyRowsBarrier, kConsumerThreads);
+        }
+        wait_tiles(0);
         issue_scores(s, k_desc, layout.q(0));
         issue_scores(dp, v_desc, layout.dout(0));
         scores(0, s, dp);
@@ -432,7 +509,7 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& params, const BwdS
         for (int t = 0; t + 1 < work.steps; ++t) {
             const StageOf<Traits> next(t + 1);
             step_gradients(t);
-            mbarrier_wait(layout.full(next.stage), next.phase);
+            wait_tiles(t + 1);
             if constexpr (kOwnsDq) {
                 wgmma_wait<0>();
                 reduce_dq(t, dq);
@@ -457,9 +534,14 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& params, const BwdS
                       work.head_k * params.dk_head_stride;
     Element* dv_out = static_cast<Element*>(params.dv_ptr) + work.batch * params.dv_batch_stride +
                       work.head_k * params.dv_head_stride;
+    // This thread's first key in the tile, recomputed from the thread index
+    // here rather than held across the main loop.
+    const int epilogue_thread = opaque(static_cast<int>(threadIdx.x)) % 128;
+    const int epilogue_key0 =
+        consumer * Traits::kWarpgroupKeys + epilogue_thread / 32 * 16 + epilogue_thread % 32 / 4;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-        const int key = n0 + warp_key0 + lane / 4 + half * 8;
+        const int key = n0 + epilogue_key0 + half * 8;
         if (key >= work.seq.seqlen_k) continue;
         Element* dk_row = dk_out + static_cast<int64_t>(work.seq.k_start + key) * params.dk_row_stride;
         Element* dv_row = dv_out + static_cast<int64_t>(work.seq.k_start + key) * params.dv_row_stride;
@@ -515,10 +597,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             prefetch_tensor_map(&tma_q);
             prefetch_tensor_map(&tma_do);
             mbarrier_arrive_expect_tx(layout.kv_full(), 2 * Traits::kKVBytes);
-            load_tile<Traits>(layout.k(), &tma_k, layout.kv_full(), work.seq.k_start + n0, work.head_k, work.batch,
-                              Traits::kKVBlockBytes);
-            load_tile<Traits>(layout.v(), &tma_v, layout.kv_full(), work.seq.k_start + n0, work.head_k, work.batch,
-                              Traits::kKVBlockBytes);
+            load_tile<Traits>(layout.k(), &tma_k, layout.kv_full(), work.seq.k_start + n0, work.head_k,
+                              work.k_batch(params), Traits::kKVBlockBytes);
+            load_tile<Traits>(layout.v(), &tma_v, layout.kv_full(), work.seq.k_start + n0, work.head_k,
+                              work.k_batch(params), Traits::kKVBlockBytes);
         }
         for (int t = 0; t < work.steps; ++t) {
             const StageOf<Traits> s(t);
@@ -529,13 +611,15 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             // Q and dO first (their own barrier, completed by the copies' bytes),
             // then the row stats (rows past the sequence get lse_log2 = +inf, so
             // p = 0, and D = 0) on a barrier of thread arrivals only: each lane's
-            // arrival releases its own stores.
+            // arrival releases its own stores (and, for a tile that reaches past
+            // a packed sequence, the zeros of its rows there, BwdWork: the
+            // consumers wait for stats_full before their wgmma read that tile).
             if (lane == 0) {
                 mbarrier_arrive_expect_tx(layout.full(s.stage), 2 * Traits::kQBytes);
                 load_tile<Traits>(layout.q(s.stage), &tma_q, layout.full(s.stage), work.seq.q_start + m0, head,
-                                  work.batch, Traits::kQBlockBytes);
+                                  work.q_batch(params), Traits::kQBlockBytes);
                 load_tile<Traits>(layout.dout(s.stage), &tma_do, layout.full(s.stage), work.seq.q_start + m0, head,
-                                  work.batch, Traits::kQBlockBytes);
+                                  work.q_batch(params), Traits::kQBlockBytes);
             }
             const int64_t stats = work.batch * params.lse_batch_stride + head * params.lse_head_stride +
                                   work.seq.q_start + m0;
@@ -544,6 +628,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                 store_shared_f32(layout.lse_log2(s.stage) + 4 * r,
                                  lse_to_log2(valid ? params.lse_ptr[stats + r] : -INFINITY));
                 store_shared_f32(layout.dsum(s.stage) + 4 * r, valid ? params.dsum_ptr[stats + r] : 0.f);
+            }
+            if (work.zeroes_query_rows(params, t)) {
+                mbarrier_wait(layout.full(s.stage), s.phase);  // the copies' rows are there to overwrite
+                const int first_row = work.seq.seqlen_q - m0;
+                zero_rows<Traits, kBlockM>(layout.q(s.stage), layout.dout(s.stage), Traits::kQBlockBytes, first_row,
+                                           lane, 32);
+                fence_proxy_async_shared();  // the zeros are read by wgmma (async proxy) after the arrival
             }
             mbarrier_arrive(layout.stats_full(s.stage));
         }

@@ -29,11 +29,16 @@ cudaError_t run_bwd_(const BwdParams& params, cudaStream_t stream) {
     err = sm80::run_bwd_preprocess(params, stream);
     if (err != cudaSuccess) return err;
     // One block per key tile: under a causal mask the first key tiles, which
-    // the most query tiles see, start first.
+    // the most query tiles see, start first. Variable lengths: the longest
+    // sequence's tiles (params.seqlen_k is max_seqlen_k), none where every
+    // sequence is empty of keys (dq stays 0).
     const dim3 grid((params.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN, params.num_heads_k, params.batch);
-    kernel<<<grid, Traits::kNThreads, Traits::kSmemBytes, stream>>>(params, tma_q, tma_k, tma_v, tma_do, tma_dq_accum);
-    err = cudaGetLastError();
-    if (err != cudaSuccess) return err;
+    if (grid.x > 0) {
+        kernel<<<grid, Traits::kNThreads, Traits::kSmemBytes, stream>>>(params, tma_q, tma_k, tma_v, tma_do,
+                                                                         tma_dq_accum);
+        err = cudaGetLastError();
+        if (err != cudaSuccess) return err;
+    }
     return sm80::run_bwd_convert_dq(params, stream);
 }
 

@@ -80,13 +80,16 @@ cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream) {
     });
 }
 
+// Variable-length batches (cu_seqlens, seqused_q/k, leftpad_k) are served as
+// the forward serves them: packed rows, each sequence's own lengths
+// (bwd_kernel.cuh: BwdWork). The backward has no block table (paged keys are
+// gathered into a packed batch before it).
 bool serves_bwd(const BwdParams& params) {
     const bool head_dim_fits = (params.head_dim > 32 && params.head_dim <= 64) ||
                                (params.head_dim > 96 && params.head_dim <= 128);
     const int smem = params.head_dim <= 64 ? BwdTraitsFor<64, __half>::kSmemBytes : BwdTraitsFor<128, __half>::kSmemBytes;
-    return head_dim_fits && !params.deterministic && !params.has_extras && params.cu_seqlens_q == nullptr &&
-           params.cu_seqlens_k == nullptr && params.block_table == nullptr && smem <= params.max_smem_per_block &&
-           bwd_tensor_maps_fit(params);
+    return head_dim_fits && !params.deterministic && !params.has_extras && params.block_table == nullptr &&
+           smem <= params.max_smem_per_block && bwd_tensor_maps_fit(params);
 }
 
 cudaError_t run_bwd(const BwdParams& params, cudaStream_t stream) {
