@@ -1,6 +1,6 @@
 // The sm90 family's entry points (sm90.h): runtime (dtype, head dim, local,
-// softcap) -> one compiled forward or backward instantiation, or the sm80
-// family for what the sm90 kernels do not serve.
+// softcap; the backward's deterministic) -> one compiled forward or backward
+// instantiation, or the sm80 family for what the sm90 kernels do not serve.
 
 #include "common/flash.h"
 #include "common/static_switch.h"
@@ -97,6 +97,11 @@ cudaError_t run_bwd(const BwdParams& params, cudaStream_t stream) {
                                          : run_bwd_<Element, 128, Is_local>(params, stream);
         });
     });
+}
+
+BwdWorkspace bwd_workspace(const BwdParams& params) {
+    if (!serves_bwd(params)) return sm80::bwd_workspace(params);
+    return {/*dq_accum=*/true, /*semaphores=*/0};
 }
 
 KvcacheWorkspace plan_kvcache(FwdParams& params, int64_t requested_splits) {

@@ -27,6 +27,9 @@ cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream);
 // dims.
 bool serves_bwd(const BwdParams& params);
 cudaError_t run_bwd(const BwdParams& params, cudaStream_t stream);
+// The scratch a backward call needs (flash.h: BwdWorkspace): dq_accum; sm80's
+// where the call runs there.
+BwdWorkspace bwd_workspace(const BwdParams& params);
 KvcacheWorkspace plan_kvcache(FwdParams& params, int64_t requested_splits);
 cudaError_t run_kvcache_append(const AppendParams& params, cudaStream_t stream);
 cudaError_t run_fwd_kvcache(const FwdParams& params, cudaStream_t stream);
