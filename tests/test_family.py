@@ -155,6 +155,7 @@ BACKWARD_CASES = {  # case: (head dim, KV heads of 4 query heads, options)
     "d64": (64, 4, {}), "d40": (40, 4, {}), "d128_causal": (128, 4, {"causal": True}),
     "window": (64, 4, {"window_size": (50, 10)}), "gqa": (128, 2, {}), "d96": (96, 4, {}),
     "softcap": (64, 4, {"softcap": 30.0}), "deterministic": (64, 4, {"deterministic": True}),
+    "deterministic_d128_causal_gqa": (128, 2, {"deterministic": True, "causal": True}),
 }
 
 
@@ -162,11 +163,12 @@ BACKWARD_CASES = {  # case: (head dim, KV heads of 4 query heads, options)
                     reason="the sm90 family runs on 9.x GPUs of builds that include 9.0a")
 @pytest.mark.parametrize("case, family", [("d64", "sm90"), ("d40", "sm90"), ("d128_causal", "sm90"), ("window", "sm90"),
                                           ("gqa", "sm90"), ("d96", "sm80"), ("softcap", "sm80"),
-                                          ("deterministic", "sm80")])
+                                          ("deterministic", "sm90"), ("deterministic_d128_causal_gqa", "sm90")])
 def test_sm90_backward_serves_or_delegates(case, family):
     """The backward's main kernel is sm90's for what serves_bwd() accepts (head dims 33..64 and
-    97..128, causal, windows, GQA) and sm80's for the rest (FLASHATTN_FAMILY=sm80 forces sm80 for
-    all: test_the_forward_and_backward_run_the_family_kernels in the suite's sm80 pass)."""
+    97..128, causal, windows, GQA, deterministic=True) and sm80's for the rest (FLASHATTN_FAMILY=sm80
+    forces sm80 for all: test_the_forward_and_backward_run_the_family_kernels in the suite's sm80
+    pass)."""
     if flashattn.kernel_family() != "sm90":
         pytest.skip("FLASHATTN_FAMILY forces another family")
     head_dim, kv_heads, options = BACKWARD_CASES[case]
