@@ -158,9 +158,11 @@ constexpr int kDqHandoffThreads = 128 + 32;
 
 // The deterministic backward's dQ writer: one warp, whose lane 0 issues. The
 // key tiles that see a query tile add their dQ into it from the last to the
-// first (BwdWork: the grid's order): under a causal or windowed mask a larger
-// key tile reaches each of its query tiles after fewer steps, so that this
-// order keeps blocks that run at the same pace from waiting for each other.
+// first (BwdWork: the grid's order): under a causal mask a larger key tile
+// reaches each of its query tiles after fewer steps (its first query tile
+// comes later), so that this order keeps blocks that run at the same pace
+// from waiting for each other; without a mask every key tile reaches a query
+// tile at the same step, and any order chains them alike.
 // A block's turn is its rank in that order among the key tiles that see the
 // query tile (mask.cuh: key_tile_range, which names exactly the key tiles
 // whose query_tile_range holds it): the count its semaphore must reach.
