@@ -49,8 +49,9 @@ def fa4_fn(fa4_func, q, k, v, causal, scale):
 
 def backend_fns(q, k, v, causal, scale):
     """{backend: fn() -> out [B, S, H, D]} on q, k, v, and {backend: its context}:
-    flashattn and naive, and on CUDA tensors SDPA's three backends and FlashAttention-4
-    too (where it does not import, its call raises why, and its rows say n/a).
+    flashattn (and with deterministic=True: flashattn_det) and naive, and on CUDA tensors
+    SDPA's three backends and FlashAttention-4 too (where it does not import, its call
+    raises why, and its rows say n/a).
 
     Each backend runs, checked and timed, inside its context: SDPA's backend
     choice stays out of the timed calls.
@@ -60,6 +61,7 @@ def backend_fns(q, k, v, causal, scale):
 
     fns = {
         "flashattn": lambda: flash_attn_func(q, k, v, softmax_scale=scale, causal=causal),
+        "flashattn_det": lambda: flash_attn_func(q, k, v, softmax_scale=scale, causal=causal, deterministic=True),
         "naive": lambda: attention_ref(q, k, v, softmax_scale=scale, causal=causal, upcast=False)[0],
     }
     contexts = dict.fromkeys(fns, contextlib.nullcontext)

@@ -21,8 +21,10 @@ EXTRAS = [False, True]  # softcap, ALiBi or dropout
 SM90_HEAD_DIMS = [64, 96, 128, 192, 256]
 SOFTCAP = [False, True]
 # The sm90 family's backward (csrc/sm90/bwd_kernel.cuh): head dims 64 and 128 so
-# far, no extras (sm90/dispatch.cu: serves_bwd; the rest runs on sm80).
+# far, no extras (sm90/dispatch.cu: serves_bwd; the rest runs on sm80), and its
+# deterministic=True variant (dQ added in a fixed order).
 SM90_BWD_HEAD_DIMS = [64, 128]
+DETERMINISTIC = [False, True]
 
 OUT_DIR = Path(__file__).resolve().parent / "instantiations"
 
@@ -73,7 +75,7 @@ SM90_BWD_TEMPLATE = """\
 #include "sm90/bwd_launch.cuh"
 
 namespace flash::sm90 {{
-template cudaError_t run_bwd_<{element}, {head_dim}, {local}>(const BwdParams&, cudaStream_t);
+template cudaError_t run_bwd_<{element}, {head_dim}, {local}, {deterministic}>(const BwdParams&, cudaStream_t);
 }}  // namespace flash::sm90
 """
 
@@ -105,8 +107,10 @@ def expected_files() -> dict[str, str]:
     for dtype, element in DTYPES.items():
         for head_dim in SM90_BWD_HEAD_DIMS:
             for local in LOCAL:
-                name = f"sm90_bwd_{dtype}_hdim{head_dim}{'_local' if local else ''}.cu"
-                files[name] = SM90_BWD_TEMPLATE.format(element=element, head_dim=head_dim, local=str(local).lower())
+                for deterministic in DETERMINISTIC:
+                    name = f"sm90_bwd_{dtype}_hdim{head_dim}{'_local' if local else ''}{'_det' if deterministic else ''}.cu"
+                    files[name] = SM90_BWD_TEMPLATE.format(element=element, head_dim=head_dim, local=str(local).lower(),
+                                                           deterministic=str(deterministic).lower())
     return files
 
 

@@ -92,8 +92,8 @@ def test_backward_cpu(dtype, head_dim, seqlens, causal, heads):
 @pytest.mark.parametrize("head_dim", HEAD_DIMS, ids=lambda d: f"d{d}")
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
 def test_backward_gpu(dtype, head_dim, seqlens, causal, heads, deterministic):
-    """Both backward paths: dQ by atomics inside the dK/dV pass, and the two-pass
-    deterministic one (its own dQ kernel)."""
+    """Both backward paths: dQ by atomics inside the dK/dV pass, and the deterministic one
+    (sm80: two passes, dQ by its own kernel; sm90: one pass, dQ added in a fixed order)."""
     _check_backward("cuda", dtype, head_dim, seqlens, causal, heads, deterministic=deterministic)
 
 

@@ -158,6 +158,9 @@ BACKWARD_CASES = {  # case: (head dim, KV heads of 4 query heads, options)
     "softcap": (64, 4, {"softcap": 30.0}), "deterministic": (64, 4, {"deterministic": True}),
     "varlen": (64, 4, {"varlen": ([300, 1, 0, 177], [250, 7, 3, 177])}),
     "varlen_gqa_causal": (128, 2, {"varlen": ([300, 1, 0, 177], [250, 7, 3, 177]), "causal": True}),
+    "deterministic_d128_causal_gqa": (128, 2, {"deterministic": True, "causal": True}),
+    "varlen_deterministic_causal": (64, 2, {"varlen": ([300, 1, 0, 177], [250, 7, 3, 177]), "causal": True,
+                                            "deterministic": True}),
 }
 
 
@@ -165,11 +168,13 @@ BACKWARD_CASES = {  # case: (head dim, KV heads of 4 query heads, options)
                     reason="the sm90 family runs on 9.x GPUs of builds that include 9.0a")
 @pytest.mark.parametrize("case, family", [("d64", "sm90"), ("d40", "sm90"), ("d128_causal", "sm90"), ("window", "sm90"),
                                           ("gqa", "sm90"), ("varlen", "sm90"), ("varlen_gqa_causal", "sm90"),
-                                          ("d96", "sm80"), ("softcap", "sm80"), ("deterministic", "sm80")])
+                                          ("d96", "sm80"), ("softcap", "sm80"),
+                                          ("deterministic", "sm90"), ("deterministic_d128_causal_gqa", "sm90"),
+                                          ("varlen_deterministic_causal", "sm90")])
 def test_sm90_backward_serves_or_delegates(case, family):
     """The backward's main kernel is sm90's for what serves_bwd() accepts (head dims 33..64 and
-    97..128, causal, windows, GQA, variable lengths) and sm80's for the rest (FLASHATTN_FAMILY=sm80
-    forces sm80 for all: test_the_forward_and_backward_run_the_family_kernels in the suite's sm80
+    97..128, causal, windows, GQA, variable lengths, deterministic=True) and sm80's for the rest
+    (FLASHATTN_FAMILY=sm80 forces sm80 for all: test_the_forward_and_backward_run_the_family_kernels in the suite's sm80
     pass)."""
     if flashattn.kernel_family() != "sm90":
         pytest.skip("FLASHATTN_FAMILY forces another family")

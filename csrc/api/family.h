@@ -36,6 +36,7 @@ struct Family {
     cudaError_t (*run_fwd_kvcache)(const flash::FwdParams&, cudaStream_t);
     int (*kernel_head_dim)(int);
     int (*fwd_counters)(const flash::FwdParams&);  // FwdParams::fwd_counters' length, 0: none
+    flash::BwdWorkspace (*bwd_workspace)(const flash::BwdParams&);  // the scratch a backward asks for
     int max_major = INT_MAX;  // the newest compute capability (major) it runs on (sm_90a code runs on 9.x only)
 };
 
@@ -47,7 +48,8 @@ inline constexpr Family kSm80{"sm80",
                               &flash::sm80::run_kvcache_append,
                               &flash::sm80::run_fwd_kvcache,
                               &flash::sm80::kernel_head_dim,
-                              &flash::sm80::fwd_counters};
+                              &flash::sm80::fwd_counters,
+                              &flash::sm80::bwd_workspace};
 
 #ifdef FLASHATTN_HAS_SM90
 inline constexpr Family kSm90{"sm90",
@@ -59,6 +61,7 @@ inline constexpr Family kSm90{"sm90",
                               &flash::sm90::run_fwd_kvcache,
                               &flash::sm90::kernel_head_dim,
                               &flash::sm90::fwd_counters,
+                              &flash::sm90::bwd_workspace,
                               9};
 #endif
 

@@ -128,7 +128,8 @@ void check_launch(cudaError_t err, const char* pass, const at::Tensor& q, const 
 }
 
 // `count` int32 counters that are zero on entry and that the kernels leave
-// zero again (flash::KvcacheWorkspace, FwdParams::fwd_counters): one buffer per (device, stream) serves
+// zero again (flash::KvcacheWorkspace, FwdParams::fwd_counters,
+// BwdParams::dq_semaphore): one buffer per (device, stream) serves
 // every call on that stream (calls on one stream never overlap; on two streams
 // they may, and never share a buffer). A call being captured into a CUDA graph
 // gets a buffer of its own, zeroed inside the graph: replays of different
@@ -199,7 +200,8 @@ std::tuple<at::Tensor, at::Tensor> mha_fwd(const at::Tensor& q,  // [B, Sq, H, D
 }
 
 // The gradients of the forward above. deterministic=true: bitwise reproducible
-// (no atomics); false: dQ is summed with fp32 atomics where that is faster.
+// (dQ summed in one order); false: dQ is summed with fp32 atomics in whatever
+// order the blocks finish, where that is faster.
 // dout may have any strides: it is whatever the consumer of out produced (the
 // gradient of out.sum() is a broadcast of stride 0, a slice of a larger
 // gradient starts anywhere), and it is copied when the kernels cannot read it
@@ -257,8 +259,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> mha_bwd(
         dv.zero_();
     }
     at::Tensor dsum = at::empty(lse.sizes(), lse.options());
-    at::Tensor dq_accum;
-    if (!deterministic) dq_accum = at::zeros(q.sizes(), q.options().dtype(at::kFloat));
 
     const bool dout_readable = dout.stride(-1) == 1 && strides_aligned(dout) && readable_in_place(dout);
     const at::Tensor dout_rows = dout_readable ? dout : dout.clone(at::MemoryFormat::Contiguous);
@@ -274,8 +274,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> mha_bwd(
     params.dk_ptr = dk.data_ptr();
     params.dv_ptr = dv.data_ptr();
     params.dsum_ptr = dsum.data_ptr<float>();
-    params.dq_accum_ptr = deterministic ? nullptr : dq_accum.data_ptr<float>();
-    params.dq_accum_batch_stride = deterministic || layout.varlen ? 0 : dq_accum.stride(0);
     params.deterministic = deterministic;
     params.do_batch_stride = layout.batch_stride(dout_rows), params.do_row_stride = dout_rows.stride(-3),
     params.do_head_stride = dout_rows.stride(-2);
@@ -285,8 +283,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> mha_bwd(
     params.dk_head_stride = dk.stride(-2);
     params.dv_batch_stride = layout.batch_stride(dv), params.dv_row_stride = dv.stride(-3),
     params.dv_head_stride = dv.stride(-2);
-    check_launch(kernels.family->run_bwd(params, c10::cuda::getCurrentCUDAStream().stream()), "backward", q, params,
-                 *kernels.family);
+    // The scratch the family's algorithm asks for, once the params say what the call is.
+    const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
+    const flash::BwdWorkspace workspace = kernels.family->bwd_workspace(params);
+    at::Tensor dq_accum, semaphores;
+    if (workspace.dq_accum) {
+        dq_accum = at::zeros(q.sizes(), q.options().dtype(at::kFloat));
+        params.dq_accum_ptr = dq_accum.data_ptr<float>();
+        params.dq_accum_batch_stride = layout.varlen ? 0 : dq_accum.stride(0);
+    }
+    if (workspace.semaphores > 0) {
+        semaphores = zeroed_counters(q, workspace.semaphores, stream);
+        params.dq_semaphore = semaphores.data_ptr<int>();
+    }
+    check_launch(kernels.family->run_bwd(params, stream), "backward", q, params, *kernels.family);
     return {dq, dk, dv};
 }
 

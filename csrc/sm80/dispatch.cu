@@ -17,6 +17,8 @@ cudaError_t run_fwd_paged_(const FwdParams& params, cudaStream_t stream);
 
 int fwd_counters(const FwdParams&) { return 0; }
 
+BwdWorkspace bwd_workspace(const BwdParams& params) { return {/*dq_accum=*/!params.deterministic, /*semaphores=*/0}; }
+
 int kernel_head_dim(int head_dim) {
     return FLASH_HEADDIM_SWITCH(head_dim, kHeadDim, [&] { return kHeadDim; });
 }

@@ -41,4 +41,8 @@ int kernel_head_dim(int head_dim);
 // The zeroed counters a forward call needs (FwdParams::fwd_counters): none.
 int fwd_counters(const FwdParams& params);
 
+// The scratch a backward call needs (flash.h: BwdWorkspace): dq_accum for the
+// atomic dQ; the deterministic path's dQ pass owns its rows and needs none.
+BwdWorkspace bwd_workspace(const BwdParams& params);
+
 }  // namespace flash::sm80

@@ -34,6 +34,16 @@
 // A sequence's rows are packed (its lengths, query tiles and causal diagonal
 // its own: BwdWork), and the rows a tile reads past its sequence are zeroed in
 // shared memory before any wgmma reads them (BwdWork: zeroes_query_rows).
+//
+// Deterministic (Is_deterministic): the adds into a dQ tile happen in a fixed
+// order of key tiles, so that its fp32 sums round the same way on every run. A
+// second warp of the producer warpgroup, the dQ writer, takes over the add from
+// the owner: the owner stages each step's tile and hands it over through two
+// named barriers; the writer waits for the tile's turn on its semaphore in
+// global memory (one per batch, query head and query tile: how many key tiles
+// have added), adds the tile, waits for the add to complete and counts it
+// (bwd_dq_writer). The turn waited for costs the owner nothing while the
+// writer is less than a step behind.
 #pragma once
 
 #include <cuda.h>
@@ -137,7 +147,9 @@ __device__ __forceinline__ void mask_transposed(float (&s)[1][kNTiles][4], int k
 // entry, the sequence's rows start at q_start / k_start, and the lengths are
 // the sequence's own (seqused_q/k and leftpad_k applied: mask.cuh,
 // varlen_sequence_of), as are the query tiles and the causal diagonal.
-template <typename Traits, bool Is_local>
+// Deterministic: the grid's x takes the key tiles from the last one, the order
+// in which the dQ of a query tile is added (bwd_dq_writer).
+template <typename Traits, bool Is_local, bool Is_deterministic>
 struct BwdWork {
     int n_block, head_k, batch;
     Sequence seq;
@@ -147,7 +159,7 @@ struct BwdWork {
     int steps;    // m_tiles for each of the group's query heads; 0: dK = dV = 0
 
     __device__ __forceinline__ BwdWork(const BwdParams& params) {
-        n_block = blockIdx.x;
+        n_block = Is_deterministic ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
         head_k = blockIdx.y;
         batch = blockIdx.z;
         seq = sequence_of<false>(params, batch);
@@ -191,13 +203,95 @@ struct BwdWork {
     }
 };
 
+// Named barriers of the deterministic dQ hand-off between the owner's 128
+// threads and the dQ writer warp (0 is __syncthreads', 1 and 2 are
+// bwd_consumer's): kDqFullBarrier, the step's dQ tile is staged;
+// kDqEmptyBarrier, the writer's add has read it (the owner may restage).
+constexpr int kDqFullBarrier = 3;
+constexpr int kDqEmptyBarrier = 4;
+constexpr int kDqHandoffThreads = 128 + 32;
+
+// The deterministic backward's dQ writer: one warp, whose lane 0 issues. The
+// key tiles that see a query tile add their dQ into it from the last to the
+// first (BwdWork: the grid's order): under a causal mask a larger key tile
+// reaches each of its query tiles after fewer steps (its first query tile
+// comes later), so that this order keeps blocks that run at the same pace
+// from waiting for each other; without a mask every key tile reaches a query
+// tile at the same step, and any order chains them alike.
+// A block's turn is its rank in that order among the key tiles that see the
+// query tile (mask.cuh: key_tile_range, which names exactly the key tiles
+// whose query_tile_range holds it): the count its semaphore must reach.
+//
+// Memory ordering, from one block's add to the next one's: the add completes
+// (bulk wait_group without .read: its writes are done; the PTX ISA follows the
+// completion of a bulk copy with an implicit generic-async proxy fence, so
+// they are visible to the issuing thread) before the release-add on the
+// semaphore; the next block's acquire-load that reads the count makes them
+// visible to its issuing thread, whose async-proxy fence orders them before its
+// own bulk add. The last key tile resets the semaphore to zero instead (no
+// block waits on it any more; the next call is ordered after this kernel).
+//
+// No deadlock: a block waits only for blocks of its (KV head, batch) with
+// larger key tiles, which have smaller blockIdx.x. CUDA dispatches the blocks
+// of a grid in increasing linear index in practice (it does not promise it;
+// FlashAttention-3's deterministic backward relies on the same), so every
+// block waited for is running or done; the block of the last key tile that
+// sees a query tile waits for none, and by induction every wait ends.
+template <typename Traits, bool Is_local>
+__device__ __forceinline__ void bwd_dq_writer(const BwdParams& params, const BwdSmem<Traits>& layout,
+                                              const CUtensorMap* tma_dq_accum) {
+    constexpr int kBlockM = Traits::kBlockM;
+    const BwdWork<Traits, Is_local, /*Is_deterministic=*/true> work(params);
+    if (work.steps == 0) return;
+    const bool issuer = threadIdx.x % 32 == 0;
+    const int m_blocks = (params.seqlen_q + kBlockM - 1) / kBlockM;  // the semaphores' last dimension
+    const int first_head = work.head_of(params, 0);
+    const int end_head = first_head + params.heads_per_kv_head;
+    // The steps in the consumers' order (BwdWork): query heads, then query tiles.
+    for (int head = first_head; head < end_head; ++head) {
+        int* semaphores = params.dq_semaphore + (static_cast<int64_t>(work.batch) * params.num_heads + head) * m_blocks;
+        for (int m_block = work.query_tiles.m_begin; m_block < work.query_tiles.m_end; ++m_block) {
+            const KeyTileRange adders =
+                key_tile_range<kBlockM, Traits::kBlockN>(m_block * kBlockM, work.seq.seqlen_q, work.window);
+            // The turn first, while the owner still computes the tile.
+            if (issuer) {
+                wait_until_equal(semaphores + m_block, adders.n_end - 1 - work.n_block);
+                fence_proxy_async_global();
+            }
+            named_barrier_sync(kDqFullBarrier, kDqHandoffThreads);
+            if (issuer) {
+#pragma unroll
+                for (int b = 0; b < Traits::kDqBoxes; ++b) {
+                    tma_reduce_add_4d(tma_dq_accum, layout.dq() + b * Traits::kDqBoxBytes, b * Traits::kDqBoxCols,
+                                      work.seq.q_start + m_block * kBlockM, head, work.q_batch(params));
+                }
+                bulk_commit_group();
+                bulk_wait_group_read<0>();
+            }
+            // No arrival after the last step: the owner stages no tile after it.
+            if (head + 1 < end_head || m_block + 1 < work.query_tiles.m_end) {
+                named_barrier_arrive(kDqEmptyBarrier, kDqHandoffThreads);
+            }
+            if (issuer) {
+                bulk_wait_group<0>();
+                if (work.n_block == adders.n_begin) {
+                    store_relaxed(semaphores + m_block, 0);
+                } else {
+                    red_release_add(semaphores + m_block, 1);
+                }
+            }
+        }
+    }
+}
+
 // A consumer warpgroup's whole work: its 64 keys' S^T, dP^T, dV and dK over
 // every step and, for the dQ owner (kOwnsDq), each step's whole dQ = dS K from
 // both warpgroups' dS^T, which it stages in fp32 and adds into dq_accum by the
-// copy engine. Its place among the consumers (its keys in the block's tile)
-// follows from the role, at compile time: the descriptors and addresses derived
-// from it are then warp-uniform, and can live in uniform registers.
-template <typename Traits, bool Is_local, bool kOwnsDq>
+// copy engine (deterministic: hands to the dQ writer). Its place among the
+// consumers (its keys in the block's tile) follows from the role, at compile
+// time: the descriptors and addresses derived from it are then warp-uniform,
+// and can live in uniform registers.
+template <typename Traits, bool Is_local, bool Is_deterministic, bool kOwnsDq>
 __device__ __forceinline__ void bwd_consumer(const BwdParams& params, const BwdSmem<Traits>& layout,
                                              const CUtensorMap* tma_dq_accum) {
     using Element = typename Traits::Element;
@@ -205,7 +299,7 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& params, const BwdS
     constexpr int kBlockN = Traits::kBlockN;
     constexpr int consumer = kOwnsDq ? Traits::kDqOwner : 1 - Traits::kDqOwner;
 
-    const BwdWork<Traits, Is_local> work(params);
+    const BwdWork<Traits, Is_local, Is_deterministic> work(params);
     const int n0 = work.n_block * kBlockN;
     const int thread_in_group = threadIdx.x % 128;
     const int lane = threadIdx.x % 32;
@@ -219,7 +313,7 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& params, const BwdS
     // zeroed (BwdWork), once per block.
     constexpr int kDsBarrier = 1;
     constexpr int kDqBarrier = 2;
-    constexpr int kKeyRowsBarrier = 3;
+    constexpr int kKeyRowsBarrier = 5;  // after the deterministic hand-off's 3 and 4
     constexpr int kConsumerThreads = Traits::kConsumerWarpgroups * 128;
 
     float dk[1][Traits::kNTilesD][4];
@@ -408,6 +502,10 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& params, const BwdS
         // waits before the barrier that all the warpgroup passes before
         // restaging it). dS^T is written where the dQ GEMM of two steps ago
         // read: the owner waited for it before the previous step's barrier.
+        // Deterministic: the owner issues no bulk copy, so this wait returns
+        // at once, and reduce_dq waits for the dQ writer's read instead; the
+        // wait stays because ptxas, without this branch, spills the d64
+        // owner (20 bytes).
         if constexpr (kOwnsDq) {
             if (thread_in_group == 0) bulk_wait_group_read<0>();
         }
@@ -434,11 +532,19 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& params, const BwdS
     };
 
     // Step t's dQ into dq_accum, once its GEMM is complete: the owner stages
-    // the tile (store_dq) and one thread adds it by the copy engine.
+    // the tile (store_dq) and one thread adds it by the copy engine
+    // (deterministic: the dQ writer adds it, once the previous tile is read).
     auto reduce_dq = [&](int t, float (&dq)[1][Traits::kNTilesDq][4]) {
         pin_registers(flat(dq));
+        if constexpr (Is_deterministic) {
+            if (t > 0) named_barrier_sync(kDqEmptyBarrier, kDqHandoffThreads);
+        }
         store_dq(dq);
         fence_proxy_async_shared();  // the stores are read by the bulk reduce (async proxy)
+        if constexpr (Is_deterministic) {
+            named_barrier_arrive(kDqFullBarrier, kDqHandoffThreads);
+            return;
+        }
         named_barrier_sync(kDqBarrier, 128);
         if (thread_in_group == 0) {
 #pragma unroll
@@ -522,8 +628,9 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& params, const BwdS
         if constexpr (kOwnsDq) {
             wgmma_wait<0>();
             reduce_dq(work.steps - 1, dq);
-            // The last reduce is complete before the block (and its shared memory) is gone.
-            if (thread_in_group == 0) bulk_wait_group<0>();
+            // The last reduce is complete before the block (and its shared
+            // memory) is gone (deterministic: the writer waits for its own).
+            if (!Is_deterministic && thread_in_group == 0) bulk_wait_group<0>();
         }
     }
 
@@ -557,7 +664,7 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& params, const BwdS
     }
 }
 
-template <typename Traits, bool Is_local>
+template <typename Traits, bool Is_local, bool Is_deterministic>
 __global__ void __launch_bounds__(Traits::kNThreads, 1)
     bwd_kernel(const __grid_constant__ BwdParams params, const __grid_constant__ CUtensorMap tma_q,
                const __grid_constant__ CUtensorMap tma_k, const __grid_constant__ CUtensorMap tma_v,
@@ -584,12 +691,22 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
 
     const int warpgroup = threadIdx.x / 128;
     if (warpgroup == 0) {
-        // Producer: warp 0 stays, the rest of the warpgroup exits. Nothing is
-        // copied for a block without steps (its consumers write zeros and exit:
-        // no copy may land in a block that is gone).
+        // Producer: warp 0 stays (and, deterministic, warp 1: the dQ writer),
+        // the rest of the warpgroup exits. Nothing is copied for a block
+        // without steps (its consumers write zeros and exit: no copy may land
+        // in a block that is gone).
         release_registers<Traits::kProducerRegs>();
+        if constexpr (Is_deterministic) {
+            // The warp index broadcast from lane 0: ptxas then sees a
+            // warp-uniform branch and keeps both roles' work in uniform
+            // registers (on threadIdx.x itself it spills at 24 registers).
+            if (__shfl_sync(0xffffffff, threadIdx.x / 32, 0) == 1) {
+                bwd_dq_writer<Traits, Is_local>(params, layout, &tma_dq_accum);
+                return;
+            }
+        }
         // Each role derives its work after setmaxnreg: a value live across it is kept in local memory.
-        const BwdWork<Traits, Is_local> work(params);
+        const BwdWork<Traits, Is_local, Is_deterministic> work(params);
         const int n0 = work.n_block * kBlockN;
         if (threadIdx.x >= 32 || work.steps == 0) return;
         const int lane = threadIdx.x;
@@ -644,10 +761,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     // Consumers: warpgroup 1 + kDqOwner owns dQ and takes the registers for it.
     if (warpgroup - 1 == Traits::kDqOwner) {
         claim_registers<Traits::kDqOwnerRegs>();
-        bwd_consumer<Traits, Is_local, /*kOwnsDq=*/true>(params, layout, &tma_dq_accum);
+        bwd_consumer<Traits, Is_local, Is_deterministic, /*kOwnsDq=*/true>(params, layout, &tma_dq_accum);
     } else {
         claim_registers<Traits::kKeyRegs>();
-        bwd_consumer<Traits, Is_local, /*kOwnsDq=*/false>(params, layout, &tma_dq_accum);
+        bwd_consumer<Traits, Is_local, Is_deterministic, /*kOwnsDq=*/false>(params, layout, &tma_dq_accum);
     }
 }
 

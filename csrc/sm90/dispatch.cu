@@ -1,6 +1,6 @@
 // The sm90 family's entry points (sm90.h): runtime (dtype, head dim, local,
-// softcap) -> one compiled forward or backward instantiation, or the sm80
-// family for what the sm90 kernels do not serve.
+// softcap; the backward's deterministic) -> one compiled forward or backward
+// instantiation, or the sm80 family for what the sm90 kernels do not serve.
 
 #include "common/flash.h"
 #include "common/static_switch.h"
@@ -14,7 +14,7 @@ namespace flash::sm90 {
 // Defined in instantiations/sm90_fwd_*.cu and sm90_bwd_*.cu.
 template <typename Element, int kHeadDim, bool Is_local, bool Has_softcap>
 cudaError_t run_fwd_(const FwdParams& params, cudaStream_t stream);
-template <typename Element, int kHeadDim, bool Is_local>
+template <typename Element, int kHeadDim, bool Is_local, bool Is_deterministic>
 cudaError_t run_bwd_(const BwdParams& params, cudaStream_t stream);
 
 namespace {
@@ -88,7 +88,7 @@ bool serves_bwd(const BwdParams& params) {
     const bool head_dim_fits = (params.head_dim > 32 && params.head_dim <= 64) ||
                                (params.head_dim > 96 && params.head_dim <= 128);
     const int smem = params.head_dim <= 64 ? BwdTraitsFor<64, __half>::kSmemBytes : BwdTraitsFor<128, __half>::kSmemBytes;
-    return head_dim_fits && !params.deterministic && !params.has_extras && params.block_table == nullptr &&
+    return head_dim_fits && !params.has_extras && params.block_table == nullptr &&
            smem <= params.max_smem_per_block && bwd_tensor_maps_fit(params);
 }
 
@@ -96,10 +96,22 @@ cudaError_t run_bwd(const BwdParams& params, cudaStream_t stream) {
     if (!serves_bwd(params)) return sm80::run_bwd(params, stream);
     return FLASH_DTYPE_SWITCH(params.dtype, Element, [&] {
         return FLASH_BOOL_SWITCH(params.is_local, Is_local, [&] {
-            return params.head_dim <= 64 ? run_bwd_<Element, 64, Is_local>(params, stream)
-                                         : run_bwd_<Element, 128, Is_local>(params, stream);
+            return FLASH_BOOL_SWITCH(params.deterministic, Is_deterministic, [&] {
+                return params.head_dim <= 64 ? run_bwd_<Element, 64, Is_local, Is_deterministic>(params, stream)
+                                             : run_bwd_<Element, 128, Is_local, Is_deterministic>(params, stream);
+            });
         });
     });
+}
+
+// Deterministic: a semaphore per (batch, query head, query tile) orders the
+// key tiles' dQ adds (bwd_kernel.cuh: bwd_dq_writer).
+BwdWorkspace bwd_workspace(const BwdParams& params) {
+    if (!serves_bwd(params)) return sm80::bwd_workspace(params);
+    if (!params.deterministic) return {/*dq_accum=*/true, /*semaphores=*/0};
+    const int block_m = params.head_dim <= 64 ? BwdConfig<64>::kBlockM : BwdConfig<128>::kBlockM;
+    const int64_t query_tiles = (params.seqlen_q + block_m - 1) / block_m;
+    return {/*dq_accum=*/true, static_cast<int64_t>(params.batch) * params.num_heads * query_tiles};
 }
 
 KvcacheWorkspace plan_kvcache(FwdParams& params, int64_t requested_splits) {

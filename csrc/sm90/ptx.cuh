@@ -104,6 +104,43 @@ __device__ __forceinline__ void bulk_wait_group() {
     asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
 
+// fence.proxy.async.global: orders this thread's earlier generic-proxy view of
+// global memory (what an acquire made visible to it) before its later bulk
+// copies (async proxy), which would otherwise not be ordered by the acquire.
+__device__ __forceinline__ void fence_proxy_async_global() {
+    asm volatile("fence.proxy.async.global;\n" ::: "memory");
+}
+
+// ---- counters that order blocks (global memory) -------------------------------
+
+// ld.acquire.gpu in a loop, with nanosleep between tries: returns once
+// *counter == value; the writes released before that value was stored are
+// visible to this thread. The back-off starts at kMinNs and doubles up to
+// kMaxNs, which bounds the lag it adds after the release.
+template <int kMinNs = 32, int kMaxNs = 256>
+__device__ __forceinline__ void wait_until_equal(const int* counter, int value) {
+    int ns = kMinNs;
+    while (true) {
+        int seen;
+        asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(seen) : "l"(counter) : "memory");
+        if (seen == value) return;
+        __nanosleep(ns);
+        ns = ns < kMaxNs ? 2 * ns : kMaxNs;
+    }
+}
+
+// red.release.gpu.global.add.s32: adds `value` once this thread's earlier
+// writes (and those it has observed) are visible at GPU scope.
+__device__ __forceinline__ void red_release_add(int* counter, int value) {
+    asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(counter), "r"(value) : "memory");
+}
+
+// st.relaxed.gpu.global.b32: a plain store to a counter that no thread waits on
+// any more (a reset for the next kernel, which the launch boundary orders).
+__device__ __forceinline__ void store_relaxed(int* counter, int value) {
+    asm volatile("st.relaxed.gpu.global.b32 [%0], %1;\n" ::"l"(counter), "r"(value) : "memory");
+}
+
 // ---- warp specialisation ------------------------------------------------------
 
 // setmaxnreg.dec / .inc: hand registers back to the pool (the producer) or take

@@ -21,12 +21,16 @@ bool serves(const FwdParams& params);
 cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream);
 
 // Whether the sm90 backward serves a call: fp16/bf16, head dims that round to
-// 64 or 128 (33..64, 97..128), causal, windowed, GQA/MQA, padded batches and
-// variable lengths (seqused_q/k, leftpad_k) with strides the tensor maps can
-// describe. Not (the sm80 family runs them): deterministic=True, softcap,
+// 64 or 128 (33..64, 97..128), causal, windowed, GQA/MQA, deterministic=True,
+// padded batches and variable lengths (seqused_q/k, leftpad_k) with strides
+// the tensor maps can describe. Not (the sm80 family runs them): softcap,
 // ALiBi, dropout, other head dims.
 bool serves_bwd(const BwdParams& params);
 cudaError_t run_bwd(const BwdParams& params, cudaStream_t stream);
+// The scratch a backward call needs (flash.h: BwdWorkspace): dq_accum, and
+// with deterministic=True the semaphores that order the dQ adds; sm80's
+// where the call runs there.
+BwdWorkspace bwd_workspace(const BwdParams& params);
 KvcacheWorkspace plan_kvcache(FwdParams& params, int64_t requested_splits);
 cudaError_t run_kvcache_append(const AppendParams& params, cudaStream_t stream);
 cudaError_t run_fwd_kvcache(const FwdParams& params, cudaStream_t stream);
