@@ -260,7 +260,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> mha_bwd(
     }
     at::Tensor dsum = at::empty(lse.sizes(), lse.options());
 
-    const bool dout_readable = dout.stride(-1) == 1 && strides_aligned(dout) && readable_in_place(dout);
+    // A broadcast dout is copied too: not every family's copy engine takes a
+    // stride of 0, and which kernel runs (with its own summation order, under
+    // deterministic=True too) must not depend on dout's layout.
+    const bool dout_readable =
+        dout.stride(-1) == 1 && strides_aligned(dout) && readable_in_place(dout) && !broadcasts(dout);
     const at::Tensor dout_rows = dout_readable ? dout : dout.clone(at::MemoryFormat::Contiguous);
 
     const at::Tensor q_in = aligned(q), k_in = aligned(k), v_in = aligned(v), out_in = aligned(out);
