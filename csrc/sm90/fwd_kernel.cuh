@@ -554,9 +554,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         // warp-collective code under it (stmatrix, bar.sync) does not make it
         // compile the loop around it for divergent warps (no uniform datapath:
         // every wgmma descriptor through R2UR).
-        const bool o_by_copy = __shfl_sync(
-            0xffffffffu,
-            o_staged && (group_rows >= Traits::kWarpgroupRows || (group_rows > 0 && !rows_after_are_others)), 0);
+        const bool o_by_copy =
+            Traits::kOStaged &&
+            __shfl_sync(0xffffffffu,
+                        o_by_tma && (group_rows >= Traits::kWarpgroupRows || (group_rows > 0 && !rows_after_are_others)),
+                        0);
         if constexpr (Traits::kOStaged) {
             if (o_by_copy) {
                 // The warpgroup's previous bulk store has read its rows of the tile
