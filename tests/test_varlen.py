@@ -246,6 +246,39 @@ def test_uniform_batch_is_the_padded_batch(device, feature, seqlens, determinist
             assert torch.equal(grad, want.flatten(0, 1)), name
 
 
+# Query lengths on both sides of the sm90 forward's 64-row warpgroups and 128-row tiles, packed
+# back to back. Where O goes through shared memory (d64, d96, causal d128), a warpgroup whose 64
+# rows lie inside its sequence stores them with one bulk copy; one that reaches past the end stores
+# from registers, since the rows after it are the next sequence's.
+EDGE_LENGTHS_Q = [64, 65, 127, 128, 129, 1, 191, 192, 63, 300]
+EDGE_LENGTHS_K = [200, 64, 1, 128, 300, 17, 191, 256, 63, 129]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("cut", [False, True], ids=["whole", "seqused_q"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", [64, 96, 128], ids=lambda d: f"d{d}")
+def test_sequences_that_end_at_warpgroup_edges(device, head_dim, causal, cut):
+    """Each sequence within the bound of its reference; the rows no sequence uses (those past
+    seqused_q, and 5 past cu_seqlens_q[-1]) keep out 0 and lse -inf: no store reaches them."""
+    seed = case_seed("warpgroup edges", device, head_dim, causal, cut)
+    q, k, v, varlen = packed_batch(EDGE_LENGTHS_Q, EDGE_LENGTHS_K, (4, 2), head_dim, torch.bfloat16, device, seed)
+    past_end = torch.randn(5, *q.shape[1:], generator=torch.Generator(device).manual_seed(seed + 1), device=device)
+    q = torch.cat([q, past_end.to(q.dtype)])
+    used_q = [n - n // 3 if cut and b % 2 == 0 else n for b, n in enumerate(EDGE_LENGTHS_Q)]  # 64 -> 43, 127 -> 85
+    if cut:
+        varlen["seqused_q"] = torch.tensor(used_q, dtype=torch.int32, device=device)
+    out, lse = run_forward(q, k, v, head_dim**-0.5, causal, **varlen)
+    unused = torch.ones(q.shape[0], dtype=torch.bool, device=device)
+    for b, (rows, keys) in enumerate(sequences(varlen)):
+        rows = slice(rows.start, rows.start + used_q[b])
+        unused[rows] = False
+        assert_matches_reference(out[rows][None], lse[:, rows][None], q[rows][None], k[keys][None], v[keys][None],
+                                 head_dim**-0.5, causal)  # fmt: skip
+    assert torch.equal(out[unused], torch.zeros_like(out[unused]))
+    assert (lse[:, unused] == -math.inf).all()
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_unpadded_tokens_attend_as_each_sequence_alone(device, causal):

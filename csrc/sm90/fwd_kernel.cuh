@@ -15,7 +15,10 @@
 //     behind the tensor cores: within a warpgroup, S of tile i is issued with
 //     O += P V of tile i - 1 and its softmax runs while that GEMM does; between
 //     the two warpgroups, named barriers let one issue its GEMMs only after the
-//     other has issued its own (ping-pong).
+//     other has issued its own (ping-pong). Epilogue: each warpgroup normalises
+//     its rows and writes them to out, through its own part of a shared-memory
+//     output tile and a bulk tensor store where the config has one
+//     (kernel_traits.h: kOStaged), else from registers; then their LSE.
 //
 // Key tiles are walked from the last to the first, as in the sm80 kernel, so
 // that the tiles that need a mask at the top (sequence tail, causal diagonal, a
@@ -54,6 +57,10 @@ struct SmemLayout {
     __device__ __forceinline__ uint32_t q() const { return base + Traits::kSmemQOffset; }
     __device__ __forceinline__ uint32_t k(int stage) const { return base + Traits::kSmemKOffset + stage * Traits::kKVBytes; }
     __device__ __forceinline__ uint32_t v(int stage) const { return base + Traits::kSmemVOffset + stage * Traits::kKVBytes; }
+    // Consumer warpgroup c's rows of the output tile's first column block (kOStaged).
+    __device__ __forceinline__ uint32_t o_group(int c) const {
+        return base + Traits::kSmemOOffset + c * Traits::kOGroupBoxBytes;
+    }
     __device__ __forceinline__ uint32_t barrier(int i) const { return base + Traits::kSmemBarrierOffset + 8 * i; }
     __device__ __forceinline__ uint32_t q_full() const { return barrier(0); }
     __device__ __forceinline__ uint32_t q_empty() const { return barrier(1); }
@@ -125,6 +132,32 @@ struct KeyTileSource {
         }
     }
 };
+
+// Writes a consumer warpgroup's normalised O (its fp32 accumulator, 64 rows x
+// kTileCols) as Element into its rows of the output tile (`group`: those of the
+// first column block), in the 128-byte swizzle the bulk store reads: one
+// stmatrix.x4 per pair of n8 blocks, its four 8 x 8 matrices rows 0-7 and 8-15
+// of the warp's 16 under each block. Lane i addresses row (i / 8 % 2) * 8 + i % 8
+// of n8 block 2p + i / 16; a row is 128 bytes, its 16-byte chunks permuted by
+// XOR with the row's index within its 8-row atom (i % 8), so the eight rows of a
+// matrix land in eight distinct chunks: no bank conflict.
+template <typename Traits>
+__device__ __forceinline__ void stage_o(const float (&o)[1][Traits::kNTilesO][4], uint32_t group, int warp, int lane) {
+    using Element = typename Traits::Element;
+    const int row = warp * 16 + (lane / 8 % 2) * 8 + lane % 8;  // of the warpgroup's 64
+    const uint32_t row_addr = group + row * kSwizzleBytes;
+    // Chunk of n8 block j = 2p + lane / 16 in its column block: j % 8 = 2 (p % 4) + lane / 16,
+    // which XOR (lane % 8) is 2 (p % 4) XOR this (2 (p % 4) is even).
+    const int chunk_xor = (lane / 16) ^ (lane % 8);
+#pragma unroll
+    for (int p = 0; p < Traits::kNTilesO / 2; ++p) {
+        const uint32_t addr = row_addr + (p / 4) * Traits::kOBlockBytes + (((2 * (p % 4)) ^ chunk_xor) << 4);
+        stmatrix_x4(addr, pack2<Element>(o[0][2 * p][0], o[0][2 * p][1]),
+                    pack2<Element>(o[0][2 * p][2], o[0][2 * p][3]),
+                    pack2<Element>(o[0][2 * p + 1][0], o[0][2 * p + 1][1]),
+                    pack2<Element>(o[0][2 * p + 1][2], o[0][2 * p + 1][3]));
+    }
+}
 
 // A call's tile counter for dynamic scheduling (FwdParams::fwd_counters, zero
 // on entry): `next` hands out the query tiles past the first gridDim.x (which
@@ -217,11 +250,13 @@ struct WorkTile {
 // kConsumerWarpgroups consumer warpgroups, drawing their query tiles from
 // WorkQueue: statically when work_counter is nullptr, else dynamically.
 // params.seqlen_q is the longest sequence's query count (varlen: max_seqlen_q).
+// o_by_tma: out takes bulk stores through tma_o (the launcher's choice; only
+// where Traits::kOStaged).
 template <typename Traits, bool Is_local, bool Has_softcap>
 __global__ void __launch_bounds__(Traits::kNThreads, 1)
     fwd_kernel(const __grid_constant__ FwdParams params, const __grid_constant__ CUtensorMap tma_q,
                const __grid_constant__ CUtensorMap tma_k, const __grid_constant__ CUtensorMap tma_v,
-               WorkCounter* work_counter) {
+               const __grid_constant__ CUtensorMap tma_o, bool o_by_tma, WorkCounter* work_counter) {
     using Element = typename Traits::Element;
     using Work = WorkTile<Traits, Is_local>;
     constexpr int kBlockM = Traits::kBlockM;
@@ -302,7 +337,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     claim_registers<Traits::kConsumerRegs>();
     const int consumer = warpgroup - 1;
     const int lane = threadIdx.x % 32;
-    const int warp_in_group_row0 = consumer * Traits::kWarpgroupRows + (threadIdx.x / 32) % 4 * 16;
+    const int warp_in_group = (threadIdx.x / 32) % 4;
+    const int warp_in_group_row0 = consumer * Traits::kWarpgroupRows + warp_in_group * 16;
+    // The thread of each consumer warpgroup that issues its bulk stores of O and
+    // waits for them (a bulk async-group belongs to the thread that commits it).
+    const bool o_issuer = threadIdx.x % 128 == 0;
+    const bool o_staged = Traits::kOStaged && o_by_tma;
+    if (o_staged && o_issuer) prefetch_tensor_map(&tma_o);
 
     // Q (K-major): this warpgroup's 64 rows of each column block. K (K-major)
     // and V (MN-major: keys are the K dimension, the head dim the N dimension,
@@ -318,12 +359,17 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     // by the first warpgroup's last wait, after the last work tile.
     constexpr int kPingPongThreads = 2 * 128;
     constexpr int kTailBarrier = 3;  // after the ping-pong's 1 and 2
+    constexpr int kOBarrier = 4;     // + consumer: a warpgroup's own, around its output tile's writes
     auto before_issue = [&] { named_barrier_sync(1 + consumer, kPingPongThreads); };
     auto after_issue = [&] { named_barrier_arrive(2 - consumer, kPingPongThreads); };
     if (consumer == 1) named_barrier_arrive(1, kPingPongThreads);
 
     const bool tail_is_memory =
         params.cu_seqlens_k != nullptr || params.seqused_k != nullptr || params.block_table != nullptr;
+    // Packed query rows: the rows after a sequence are the next one's (or rows no
+    // sequence owns), inside the tensor map of out, so a bulk store there would
+    // not be clipped at the sequence's end.
+    const bool rows_after_are_others = params.cu_seqlens_q != nullptr || params.seqused_q != nullptr;
     int q_count = 0, tile_count = 0;
     for (int k = 0, t = queue.take(0); t < num_work; t = queue.take(++k)) {
         const Work work(params, t, num_m_blocks);
@@ -493,11 +539,47 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             tile_count += num_tiles;
         }
 
-        // Epilogue: normalise, then each thread writes its rows' LSE and its
-        // pairs of output columns (rows past the sequence, columns past the
-        // head dim stay unwritten).
+        // Epilogue: normalise, write this warpgroup's rows of out, then their LSE
+        // (rows past the sequence and columns past the head dim stay unwritten).
         float lse[2];
         softmax.finalize(o, lse);
+        const int group_row0 = work.m_block * kBlockM + consumer * Traits::kWarpgroupRows;
+        const int group_rows = seq.seqlen_q - group_row0;  // > 0: the warpgroup has min(this, 64) rows to write
+        // The bulk store clips a box only at the tensor map's edges: exact for a
+        // padded batch, whose rows past a sequence's end are outside the map's
+        // (they are the next batch entry's), and for a packed warpgroup whose 64
+        // rows all lie inside its sequence. Its partial warpgroup, once per
+        // sequence, stores from registers. The choice is the same in every lane;
+        // broadcast from lane 0, it is one the compiler knows to be, so that the
+        // warp-collective code under it (stmatrix, bar.sync) does not make it
+        // compile the loop around it for divergent warps (no uniform datapath:
+        // every wgmma descriptor through R2UR).
+        const bool o_by_copy =
+            Traits::kOStaged &&
+            __shfl_sync(0xffffffffu,
+                        o_by_tma && (group_rows >= Traits::kWarpgroupRows || (group_rows > 0 && !rows_after_are_others)),
+                        0);
+        if constexpr (Traits::kOStaged) {
+            if (o_by_copy) {
+                // The warpgroup's previous bulk store has read its rows of the tile
+                // (its issuer waits; the barrier tells the others) before they are
+                // written again.
+                if (o_issuer) bulk_wait_group_read<0>();
+                named_barrier_sync(kOBarrier + consumer, 128);
+                stage_o<Traits>(o, layout.o_group(consumer), warp_in_group, lane);
+                fence_proxy_async_shared();  // the stmatrix writes, visible to the copy engine
+                named_barrier_sync(kOBarrier + consumer, 128);
+                if (o_issuer) {
+#pragma unroll
+                    for (int cb = 0; cb < Traits::kColBlocks; ++cb) {
+                        tma_store_4d(&tma_o, layout.o_group(consumer) + cb * Traits::kOBlockBytes, cb * kSwizzleCols,
+                                     seq.q_start + group_row0, work.head,
+                                     params.cu_seqlens_q == nullptr ? work.batch : 0);
+                    }
+                    bulk_commit_group();
+                }
+            }
+        }
         Element* out = static_cast<Element*>(params.o_ptr) + work.batch * params.o_batch_stride +
                        work.head * params.o_head_stride + static_cast<int64_t>(seq.q_start) * params.o_row_stride;
 #pragma unroll
@@ -508,6 +590,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                 params.lse_ptr[work.batch * params.lse_batch_stride + work.head * params.lse_head_stride +
                                seq.q_start + row] = lse[half];
             }
+            if (o_by_copy) continue;
+            // From registers: each thread its pairs of output columns.
             Element* out_row = out + static_cast<int64_t>(row) * params.o_row_stride;
 #pragma unroll
             for (int j = 0; j < Traits::kNTilesO; ++j) {
@@ -519,6 +603,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             }
         }
     }
+    // The last bulk stores have read the output tile before the block's shared
+    // memory goes, and are complete.
+    if (o_staged && o_issuer) bulk_wait_group<0>();
     if (consumer == 0) before_issue();  // the second warpgroup's last arrival
 }
 

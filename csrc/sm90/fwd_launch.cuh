@@ -19,6 +19,15 @@ cudaError_t run_fwd_(const FwdParams& params, cudaStream_t stream) {
         params.block_table != nullptr ? kv_box_rows(params.page_size, Traits::kBlockN) : Traits::kBlockN;
     cudaError_t err = make_fwd_tensor_maps(params, Traits::kBlockM, box_rows_kv, &tma_q, &tma_k, &tma_v);
     if (err != cudaSuccess) return err;
+    // O through shared memory and bulk stores where the config has the buffer
+    // for it (kernel_traits.h) and out the alignment a tensor map needs; from
+    // registers otherwise. Each consumer warpgroup stores its own rows.
+    CUtensorMap tma_o{};
+    const bool o_by_tma = Traits::kOStaged && o_tensor_map_fits(params);
+    if (o_by_tma) {
+        err = make_fwd_o_tensor_map(params, Traits::kWarpgroupRows, &tma_o);
+        if (err != cudaSuccess) return err;
+    }
     auto kernel = &fwd_kernel<Traits, Is_local, Has_softcap>;
     // Dynamic shared memory above 48 KB must be opted into per kernel.
     err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes);
@@ -38,7 +47,8 @@ cudaError_t run_fwd_(const FwdParams& params, cudaStream_t stream) {
     if (err != cudaSuccess) return err;
     const int blocks = static_cast<int>(tiles < sms ? tiles : sms);
     WorkCounter* counter = Is_local ? reinterpret_cast<WorkCounter*>(params.fwd_counters) : nullptr;
-    kernel<<<blocks, Traits::kNThreads, Traits::kSmemBytes, stream>>>(params, tma_q, tma_k, tma_v, counter);
+    kernel<<<blocks, Traits::kNThreads, Traits::kSmemBytes, stream>>>(params, tma_q, tma_k, tma_v, tma_o, o_by_tma,
+                                                                      counter);
     return cudaGetLastError();
 }
 

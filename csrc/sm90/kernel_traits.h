@@ -58,23 +58,39 @@ struct FwdTraits {
     static constexpr int kQBytes = kColBlocks * kQBlockBytes;
     static constexpr int kKVBytes = kColBlocks * kKVBlockBytes;
 
-    // Q, then kStages K tiles, then kStages V tiles, then the mbarriers and the work slots; the
-    // base is aligned up to an atom at run time (kSmemAlign spare bytes).
+    // O's way out of the block (issue 18). Where the output tile, [kBlockM, kTileCols] in Q's
+    // layout, fits beside Q and the stages (kOStaged), each consumer warpgroup writes its
+    // normalised rows into it (stmatrix, conflict-free in the 128-byte swizzle) and one of its
+    // threads stores them with the bulk tensor copy, a box of kWarpgroupRows x 64 columns per
+    // column block; the buffer is the warpgroup's own, so its epilogue still runs under the other
+    // warpgroup's GEMMs. Elsewhere the consumers store O from registers (the table under
+    // FwdConfig says which configs and why).
+    static constexpr int kOBlockBytes = kBlockM * kSwizzleBytes;
+    static constexpr int kOBytes = kColBlocks * kOBlockBytes;
+    static constexpr int kOGroupBoxBytes = kWarpgroupRows * kSwizzleBytes;  // a warpgroup's box of a column block
+
+    // Q, then kStages K tiles, then kStages V tiles, then (kOStaged) the output tile, then the
+    // mbarriers and the work slots; the base is aligned up to an atom at run time (kSmemAlign
+    // spare bytes).
     static constexpr int kSmemQOffset = 0;
     static constexpr int kSmemKOffset = kSmemQOffset + kQBytes;
     static constexpr int kSmemVOffset = kSmemKOffset + kStages * kKVBytes;
-    static constexpr int kSmemBarrierOffset = kSmemVOffset + kStages * kKVBytes;
+    static constexpr int kSmemOOffset = kSmemVOffset + kStages * kKVBytes;
     // Q full and empty; K, V full and empty per stage; the work exchange's full and empty per slot.
     static constexpr int kWorkSlots = 2;  // query tiles handed from the producer to the consumers
     static constexpr int kBarriers = 2 + 4 * kStages + 2 * kWorkSlots;
-    static constexpr int kSmemWorkOffset = kSmemBarrierOffset + 8 * kBarriers;  // an int per work slot
     static constexpr int kSmemAlign = kSwizzleAtomBytes;
+    static constexpr int kSmemTailBytes = 8 * kBarriers + 4 * kWorkSlots + kSmemAlign;  // past the tiles
+    static constexpr bool kOStaged = kSmemOOffset + kOBytes + kSmemTailBytes <= kMaxSmemPerBlock;
+    static constexpr int kSmemBarrierOffset = kSmemOOffset + (kOStaged ? kOBytes : 0);
+    static constexpr int kSmemWorkOffset = kSmemBarrierOffset + 8 * kBarriers;  // an int per work slot
     static constexpr int kSmemBytes = kSmemWorkOffset + 4 * kWorkSlots + kSmemAlign;
 
     static_assert(kHeadDim % 32 == 0 && kHeadDim <= 256, "head dims 64, 96, 128, 192, 256");
     static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "wgmma N and the k16 steps of P V");
-    static_assert(kQBlockBytes % kSwizzleAtomBytes == 0 && kKVBlockBytes % kSwizzleAtomBytes == 0,
-                  "every column block starts on a swizzle atom");
+    static_assert(kQBlockBytes % kSwizzleAtomBytes == 0 && kKVBlockBytes % kSwizzleAtomBytes == 0 &&
+                      kOGroupBoxBytes % kSwizzleAtomBytes == 0,
+                  "every column block (and a warpgroup's box of O) starts on a swizzle atom");
     static_assert(kConsumerWarpgroups * 128 * kConsumerRegs + 128 * kProducerRegs <=
                       kNThreads * registers_at_entry(kNThreads),
                   "setmaxnreg: the warpgroups' registers must fit what the block holds at entry");
@@ -90,6 +106,39 @@ template <bool Is_local> struct FwdConfig<96, Is_local> { static constexpr int k
 template <bool Is_local> struct FwdConfig<128, Is_local> { static constexpr int kBlockN = Is_local ? 128 : 176; };
 template <bool Is_local> struct FwdConfig<192, Is_local> { static constexpr int kBlockN = Is_local ? 96 : 112; };
 template <bool Is_local> struct FwdConfig<256, Is_local> { static constexpr int kBlockN = 80; };
+
+template <int kHeadDim, typename Element, bool Is_local>
+using FwdTraitsFor = FwdTraits<kHeadDim, FwdConfig<kHeadDim, Is_local>::kBlockN, Element>;
+
+// Which configs write O through shared memory (FwdTraits::kOStaged), in KB of
+// the 227 a block may take: Q + two K and two V stages (+ the 1 KB alignment
+// spare and the barriers), and the output tile it would add ("local": a causal
+// mask or a window, Is_local).
+//   d64  (both):        16 + 4 x 16 = 81,  + 16 -> 97: staged
+//   d96  (both):        32 + 4 x 32 = 161, + 32 -> 193: staged (128 columns wide;
+//                       the store clips them at the head dim)
+//   d128 local (N 128): 32 + 4 x 32 = 161, + 32 -> 193: staged
+//   d128 (N 176):       32 + 4 x 44 = 209, + 32 -> 241: direct
+//   d192 local (N 96):  48 + 4 x 36 = 193, + 48 -> 241: direct
+//   d192 (N 112):       48 + 4 x 42 = 217, + 48 -> 265: direct
+//   d256 (N 80):        64 + 4 x 40 = 225, + 64 -> 289: direct
+// No other buffer is free at the epilogue without a cost: Q is the next query
+// tile's as soon as both warpgroups' last S = Q K^T are complete (q_empty), so
+// that its copy runs under this tile's last P V and epilogue (holding it for the
+// store would put that copy back in the open); the K and V stages are the next
+// tile's first keys, and the other warpgroup's last P V may still read the V
+// stage (reusing one takes a barrier across both warpgroups at the epilogue
+// and one more wait of the producer). Nor are the tiles cut for it: d128
+// non-local at 128 (or 160) keys would fit the tile (NOTES.md measured 176 and
+// 128 keys within noise of each other at d128 8k), an A/B left to a GPU run.
+static_assert(FwdTraitsFor<64, void, false>::kOStaged && FwdTraitsFor<64, void, true>::kOStaged &&
+                  FwdTraitsFor<96, void, false>::kOStaged && FwdTraitsFor<96, void, true>::kOStaged &&
+                  FwdTraitsFor<128, void, true>::kOStaged,
+              "the configs the table above stages O for");
+static_assert(!FwdTraitsFor<128, void, false>::kOStaged && !FwdTraitsFor<192, void, false>::kOStaged &&
+                  !FwdTraitsFor<192, void, true>::kOStaged && !FwdTraitsFor<256, void, false>::kOStaged &&
+                  !FwdTraitsFor<256, void, true>::kOStaged,
+              "the configs the table above stores O from registers for");
 
 // The zeroed counters a causal or windowed forward asks for (FwdParams::
 // fwd_counters): its blocks' tile counter (fwd_kernel.cuh: WorkCounter).
@@ -117,9 +166,6 @@ static_assert(kv_box_rows(16, 128) == 16 && kv_box_rows(256, 128) == 128 && kv_b
                   kv_box_rows(24, 96) == 24 && kv_box_rows(12, 96) == 0 && kv_box_rows(7, 128) == 0 &&
                   kv_box_rows(4, 64) == 0,
               "boxes of whole swizzle atoms, each inside one page");
-
-template <int kHeadDim, typename Element, bool Is_local>
-using FwdTraitsFor = FwdTraits<kHeadDim, FwdConfig<kHeadDim, Is_local>::kBlockN, Element>;
 
 // The sm90 backward's main kernel (bwd_kernel.cuh): a block owns kBlockN keys of
 // one KV head (64 per consumer warpgroup: the M of its S^T = K Q^T, dP^T = V dO^T,

@@ -73,6 +73,18 @@ __device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map
         : "memory");
 }
 
+// cp.async.bulk.tensor.4d (shared -> global, tile mode): copies the box at `src`
+// into the tensor of `map` at coordinates (c0 innermost .. c3); elements outside
+// the tensor are not written. Completes in the issuing thread's bulk
+// async-group (commit below).
+__device__ __forceinline__ void tma_store_4d(const CUtensorMap* map, uint32_t src, int c0, int c1, int c2, int c3) {
+    asm volatile(
+        "cp.async.bulk.tensor.4d.global.shared::cta.tile.bulk_group"
+        " [%0, {%1, %2, %3, %4}], [%5];\n" ::"l"(reinterpret_cast<uint64_t>(map)),
+        "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(src)
+        : "memory");
+}
+
 // cp.reduce.async.bulk.tensor.4d (shared -> global, tile mode, add): adds the
 // box at `src` element-wise into the tensor of `map` at coordinates (c0
 // innermost .. c3), atomically per element; elements outside the tensor are
@@ -257,6 +269,16 @@ __device__ __forceinline__ float2 load_shared_f32x2(uint32_t addr) {
     float2 v;
     asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(addr) : "memory");
     return v;
+}
+
+// stmatrix.sync.aligned.m8n8.x4.shared.b16: the warp stores four 8 x 8 matrices
+// of 16-bit elements. In matrix j (register rj) lane i holds row i / 4, elements
+// 2 (i % 4) and 2 (i % 4) + 1 (an mma.m16n8 accumulator's pairs, packed);
+// lanes 8j .. 8j + 7 give the shared addresses of matrix j's rows (16 bytes each).
+__device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r0), "r"(r1),
+                 "r"(r2), "r"(r3)
+                 : "memory");
 }
 
 // fence.proxy.async: this thread's earlier shared-memory writes become visible

@@ -75,6 +75,12 @@ View q_view(const FwdParams& params) {
             params.q_row_stride, params.q_head_stride, params.q_batch_stride};
 }
 
+View o_view(const FwdParams& params) {
+    const bool varlen = params.cu_seqlens_q != nullptr;
+    return {params.o_ptr, varlen ? params.total_q : params.seqlen_q, params.num_heads, varlen ? 1 : params.batch,
+            params.o_row_stride, params.o_head_stride, params.o_batch_stride};
+}
+
 // Paged keys: (head dim, row in page, head, page), the pages as the batch.
 View kv_view(const FwdParams& params, const void* ptr, int64_t row_stride, int64_t head_stride,
              int64_t batch_stride) {
@@ -90,6 +96,16 @@ View kv_view(const FwdParams& params, const void* ptr, int64_t row_stride, int64
 bool fits(const View& view) {
     return (view.rows <= 1 || view.row_stride != 0) && (view.heads <= 1 || view.head_stride != 0) &&
            (view.batches <= 1 || view.batch_stride != 0);
+}
+
+// A view the copy engine can store into: `fits`, with its start and every
+// stride it steps on 16 bytes.
+bool aligned_16(const View& view, int element_bytes) {
+    const auto stride_ok = [&](int64_t extent, int64_t stride) {
+        return extent <= 1 || (stride * element_bytes) % 16 == 0;
+    };
+    return fits(view) && reinterpret_cast<uintptr_t>(view.ptr) % 16 == 0 && stride_ok(view.rows, view.row_stride) &&
+           stride_ok(view.heads, view.head_stride) && stride_ok(view.batches, view.batch_stride);
 }
 
 // dout in q's layout with its own strides; dq_accum: fp32 [B, Sq, H, D]
@@ -124,6 +140,12 @@ cudaError_t make_fwd_tensor_maps(const FwdParams& params, int box_rows_q, int bo
     }
     return err;
 }
+
+cudaError_t make_fwd_o_tensor_map(const FwdParams& params, int box_rows, CUtensorMap* o) {
+    return encode(o, params, o_view(params), box_rows);
+}
+
+bool o_tensor_map_fits(const FwdParams& params) { return aligned_16(o_view(params), kElementBytes); }
 
 cudaError_t make_bwd_tensor_maps(const BwdParams& params, int box_rows_q, int box_rows_dq, CUtensorMap* dout,
                                  CUtensorMap* dq_accum) {

@@ -20,6 +20,19 @@ namespace flash::sm90 {
 cudaError_t make_fwd_tensor_maps(const FwdParams& params, int box_rows_q, int box_rows_kv, CUtensorMap* q,
                                  CUtensorMap* k, CUtensorMap* v);
 
+// The map of out for the forward's bulk stores of O: out's [head dim, rows,
+// heads, batch] as q's, boxes of 64 columns x box_rows rows in the 128-byte
+// swizzle; the copy engine writes nothing outside the tensor (columns past the
+// head dim, rows past a padded batch's sequence). Only where o_tensor_map_fits.
+cudaError_t make_fwd_o_tensor_map(const FwdParams& params, int box_rows, CUtensorMap* o);
+
+// Whether out can take bulk tensor stores: a 16-byte aligned start and strides
+// that are multiples of 16 bytes (what a tensor map requires), none zero. The
+// binding's out (allocated contiguous, the head dim a multiple of 8) always
+// can; the launcher stores O from registers where it cannot, so that serves()
+// does not depend on it.
+bool o_tensor_map_fits(const FwdParams& params);
+
 // The backward's maps beyond q, k and v: dout as q (boxes of box_rows_q rows)
 // and dq_accum (fp32, boxes of 32 columns x box_rows_dq rows, the 128-byte
 // swizzle), the target of the main kernel's bulk reduce-add, which skips the
