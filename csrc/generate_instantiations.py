@@ -66,7 +66,7 @@ SM90_FWD_TEMPLATE = """\
 #include "sm90/fwd_launch.cuh"
 
 namespace flash::sm90 {{
-template cudaError_t run_fwd_<{element}, {head_dim}, {local}, {softcap}>(const FwdParams&, cudaStream_t);
+template cudaError_t run_fwd_<{element}, {head_dim}, {local}, {softcap}>(const FwdParams&, KeyCopy, cudaStream_t);
 }}  // namespace flash::sm90
 """
 

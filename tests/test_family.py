@@ -132,13 +132,17 @@ def test_sm90_serves_or_delegates(case):
 
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9 or not sm90_in_build(),
                     reason="the sm90 family runs on 9.x GPUs of builds that include 9.0a")
-@pytest.mark.parametrize("page_size, head_dim, family", [(16, 128, "sm90"), (256, 64, "sm90"), (256, 256, "sm90"),
-                                                         (7, 128, "sm80"), (4, 64, "sm80")])
-def test_sm90_takes_pages_it_can_copy_in_boxes(page_size, head_dim, family):
-    """Paged keys run on sm90 where every box of a key tile lies in one page and spans at least 8
-    rows (kv_box_rows); smaller or odd pages on sm80."""
+@pytest.mark.parametrize("mode", ["auto", "tma", "gather"])
+@pytest.mark.parametrize("page_size, head_dim", [(16, 128), (256, 64), (256, 256), (7, 128), (4, 64), (12, 96)])
+def test_sm90_takes_pages_it_can_copy(page_size, head_dim, mode, monkeypatch):
+    """Paged keys run on sm90 at any page size where its producer gathers their rows (auto: where a
+    key tile would take more than one TMA box per column block; FLASHATTN_SM90_PAGED_COPY=gather:
+    always); under FLASHATTN_SM90_PAGED_COPY=tma, only pages whose boxes are whole 8-row swizzle
+    atoms (kv_box_rows: page sizes that are multiples of 8), the others on sm80."""
     if flashattn.kernel_family() != "sm90":
         pytest.skip("FLASHATTN_FAMILY forces another family")
+    monkeypatch.setenv("FLASHATTN_SM90_PAGED_COPY", mode)
+    family = "sm90" if mode != "tma" or page_size % 8 == 0 else "sm80"
     lengths = [150, 40]
     blocks = [-(-n // page_size) for n in lengths]
     q = torch.randn(sum(lengths), 4, head_dim, device="cuda", dtype=torch.bfloat16)

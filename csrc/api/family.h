@@ -6,6 +6,8 @@
 // 9.0a: FLASHATTN_HAS_SM90), sm80 (mma.sync; every GPU from sm_80 on).
 // FLASHATTN_FAMILY=sm80 forces a family on a GPU that has a newer one (A/B runs
 // and tests); unset or "auto", each device gets the newest family built for it.
+// A family may read switches of its own: FLASHATTN_SM90_PAGED_COPY=auto|tma|gather
+// (how the sm90 forward copies paged keys; read at every call, sm90/dispatch.cu).
 #pragma once
 
 #include <c10/cuda/CUDAException.h>

@@ -7,7 +7,10 @@
 //     (TMA, 128-byte swizzle), each stage's arrival tracked by a "full"
 //     mbarrier and its release by the consumers by an "empty" one (paged
 //     keys: one warp, a box per page, KeyTileSource). The rest of the
-//     warpgroup gives its registers back (setmaxnreg) and exits.
+//     warpgroup gives its registers back (setmaxnreg) and exits. Paged keys
+//     whose pages are smaller than a tile are gathered instead
+//     (KeyCopy::kGather): all 128 threads copy K and V rows with cp.async into
+//     the same swizzled layout (KeyTileGather); Q still comes by TMA.
 //   consumer warpgroups: 64 query rows each; per key tile: wait K, S = Q K^T
 //     (wgmma, both operands from shared memory), release K, mask, online
 //     softmax, wait V, O += P V (wgmma, P from registers, V read transposed
@@ -73,6 +76,7 @@ struct SmemLayout {
         return barrier(2 + 4 * Traits::kStages + Traits::kWorkSlots + slot);
     }
     __device__ __forceinline__ uint32_t work(int slot) const { return base + Traits::kSmemWorkOffset + 4 * slot; }
+    __device__ __forceinline__ uint32_t gather_rows() const { return base + Traits::kSmemGatherOffset; }
 };
 
 // Where the producer warp copies a key (and value) tile from: rows of k and v
@@ -159,6 +163,146 @@ __device__ __forceinline__ void stage_o(const float (&o)[1][Traits::kNTilesO][4]
     }
 }
 
+// Where the producer warpgroup gathers a paged key (and value) tile from
+// (KeyCopy::kGather): its 128 threads copy the tile's rows in 16-byte chunks
+// with cp.async into the layout the bulk tensor copy writes (the 128-byte
+// swizzle: chunk c of row r of a column block lands at chunk c ^ (r % 8) of
+// that row), so that the consumers' descriptors read it as they read a TMA
+// tile. A warp copies 4 rows a pass, 8 lanes (a segment) a row, one 128-byte
+// column block row each (coalesced: whole 128-byte lines); kPasses passes of
+// the warpgroup cover the tile's kBlockN rows. A row's page is looked up once
+// per tile, by a lane of the segment that copies it, a tile ahead (look_up:
+// the block-table read is in flight while the producer waits for its copies of
+// the previous tile to land; resolve: the entry checked as checked_page does),
+// and the row's K and V addresses go to shared memory (gather_rows), where the
+// 8 lanes that copy the row read them for each copy: no register holds them
+// across the producer's waits (it has kProducerRegs). Lane j of a segment looks
+// up the segment's rows of passes j, j + 8, ..., so that the writer and the
+// readers of an address are one warp: __syncwarp orders them. Rows past the
+// sequence (only in the first tile walked) and columns past the head dim are
+// zero-filled, never read: no page past the sequence's is looked up.
+template <typename Traits>
+struct KeyTileGather {
+    static constexpr int kThreads = 128;
+    static constexpr int kChunkBytes = 16;                             // one cp.async
+    static constexpr int kChunkCols = kChunkBytes / 2;                 // 16-bit elements a chunk
+    static constexpr int kElementBytes = kChunkBytes / kChunkCols;
+    static constexpr int kChunksPerRow = kSwizzleBytes / kChunkBytes;  // of a column block's row
+    static constexpr int kAtomRows = kSwizzleAtomBytes / kSwizzleBytes;
+    static constexpr int kRowsPerWarp = 32 / kChunksPerRow;            // in one pass, one per segment
+    static constexpr int kRowsPerPass = kThreads / kChunksPerRow;
+    static constexpr int kPasses = Traits::kBlockN / kRowsPerPass;
+    // Lane j of a segment looks up the segment's rows of passes j + kPassesPerLookup * i.
+    static constexpr int kPassesPerLookup = kChunksPerRow;
+    static constexpr int kLookups = (kPasses + kPassesPerLookup - 1) / kPassesPerLookup;
+    static_assert(Traits::kBlockN % kRowsPerPass == 0, "whole passes");
+    static_assert(kRowsPerPass % kAtomRows == 0, "a thread's rows share their swizzle phase");
+    static_assert(Traits::kGatherRowBytes == 2 * sizeof(uint64_t), "a row's K and V addresses");
+
+    const FwdParams& params;
+    uint32_t rows;  // gather_rows: [kBlockN] {K address, V address} of the tile's rows
+    int batch, head_k, seqlen_k;
+    int page[kLookups], entry[kLookups];  // look_up: the entries this lane read, and which
+
+    __device__ __forceinline__ KeyTileGather(const FwdParams& params_, uint32_t rows_, int seqlen_k_, int batch_,
+                                             int head_k_)
+        : params(params_), rows(rows_), batch(batch_), head_k(head_k_), seqlen_k(seqlen_k_) {}
+
+    // This thread's row of pass 0 (pass p: row + p * kRowsPerPass) and chunk.
+    // What is derived from the thread index is computed where it is used
+    // (opaque) rather than held in a register across the loops.
+    __device__ __forceinline__ static int thread() { return opaque(static_cast<int>(threadIdx.x)); }
+    __device__ __forceinline__ static int row(int t) { return t / 32 * kRowsPerWarp + t % 32 / kChunksPerRow; }
+    __device__ __forceinline__ static int chunk(int t) { return t % kChunksPerRow; }
+
+    // The row of the tile that lookup i of thread t is for, and whether the
+    // tile has it and it is inside the sequence (n0: the tile's first key).
+    __device__ __forceinline__ static int lookup_row(int t, int i) {
+        return row(t) + (chunk(t) + i * kPassesPerLookup) * kRowsPerPass;
+    }
+    __device__ __forceinline__ bool looks_up(int t, int n0, int i) const {
+        return chunk(t) + i * kPassesPerLookup < kPasses && n0 + lookup_row(t, i) < seqlen_k;
+    }
+
+    // Reads the block-table entries of this lane's rows of the tile of keys
+    // from n0 (keys are not negative: unsigned division).
+    __device__ __forceinline__ void look_up(int n0) {
+        const int* table = params.block_table + batch * params.block_table_batch_stride;
+        const int t = thread();
+#pragma unroll
+        for (int i = 0; i < kLookups; ++i) {
+            entry[i] = static_cast<unsigned>(n0 + lookup_row(t, i)) / static_cast<unsigned>(params.page_size);
+            page[i] = looks_up(t, n0, i) ? table[entry[i]] : 0;
+        }
+    }
+
+    // Checks the entries looked up for the tile of keys from n0, as
+    // checked_page does, and stages the rows' K and V addresses; rows past the
+    // sequence get page 0's first row, which is never read.
+    __device__ __forceinline__ void resolve(int n0) {
+        const int t = thread();
+        __syncwarp();  // the segment is done reading the previous tile's addresses
+        // One lookup at a time (not unrolled), so that one lookup's temporaries are live at a time.
+#pragma unroll 1
+        for (int i = 0; i < kLookups; ++i) {
+            if (chunk(t) + i * kPassesPerLookup >= kPasses) continue;
+            int page_i = page[0], entry_i = entry[0];
+#pragma unroll
+            for (int l = 1; l < kLookups; ++l) {
+                if (i == l) page_i = page[l], entry_i = entry[l];
+            }
+            const bool used = looks_up(t, n0, i);
+            const int page_index = used ? checked_page_value(params, page_i, batch, entry_i) : 0;
+            const int row_in_page = used ? n0 + lookup_row(t, i) - entry_i * params.page_size : 0;
+            const int head = opaque(head_k);
+            const int64_t k_offset = head * params.k_head_stride + page_index * params.k_batch_stride +
+                                     row_in_page * params.k_row_stride;
+            const int64_t v_offset = head * params.v_head_stride + page_index * params.v_batch_stride +
+                                     row_in_page * params.v_row_stride;
+            const char* k_row = static_cast<const char*>(params.k_ptr) + k_offset * kElementBytes;
+            const char* v_row = static_cast<const char*>(params.v_ptr) + v_offset * kElementBytes;
+            store_shared_u64x2(rows + lookup_row(t, i) * Traits::kGatherRowBytes, reinterpret_cast<uint64_t>(k_row),
+                               reinterpret_cast<uint64_t>(v_row));
+        }
+        __syncwarp();  // the addresses are there for the segment
+    }
+
+    // Issues the copies of the tile of keys from n0 (resolved) into a stage
+    // (`stage`, K's or V's: kValues) as one cp.async group of this thread.
+    template <bool kValues>
+    __device__ __forceinline__ void copy(uint32_t stage, int n0) const {
+        const int t = thread();
+        const uint32_t dst = stage + row(t) * kSwizzleBytes + (chunk(t) ^ (row(t) % kAtomRows)) * kChunkBytes;
+        const int rows_left = seqlen_k - n0 - row(t);  // in the sequence from this thread's row of pass 0
+        const int cols_left = params.head_dim - chunk(t) * kChunkCols;  // in the head from this chunk
+        const uint32_t src_of_row = rows + row(t) * Traits::kGatherRowBytes + (kValues ? sizeof(uint64_t) : 0);
+#pragma unroll
+        for (int p = 0; p < kPasses; ++p) {
+            const char* src = reinterpret_cast<const char*>(
+                                  load_shared_u64(src_of_row + p * kRowsPerPass * Traits::kGatherRowBytes)) +
+                              chunk(t) * kChunkBytes;
+            const bool in_sequence = p * kRowsPerPass < rows_left;
+#pragma unroll
+            for (int cb = 0; cb < Traits::kColBlocks; ++cb) {
+                cp_async_16(dst + cb * Traits::kKVBlockBytes + p * kRowsPerPass * kSwizzleBytes,
+                            src + cb * kSwizzleBytes,
+                            /*fill_zeros=*/!in_sequence || cb * kSwizzleCols >= cols_left);
+            }
+        }
+        cp_async_commit_group();
+    }
+
+    // Once all but this thread's kPending latest copy groups are complete,
+    // makes their writes visible to wgmma (which reads shared memory through
+    // the async proxy) and counts this thread's arrival on `full`.
+    template <int kPending>
+    __device__ __forceinline__ static void complete(uint32_t full) {
+        cp_async_wait_group<kPending>();
+        fence_proxy_async_shared();
+        mbarrier_arrive(full);
+    }
+};
+
 // A call's tile counter for dynamic scheduling (FwdParams::fwd_counters, zero
 // on entry): `next` hands out the query tiles past the first gridDim.x (which
 // the blocks take by their index); each block, once it draws past the last
@@ -180,18 +324,22 @@ struct WorkQueue {
     int num_work;
 
     // The producer's draw k (lane 0 draws; every lane of the warp gets it).
+    // The grid's size is read where it is used (opaque), not held in a
+    // register across the producer's loops (gathering, 128 threads keep their
+    // state in kProducerRegs).
     __device__ __forceinline__ int draw(int k, int lane) const {
         int t = 0;
         if (lane == 0) {
+            const int blocks = opaque(static_cast<int>(gridDim.x));
             if (k == 0) {
                 t = blockIdx.x;
             } else if (counter == nullptr) {
-                t = blockIdx.x + k * gridDim.x;
+                t = blockIdx.x + k * blocks;
             } else {
-                t = gridDim.x + atomicAdd(&counter->next, 1u);
+                t = blocks + atomicAdd(&counter->next, 1u);
                 if (t >= num_work) {
                     __threadfence();  // this block's draws come before its count in done
-                    if (atomicAdd(&counter->done, 1u) == gridDim.x - 1) {
+                    if (atomicAdd(&counter->done, 1u) == blocks - 1) {
                         atomicExch(&counter->next, 0u);
                         atomicExch(&counter->done, 0u);
                     }
@@ -205,9 +353,10 @@ struct WorkQueue {
         return __shfl_sync(0xffffffffu, t, 0);
     }
 
-    // The consumers' draw k: wait for the producer's, read it, free the slot
-    // (every thread arrives for its own read: racecheck follows that, not one
-    // arrival per warp after __syncwarp; NOTES.md).
+    // The consumers' draw k (and, gathering paged keys, producer warps 1-3's):
+    // wait for the producer's, read it, free the slot (every thread arrives for
+    // its own read: racecheck follows that, not one arrival per warp after
+    // __syncwarp; NOTES.md).
     __device__ __forceinline__ int take(int k) const {
         const int slot = k % Traits::kWorkSlots;
         mbarrier_wait(layout.work_full(slot), (k / Traits::kWorkSlots) & 1);
@@ -246,17 +395,92 @@ struct WorkTile {
     }
 };
 
+// Producer thread 0: the Q tile of a work tile (the q_count-th with a key
+// tile), once the consumers are done with the previous one's.
+template <typename Traits, bool Is_local>
+__device__ __forceinline__ void load_query_tile(const FwdParams& params, const SmemLayout<Traits>& layout,
+                                                const CUtensorMap* tma_q, const WorkTile<Traits, Is_local>& work,
+                                                int q_count) {
+    if (q_count > 0) mbarrier_wait(layout.q_empty(), (q_count - 1) & 1);
+    mbarrier_arrive_expect_tx(layout.q_full(), Traits::kQBytes);
+    load_tile<Traits>(layout.q(), tma_q, layout.q_full(), work.seq.q_start + work.m_block * Traits::kBlockM,
+                      work.head, params.cu_seqlens_q == nullptr ? work.batch : 0, Traits::kQBlockBytes);
+}
+
+// The producer warpgroup when it gathers paged keys (KeyCopy::kGather): warp
+// 0 draws the work tiles (thread 0 also copies Q by TMA), warps 1-3 take each
+// draw from the work slot as the consumers do, and all 128 threads copy K and
+// V (KeyTileGather). A thread's copies of a stage are one cp.async group; a
+// stage is full once every thread has waited for its group, fenced it and
+// arrived (128 arrivals). The groups of tile i - 1 are completed right before
+// the producer may wait on the consumers for tile i (its K before tile i's K
+// stage is waited for, its V before tile i's V stage), so that nothing the
+// consumers need to release that stage is still unsignalled, while tile i - 1's
+// V (or tile i's K) stays in flight; the last tile of a work tile is completed
+// before the next draw, so that the consumers get every stage of a work tile
+// before the producer waits for Q's release.
+template <typename Traits, bool Is_local>
+__device__ __forceinline__ void gather_tiles(const FwdParams& params, const SmemLayout<Traits>& layout,
+                                             const WorkQueue<Traits>& queue, const CUtensorMap* tma_q,
+                                             int num_m_blocks, int num_work) {
+    constexpr int kBlockN = Traits::kBlockN;
+    constexpr int kStages = Traits::kStages;
+    using Gather = KeyTileGather<Traits>;
+    const int lane = threadIdx.x % 32;
+    // Warp-uniform to the compiler (through the shuffles), so that what is
+    // derived from them can live in uniform registers: the producer has few
+    // others (kProducerRegs).
+    const bool draws = __shfl_sync(0xffffffffu, threadIdx.x / 32, 0) == 0;
+    auto next_work = [&](int k) {
+        return draws ? queue.draw(k, lane) : __shfl_sync(0xffffffffu, queue.take(k), 0);
+    };
+    int q_count = 0, tile_count = 0;
+    for (int k = 0, t = next_work(0); t < num_work; t = next_work(++k)) {
+        const WorkTile<Traits, Is_local> work(params, t, num_m_blocks);
+        if (work.num_tiles == 0) continue;  // no key tile: no copy, Q included
+        if (threadIdx.x == 0) load_query_tile(params, layout, tma_q, work, q_count);
+        ++q_count;
+        Gather gather(params, layout.gather_rows(), work.seq.seqlen_k, work.batch,
+                      work.head / params.heads_per_kv_head);
+        // Key tiles are walked from the last (n_end - 1) to the first (n_begin).
+        const int n_begin = work.key_tiles.n_begin, n_last = work.key_tiles.n_end - 1;
+        gather.look_up(n_last * kBlockN);
+        bool first = true;
+        for (int n_block = n_last; n_block >= n_begin; --n_block, ++tile_count, first = false) {
+            const StageOf<Traits> s(tile_count);
+            const int n0 = n_block * kBlockN;
+            if (!first) Gather::template complete<1>(layout.k_full(StageOf<Traits>(tile_count - 1).stage));
+            gather.resolve(n0);
+            // A stage's first use needs no release; its u-th waits for release u - 1.
+            if (tile_count >= kStages) mbarrier_wait(layout.k_empty(s.stage), s.phase ^ 1);
+            gather.template copy</*kValues=*/false>(layout.k(s.stage), n0);
+            if (!first) Gather::template complete<1>(layout.v_full(StageOf<Traits>(tile_count - 1).stage));
+            if (tile_count >= kStages) mbarrier_wait(layout.v_empty(s.stage), s.phase ^ 1);
+            gather.template copy</*kValues=*/true>(layout.v(s.stage), n0);
+            // The next tile's entries, read while this tile's K lands (the
+            // next iteration's first wait); they replace this tile's.
+            if (n_block > n_begin) gather.look_up(n0 - kBlockN);
+        }
+        const StageOf<Traits> last(tile_count - 1);
+        Gather::template complete<1>(layout.k_full(last.stage));
+        Gather::template complete<0>(layout.v_full(last.stage));
+    }
+}
+
 // Persistent blocks (at most one per tile) of one producer and
 // kConsumerWarpgroups consumer warpgroups, drawing their query tiles from
 // WorkQueue: statically when work_counter is nullptr, else dynamically.
 // params.seqlen_q is the longest sequence's query count (varlen: max_seqlen_q).
 // o_by_tma: out takes bulk stores through tma_o (the launcher's choice; only
 // where Traits::kOStaged).
+// key_copy: how paged keys are copied (KeyCopy::kGather: tma_k and tma_v are
+// not used); contiguous keys take kTma.
 template <typename Traits, bool Is_local, bool Has_softcap>
 __global__ void __launch_bounds__(Traits::kNThreads, 1)
     fwd_kernel(const __grid_constant__ FwdParams params, const __grid_constant__ CUtensorMap tma_q,
                const __grid_constant__ CUtensorMap tma_k, const __grid_constant__ CUtensorMap tma_v,
-               const __grid_constant__ CUtensorMap tma_o, bool o_by_tma, WorkCounter* work_counter) {
+               const __grid_constant__ CUtensorMap tma_o, bool o_by_tma, WorkCounter* work_counter,
+               KeyCopy key_copy) {
     using Element = typename Traits::Element;
     using Work = WorkTile<Traits, Is_local>;
     constexpr int kBlockM = Traits::kBlockM;
@@ -267,22 +491,29 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     const SmemLayout<Traits> layout(smem);
     const int num_m_blocks = (params.seqlen_q + kBlockM - 1) / kBlockM;
     const int num_work = num_m_blocks * params.num_heads * params.batch;
+    const bool gather = key_copy == KeyCopy::kGather;
 
     if (threadIdx.x == 0) {
         mbarrier_init(layout.q_full(), 1);
         // One arrival per consumer warp, once its last Q K^T of a query tile is complete.
         mbarrier_init(layout.q_empty(), Traits::kConsumerWarpgroups * 4);
+        // A stage's arrival: the producer thread's arrive.expect_tx (TMA), or
+        // each producer thread's arrival once its own copies are complete and
+        // fenced (gathered).
+        const int full_arrivals = gather ? KeyTileGather<Traits>::kThreads : 1;
         for (int stage = 0; stage < kStages; ++stage) {
-            mbarrier_init(layout.k_full(stage), 1);  // the producer's arrive.expect_tx
-            mbarrier_init(layout.v_full(stage), 1);
+            mbarrier_init(layout.k_full(stage), full_arrivals);
+            mbarrier_init(layout.v_full(stage), full_arrivals);
             // One arrival per consumer warp: each warp releases a stage once its
             // own wgmma reads of it are complete.
             mbarrier_init(layout.k_empty(stage), Traits::kConsumerWarpgroups * 4);
             mbarrier_init(layout.v_empty(stage), Traits::kConsumerWarpgroups * 4);
         }
+        // Each consumer thread's take (and producer warps 1-3's, gathering).
+        const int takers = Traits::kConsumerWarpgroups * 128 + (gather ? KeyTileGather<Traits>::kThreads - 32 : 0);
         for (int slot = 0; slot < Traits::kWorkSlots; ++slot) {
             mbarrier_init(layout.work_full(slot), 1);  // the producer's draw
-            mbarrier_init(layout.work_empty(slot), Traits::kConsumerWarpgroups * 128);  // each consumer thread's take
+            mbarrier_init(layout.work_empty(slot), takers);
         }
         fence_barrier_init();
     }
@@ -295,10 +526,16 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     const int warpgroup = threadIdx.x / 128;
     if (warpgroup == 0) {
         // Producer: thread 0 (warp 0 for paged keys, KeyTileSource); the rest
-        // of the warpgroup gives its registers back and exits. A
-        // variable-length batch's rows are packed: its tensor maps have one
-        // batch entry and the sequence's rows start at q_start / k_start.
+        // of the warpgroup gives its registers back and exits. Gathered paged
+        // keys: the whole warpgroup (gather_tiles). A variable-length batch's
+        // rows are packed: its tensor maps have one batch entry and the
+        // sequence's rows start at q_start / k_start.
         release_registers<Traits::kProducerRegs>();
+        if (gather) {
+            if (threadIdx.x == 0) prefetch_tensor_map(&tma_q);
+            gather_tiles<Traits, Is_local>(params, layout, queue, &tma_q, num_m_blocks, num_work);
+            return;
+        }
         if (threadIdx.x >= 32) return;  // warp 0 draws the work; its lane 0 alone copies but for pages
         const int lane = threadIdx.x;
         if (lane == 0) {
@@ -311,13 +548,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             const Work work(params, t, num_m_blocks);
             if (work.num_tiles == 0) continue;  // no key tile: no copy, Q included
             const int head_k = work.head / params.heads_per_kv_head;
-            if (lane == 0) {
-                // The consumers are done with the previous query tile's Q.
-                if (q_count > 0) mbarrier_wait(layout.q_empty(), (q_count - 1) & 1);
-                mbarrier_arrive_expect_tx(layout.q_full(), Traits::kQBytes);
-                load_tile<Traits>(layout.q(), &tma_q, layout.q_full(), work.seq.q_start + work.m_block * kBlockM,
-                                  work.head, params.cu_seqlens_q == nullptr ? work.batch : 0, Traits::kQBlockBytes);
-            }
+            if (lane == 0) load_query_tile(params, layout, &tma_q, work, q_count);
             ++q_count;
             const KeyTileSource<Traits> source(params, work.seq, work.batch, head_k, lane);
             for (int i = 0; i < work.num_tiles; ++i, ++tile_count) {

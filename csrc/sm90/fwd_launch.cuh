@@ -11,12 +11,18 @@
 
 namespace flash::sm90 {
 
+// key_copy: how paged keys are copied (dispatch.cu: key_copy_for); contiguous
+// keys are copied by TMA whatever it says.
 template <typename Element, int kHeadDim, bool Is_local, bool Has_softcap>
-cudaError_t run_fwd_(const FwdParams& params, cudaStream_t stream) {
+cudaError_t run_fwd_(const FwdParams& params, KeyCopy key_copy, cudaStream_t stream) {
     using Traits = FwdTraitsFor<kHeadDim, Element, Is_local>;
+    if (params.block_table == nullptr) key_copy = KeyCopy::kTma;
     CUtensorMap tma_q{}, tma_k{}, tma_v{};
-    const int box_rows_kv =
-        params.block_table != nullptr ? kv_box_rows(params.page_size, Traits::kBlockN) : Traits::kBlockN;
+    // Gathered keys need no map of k and v (box rows 0).
+    const int box_rows_kv = params.block_table == nullptr ? Traits::kBlockN
+                            : key_copy == KeyCopy::kTma   ? kv_box_rows(params.page_size, Traits::kBlockN)
+                                                          : 0;
+    if (key_copy == KeyCopy::kTma && box_rows_kv == 0) return cudaErrorInvalidValue;  // pages TMA cannot take
     cudaError_t err = make_fwd_tensor_maps(params, Traits::kBlockM, box_rows_kv, &tma_q, &tma_k, &tma_v);
     if (err != cudaSuccess) return err;
     // O through shared memory and bulk stores where the config has the buffer
@@ -48,7 +54,7 @@ cudaError_t run_fwd_(const FwdParams& params, cudaStream_t stream) {
     const int blocks = static_cast<int>(tiles < sms ? tiles : sms);
     WorkCounter* counter = Is_local ? reinterpret_cast<WorkCounter*>(params.fwd_counters) : nullptr;
     kernel<<<blocks, Traits::kNThreads, Traits::kSmemBytes, stream>>>(params, tma_q, tma_k, tma_v, tma_o, o_by_tma,
-                                                                      counter);
+                                                                      counter, key_copy);
     return cudaGetLastError();
 }
 

@@ -23,9 +23,10 @@ constexpr int kMaxSmemPerBlock = 227 * 1024;
 // what setmaxnreg redistributes among the warpgroups of a block.
 constexpr int registers_at_entry(int threads) { return 65536 / threads / 8 * 8; }
 
-// CTA: one producer warpgroup (one thread issues every copy; the rest of it
-// exits) and kConsumerWarpgroups consumer warpgroups of 64 query rows each
-// (the M of wgmma), which walk the same key tiles.
+// CTA: one producer warpgroup (one thread issues every bulk copy and the rest
+// of it exits; or, gathering paged keys, all 128 threads copy) and
+// kConsumerWarpgroups consumer warpgroups of 64 query rows each (the M of
+// wgmma), which walk the same key tiles.
 template <int kHeadDim_, int kBlockN_, typename Element_>
 struct FwdTraits {
     using Element = Element_;  // __half or __nv_bfloat16
@@ -70,8 +71,9 @@ struct FwdTraits {
     static constexpr int kOGroupBoxBytes = kWarpgroupRows * kSwizzleBytes;  // a warpgroup's box of a column block
 
     // Q, then kStages K tiles, then kStages V tiles, then (kOStaged) the output tile, then the
-    // mbarriers and the work slots; the base is aligned up to an atom at run time (kSmemAlign
-    // spare bytes).
+    // mbarriers, the work slots and the addresses of the key rows being gathered (paged keys,
+    // KeyCopy::kGather: a K and a V address per row of a tile); the base is aligned up to an atom
+    // at run time (kSmemAlign spare bytes).
     static constexpr int kSmemQOffset = 0;
     static constexpr int kSmemKOffset = kSmemQOffset + kQBytes;
     static constexpr int kSmemVOffset = kSmemKOffset + kStages * kKVBytes;
@@ -80,11 +82,16 @@ struct FwdTraits {
     static constexpr int kWorkSlots = 2;  // query tiles handed from the producer to the consumers
     static constexpr int kBarriers = 2 + 4 * kStages + 2 * kWorkSlots;
     static constexpr int kSmemAlign = kSwizzleAtomBytes;
-    static constexpr int kSmemTailBytes = 8 * kBarriers + 4 * kWorkSlots + kSmemAlign;  // past the tiles
+    static constexpr int kGatherRowBytes = 16;  // a key row's K and V addresses
+    // Past the tiles: the barriers, the work slots (rounded up to 16 bytes), the gathered rows'
+    // addresses and the alignment's spare bytes.
+    static constexpr int kSmemTailBytes =
+        (8 * kBarriers + 4 * kWorkSlots + 15) / 16 * 16 + kBlockN * kGatherRowBytes + kSmemAlign;
     static constexpr bool kOStaged = kSmemOOffset + kOBytes + kSmemTailBytes <= kMaxSmemPerBlock;
     static constexpr int kSmemBarrierOffset = kSmemOOffset + (kOStaged ? kOBytes : 0);
     static constexpr int kSmemWorkOffset = kSmemBarrierOffset + 8 * kBarriers;  // an int per work slot
-    static constexpr int kSmemBytes = kSmemWorkOffset + 4 * kWorkSlots + kSmemAlign;
+    static constexpr int kSmemGatherOffset = (kSmemWorkOffset + 4 * kWorkSlots + 15) / 16 * 16;
+    static constexpr int kSmemBytes = kSmemGatherOffset + kBlockN * kGatherRowBytes + kSmemAlign;
 
     static_assert(kHeadDim % 32 == 0 && kHeadDim <= 256, "head dims 64, 96, 128, 192, 256");
     static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "wgmma N and the k16 steps of P V");
@@ -112,7 +119,8 @@ using FwdTraitsFor = FwdTraits<kHeadDim, FwdConfig<kHeadDim, Is_local>::kBlockN,
 
 // Which configs write O through shared memory (FwdTraits::kOStaged), in KB of
 // the 227 a block may take: Q + two K and two V stages (+ the 1 KB alignment
-// spare and the barriers), and the output tile it would add ("local": a causal
+// spare, the barriers and the gathered rows' addresses, 16 bytes a key of the
+// tile), and the output tile it would add ("local": a causal
 // mask or a window, Is_local).
 //   d64  (both):        16 + 4 x 16 = 81,  + 16 -> 97: staged
 //   d96  (both):        32 + 4 x 32 = 161, + 32 -> 193: staged (128 columns wide;
@@ -144,15 +152,15 @@ static_assert(!FwdTraitsFor<128, void, false>::kOStaged && !FwdTraitsFor<192, vo
 // fwd_counters): its blocks' tile counter (fwd_kernel.cuh: WorkCounter).
 constexpr int kWorkCounterInts = 2;
 
-// Paged keys (block_table): a key tile is copied in boxes of kv_box_rows rows,
-// each inside one page, so that a box's rows are consecutive in memory: the
-// largest common divisor of the page size and the tile height. A tile starts at
-// a multiple of kBlockN, so every box starts at a multiple of the box height,
-// which divides the page size. A box must be whole swizzle atoms (8 rows of
-// 128 bytes), so that each lands on a 1024-byte boundary of the tile, as the
-// swizzle and the wgmma descriptors assume: otherwise 0, and such pages (a
-// size that is not a multiple of 8, e.g. 12 against 96-key tiles) stay with
-// the sm80 family.
+// Paged keys (block_table) by the bulk tensor copy: a key tile is copied in
+// boxes of kv_box_rows rows, each inside one page, so that a box's rows are
+// consecutive in memory: the largest common divisor of the page size and the
+// tile height. A tile starts at a multiple of kBlockN, so every box starts at a
+// multiple of the box height, which divides the page size. A box must be whole
+// swizzle atoms (8 rows of 128 bytes), so that each lands on a 1024-byte
+// boundary of the tile, as the swizzle and the wgmma descriptors assume:
+// otherwise 0, and such pages (a size that is not a multiple of 8, e.g. 12
+// against 96-key tiles) can only be gathered (KeyCopy::kGather).
 constexpr int kv_box_rows(int page_size, int block_n) {
     int a = page_size, b = block_n;
     while (b != 0) {
@@ -166,6 +174,25 @@ static_assert(kv_box_rows(16, 128) == 16 && kv_box_rows(256, 128) == 128 && kv_b
                   kv_box_rows(24, 96) == 24 && kv_box_rows(12, 96) == 0 && kv_box_rows(7, 128) == 0 &&
                   kv_box_rows(4, 64) == 0,
               "boxes of whole swizzle atoms, each inside one page");
+
+// How the forward's producer fills a stage of paged keys and values
+// (fwd_kernel.cuh): kTma, one thread issues a bulk tensor copy per box of
+// kv_box_rows rows (KeyTileSource); kGather, the whole producer warpgroup
+// copies the tile's rows in 16-byte chunks with cp.async, each row's page
+// looked up once per tile (KeyTileGather). Contiguous keys always take kTma
+// (one box per column block). Chosen per call by the host (dispatch.cu).
+enum class KeyCopy : int { kTma = 0, kGather = 1 };
+
+// The automatic choice: the bulk tensor copy where a tile is one box per column
+// block (pages whose size the tile height divides), gathered rows otherwise:
+// many small boxes a tile, each behind a block-table read that the one copying
+// thread waits for, left the consumers waiting for data (19-31% over contiguous
+// keys at pages of 16, NOTES.md), and pages that are not whole swizzle atoms
+// have no boxes at all.
+constexpr bool gathers_keys(int page_size, int block_n) { return kv_box_rows(page_size, block_n) < block_n; }
+static_assert(!gathers_keys(256, 128) && !gathers_keys(128, 128) && gathers_keys(16, 128) && gathers_keys(256, 176) &&
+                  gathers_keys(12, 96) && gathers_keys(1, 64),
+              "one box per column block, or gathered rows");
 
 // The sm90 backward's main kernel (bwd_kernel.cuh): a block owns kBlockN keys of
 // one KV head (64 per consumer warpgroup: the M of its S^T = K Q^T, dP^T = V dO^T,

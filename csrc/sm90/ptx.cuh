@@ -1,7 +1,7 @@
 // Tiny named wrappers around the Hopper (sm_90a) instructions the sm90 family
-// uses: mbarriers, the bulk tensor copy (TMA), warpgroup MMA (wgmma), register
-// reallocation and the shared-memory matrix descriptors. One PTX instruction
-// (or one fixed idiom) each; the note above each says which.
+// uses: mbarriers, the bulk tensor copy (TMA), per-thread cp.async, warpgroup
+// MMA (wgmma), register reallocation and the shared-memory matrix descriptors.
+// One PTX instruction (or one fixed idiom) each; the note above each says which.
 #pragma once
 
 #include <cuda.h>  // CUtensorMap (a type only: nothing here calls the driver)
@@ -153,6 +153,29 @@ __device__ __forceinline__ void store_relaxed(int* counter, int value) {
     asm volatile("st.relaxed.gpu.global.b32 [%0], %1;\n" ::"l"(counter), "r"(value) : "memory");
 }
 
+// ---- per-thread asynchronous copies (cp.async) ---------------------------------
+// wgmma (the async proxy) reads what they write to shared memory only after the
+// issuing thread's cp_async_wait_group, then fence_proxy_async_shared (as for
+// its plain stores), then the barrier that hands the tile over.
+
+// cp.async.cg.shared.global (16 bytes, cached in L2 only): copies 16 bytes from
+// `src` to `dst`, or, with fill_zeros, reads nothing and writes 16 zero bytes
+// (src-size 0).
+__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool fill_zeros) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(fill_zeros ? 0 : 16)
+                 : "memory");
+}
+
+// cp.async.commit_group: closes this thread's group of cp.async issued since the last commit.
+__device__ __forceinline__ void cp_async_commit_group() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+
+// cp.async.wait_group: waits until at most kPending of this thread's committed
+// groups are incomplete (the others' writes are done and visible to it).
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait_group() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
 // ---- warp specialisation ------------------------------------------------------
 
 // setmaxnreg.dec / .inc: hand registers back to the pool (the producer) or take
@@ -262,6 +285,16 @@ __device__ __forceinline__ void store_shared_f32(uint32_t addr, float v) {
 }
 __device__ __forceinline__ void store_shared_f32x2(uint32_t addr, float lo, float hi) {
     asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(lo), "f"(hi) : "memory");
+}
+
+// st.shared.v2.b64 / ld.shared.b64 at a shared-memory address (16- / 8-byte aligned).
+__device__ __forceinline__ void store_shared_u64x2(uint32_t addr, uint64_t lo, uint64_t hi) {
+    asm volatile("st.shared.v2.b64 [%0], {%1, %2};\n" ::"r"(addr), "l"(lo), "l"(hi) : "memory");
+}
+__device__ __forceinline__ uint64_t load_shared_u64(uint32_t addr) {
+    uint64_t v;
+    asm volatile("ld.shared.b64 %0, [%1];\n" : "=l"(v) : "r"(addr) : "memory");
+    return v;
 }
 
 // ld.shared.v2.f32 at a shared-memory address (8-byte aligned).

@@ -13,8 +13,10 @@ namespace flash::sm90 {
 
 // Whether the sm90 forward kernels serve a call: fp16/bf16, a head dim that
 // rounds to 64, 96, 128, 192 or 256, causal, windowed, softcap, GQA/MQA, any
-// strides the tensor maps can describe, variable lengths. Not: ALiBi, dropout,
-// head dims up to 32, a shared-memory limit under what the kernels need
+// strides the tensor maps can describe, variable lengths, paged keys of any
+// page size (gathered where TMA boxes do not fit; FLASHATTN_SM90_PAGED_COPY=tma
+// sends pages TMA cannot take to sm80, dispatch.cu). Not: ALiBi, dropout, head
+// dims up to 32, a shared-memory limit under what the kernels need
 // (FLASHATTN_MAX_SMEM_PER_BLOCK), broadcast (stride 0) views.
 bool serves(const FwdParams& params);
 

@@ -128,6 +128,7 @@ View dq_accum_view(const BwdParams& params) {
 cudaError_t make_fwd_tensor_maps(const FwdParams& params, int box_rows_q, int box_rows_kv, CUtensorMap* q,
                                  CUtensorMap* k, CUtensorMap* v) {
     cudaError_t err = encode(q, params, q_view(params), box_rows_q);
+    if (box_rows_kv == 0) return err;  // k and v gathered, without maps
     if (err == cudaSuccess) {
         err = encode(k, params,
                      kv_view(params, params.k_ptr, params.k_row_stride, params.k_head_stride, params.k_batch_stride),

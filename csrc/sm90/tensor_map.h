@@ -16,6 +16,7 @@ namespace flash::sm90 {
 // v) rows in the 128-byte swizzle. Variable-length batches get one batch entry
 // and all total_q (total_k) rows; paged k and v (block_table) have the pages
 // as the batch and page_size rows. Reads outside a tensor arrive as zeros.
+// box_rows_kv 0: only q's map is made (the kernel gathers paged k and v).
 // Returns the error of the driver call, or cudaErrorInvalidValue.
 cudaError_t make_fwd_tensor_maps(const FwdParams& params, int box_rows_q, int box_rows_kv, CUtensorMap* q,
                                  CUtensorMap* k, CUtensorMap* v);
