@@ -5,7 +5,10 @@
 //   S^T = K Q^T,  P^T = exp2(S^T * scale_log2 - lse_log2),  dV += P^T dO,
 //   dP^T = V dO^T,  dS^T = P^T * (dP^T - D),  dK += dS^T Q,  dQ += dS K,
 // with D = rowsum(dO * O) from the preprocess; dK takes the softmax scale at
-// the end, dQ in the conversion after this kernel.
+// the end, dQ in the conversion after this kernel. With softcap (Has_softcap)
+// the scores are the forward's, S^T = tanh(K Q^T * softcap_inner_scale) in the
+// score unit of flash.h, and dS^T takes the cap's chain factor 1 - S^T^2, as
+// in the sm80 backward.
 //
 //   producer warpgroup: one warp stays. Lane 0 copies K and V once, then each
 //     step's Q and dO tiles into kStages stages (TMA, 128-byte swizzle); the
@@ -142,7 +145,7 @@ struct BwdWork {
 // copy engine. Its place among the consumers (its keys in the block's tile)
 // follows from the role, at compile time: the descriptors and addresses derived
 // from it are then warp-uniform, and can live in uniform registers.
-template <typename Traits, bool Is_local, bool kOwnsDq>
+template <typename Traits, bool Is_local, bool Has_softcap, bool kOwnsDq>
 __device__ __forceinline__ void bwd_consumer(const BwdParams& params, const BwdSmem<Traits>& layout,
                                              const CUtensorMap* tma_dq_accum) {
     using Element = typename Traits::Element;
@@ -274,6 +277,37 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& params, const BwdS
             }
         }
     };
+    // Softcap: the scores in the score unit, tanh(q.k * softcap_inner_scale),
+    // as the forward caps them (extras.cuh: apply_score_extras).
+    auto cap_scores = [&](float (&s)[1][Traits::kNTilesS][4]) {
+#pragma unroll
+        for (int j = 0; j < Traits::kNTilesS; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[0][j][e] = tanhf(s[0][j][e] * params.softcap_inner_scale);
+    };
+    // Softcap, once dP^T is complete: dP^T - D times the cap's 1 - tanh^2
+    // (sm80's chain factor, taken before P^T rather than after it), and the
+    // capped scores turned into P^T's exponents, s * scale_log2 - lse_log2,
+    // both in place: a score's exponential and its factor are never live
+    // together, nor is a second fragment (kBlockM / 2 registers a thread).
+    // gradients() finishes with p = exp2 and dS^T *= p. A masked score is
+    // -inf: its exponent -inf (p = 0) and its factor, -inf unclamped (0 * -inf
+    // = NaN), 0; every other |tanh| <= 1 leaves the clamp exact.
+    auto softcap_chain = [&](int stage, float (&s)[1][Traits::kNTilesS][4], float (&dp)[1][Traits::kNTilesS][4]) {
+        const uint32_t dsum_row = layout.dsum(stage) + 8 * (lane % 4);
+        const uint32_t lse_row = layout.lse_log2(stage) + 8 * (lane % 4);
+#pragma unroll
+        for (int j = 0; j < Traits::kNTilesS; ++j) {
+            const float2 d = load_shared_f32x2(dsum_row + 32 * j);
+            const float2 lse = load_shared_f32x2(lse_row + 32 * j);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const float capped = s[0][j][e];
+                dp[0][j][e] = (dp[0][j][e] - (e % 2 ? d.y : d.x)) * fmaxf(fmaf(-capped, capped, 1.f), 0.f);
+                s[0][j][e] = fmaf(capped, params.softmax_scale_log2, -(e % 2 ? lse.y : lse.x));
+            }
+        }
+    };
     // Every thread arrives for its own reads of the stage (the row stats by
     // plain loads; its warp's wgmma reads are complete by then). One arrival
     // per warp after __syncwarp orders the lanes' reads as well under the PTX
@@ -293,24 +327,31 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& params, const BwdS
         // lse) can overflow 16 bits) are hidden; queries past it have lse_log2
         // = +inf, so p = 0. The branch holds element-wise work on completed
         // registers only, no wgmma issue or wait. A thread's columns are the
-        // queries j * 8 + 2 * (lane % 4) + {0, 1}.
+        // queries j * 8 + 2 * (lane % 4) + {0, 1}. Softcap: the scores are
+        // capped before the mask (as in the forward) and left capped while
+        // dP^T runs (softcap_chain takes P^T from them later, with dS^T's
+        // chain factor).
         wgmma_wait<1>();
         pin_registers(flat(s));
+        if constexpr (Has_softcap) cap_scores(s);
         mbarrier_wait(layout.stats_full(st.stage), st.phase);
         if (!tile_is_full<kBlockM, kBlockN>(m0, n0, work.seq.seqlen_q, work.window)) {
             mask_transposed<Is_local>(s, n0 + warp_key0, m0, work.window, lane);
         }
-        const uint32_t lse_row = layout.lse_log2(st.stage) + 8 * (lane % 4);
+        if constexpr (!Has_softcap) {
+            const uint32_t lse_row = layout.lse_log2(st.stage) + 8 * (lane % 4);
 #pragma unroll
-        for (int j = 0; j < Traits::kNTilesS; ++j) {
-            const float2 lse = load_shared_f32x2(lse_row + 32 * j);
+            for (int j = 0; j < Traits::kNTilesS; ++j) {
+                const float2 lse = load_shared_f32x2(lse_row + 32 * j);
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                s[0][j][e] = exp2_approx(fmaf(s[0][j][e], params.softmax_scale_log2, -(e % 2 ? lse.y : lse.x)));
+                for (int e = 0; e < 4; ++e) {
+                    s[0][j][e] = exp2_approx(fmaf(s[0][j][e], params.softmax_scale_log2, -(e % 2 ? lse.y : lse.x)));
+                }
             }
         }
         wgmma_wait<0>();
         pin_registers(flat(dp));
+        if constexpr (Has_softcap && Traits::kSoftcapChainInScores) softcap_chain(st.stage, s, dp);
     };
 
     // Step t from its P^T and dP^T up to {dV, dK} and the dS barrier, entered
@@ -321,14 +362,25 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& params, const BwdS
                          uint32_t (&p_frag)[Traits::kKStepsM][4], uint32_t (&ds_frag)[Traits::kKStepsM][4]) {
         const StageOf<Traits> st(t);
         const uint32_t ds_smem = layout.ds(t % Traits::kDsBuffers);
-        // dS^T = P^T * (dP^T - D); then both are re-packed for dV and dK (P^T
-        // only now: its fp32 values and its fragments are not live together).
-        const uint32_t dsum_row = layout.dsum(st.stage) + 8 * (lane % 4);
+        // dS^T = P^T * (dP^T - D) (softcap: P^T from the exponents, dS^T =
+        // P^T times what softcap_chain left in dP^T); then both are re-packed
+        // for dV and dK (P^T only now: its fp32 values and its fragments are
+        // not live together).
+        if constexpr (Has_softcap) {
+            if constexpr (!Traits::kSoftcapChainInScores) softcap_chain(st.stage, s, dp);
 #pragma unroll
-        for (int j = 0; j < Traits::kNTilesS; ++j) {
-            const float2 d = load_shared_f32x2(dsum_row + 32 * j);
+            for (int i = 0; i < Traits::kNTilesS * 4; ++i) {
+                flat(s)[i] = exp2_approx(flat(s)[i]);
+                flat(dp)[i] *= flat(s)[i];
+            }
+        } else {
+            const uint32_t dsum_row = layout.dsum(st.stage) + 8 * (lane % 4);
 #pragma unroll
-            for (int e = 0; e < 4; ++e) dp[0][j][e] = s[0][j][e] * (dp[0][j][e] - (e % 2 ? d.y : d.x));
+            for (int j = 0; j < Traits::kNTilesS; ++j) {
+                const float2 d = load_shared_f32x2(dsum_row + 32 * j);
+#pragma unroll
+                for (int e = 0; e < 4; ++e) dp[0][j][e] = s[0][j][e] * (dp[0][j][e] - (e % 2 ? d.y : d.x));
+            }
         }
         pack(p_frag, s);
         pack(ds_frag, dp);
@@ -475,7 +527,7 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& params, const BwdS
     }
 }
 
-template <typename Traits, bool Is_local>
+template <typename Traits, bool Is_local, bool Has_softcap>
 __global__ void __launch_bounds__(Traits::kNThreads, 1)
     bwd_kernel(const __grid_constant__ BwdParams params, const __grid_constant__ CUtensorMap tma_q,
                const __grid_constant__ CUtensorMap tma_k, const __grid_constant__ CUtensorMap tma_v,
@@ -553,10 +605,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     // Consumers: warpgroup 1 + kDqOwner owns dQ and takes the registers for it.
     if (warpgroup - 1 == Traits::kDqOwner) {
         claim_registers<Traits::kDqOwnerRegs>();
-        bwd_consumer<Traits, Is_local, /*kOwnsDq=*/true>(params, layout, &tma_dq_accum);
+        bwd_consumer<Traits, Is_local, Has_softcap, /*kOwnsDq=*/true>(params, layout, &tma_dq_accum);
     } else {
         claim_registers<Traits::kKeyRegs>();
-        bwd_consumer<Traits, Is_local, /*kOwnsDq=*/false>(params, layout, &tma_dq_accum);
+        bwd_consumer<Traits, Is_local, Has_softcap, /*kOwnsDq=*/false>(params, layout, &tma_dq_accum);
     }
 }
 

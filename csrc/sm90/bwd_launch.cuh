@@ -1,7 +1,7 @@
-// Launches the sm90 backward for one (dtype, head dim, local) instantiation
-// (instantiations/sm90_bwd_*.cu): the sm80 family's preprocess (D into
-// dsum_ptr), the main kernel (dK, dV; dQ added into the zeroed dq_accum), and
-// the sm80 family's dQ conversion.
+// Launches the sm90 backward for one (dtype, head dim, local, softcap)
+// instantiation (instantiations/sm90_bwd_*.cu): the sm80 family's preprocess
+// (D into dsum_ptr), the main kernel (dK, dV; dQ added into the zeroed
+// dq_accum), and the sm80 family's dQ conversion.
 #pragma once
 
 #include <cuda.h>
@@ -14,14 +14,14 @@
 
 namespace flash::sm90 {
 
-template <typename Element, int kHeadDim, bool Is_local>
+template <typename Element, int kHeadDim, bool Is_local, bool Has_softcap>
 cudaError_t run_bwd_(const BwdParams& params, cudaStream_t stream) {
     using Traits = BwdTraitsFor<kHeadDim, Element>;
     CUtensorMap tma_q{}, tma_k{}, tma_v{}, tma_do{}, tma_dq_accum{};
     cudaError_t err = make_fwd_tensor_maps(params, Traits::kBlockM, Traits::kBlockN, &tma_q, &tma_k, &tma_v);
     if (err == cudaSuccess) err = make_bwd_tensor_maps(params, Traits::kBlockM, Traits::kDqRows, &tma_do, &tma_dq_accum);
     if (err != cudaSuccess) return err;
-    auto kernel = &bwd_kernel<Traits, Is_local>;
+    auto kernel = &bwd_kernel<Traits, Is_local, Has_softcap>;
     // Dynamic shared memory above 48 KB must be opted into per kernel.
     err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes);
     if (err != cudaSuccess) return err;

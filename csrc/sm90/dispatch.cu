@@ -14,7 +14,7 @@ namespace flash::sm90 {
 // Defined in instantiations/sm90_fwd_*.cu and sm90_bwd_*.cu.
 template <typename Element, int kHeadDim, bool Is_local, bool Has_softcap>
 cudaError_t run_fwd_(const FwdParams& params, cudaStream_t stream);
-template <typename Element, int kHeadDim, bool Is_local>
+template <typename Element, int kHeadDim, bool Is_local, bool Has_softcap>
 cudaError_t run_bwd_(const BwdParams& params, cudaStream_t stream);
 
 namespace {
@@ -57,6 +57,15 @@ int fwd_block_n(bool is_local) {
     }
 }
 
+template <typename Element, int kHeadDim>
+cudaError_t run_bwd_head_dim(const BwdParams& params, cudaStream_t stream) {
+    return FLASH_BOOL_SWITCH(params.is_local, Is_local, [&] {
+        return FLASH_BOOL_SWITCH(params.softcap > 0.f, Has_softcap, [&] {
+            return run_bwd_<Element, kHeadDim, Is_local, Has_softcap>(params, stream);
+        });
+    });
+}
+
 }  // namespace
 
 bool serves(const FwdParams& params) {
@@ -83,7 +92,9 @@ bool serves_bwd(const BwdParams& params) {
     const bool head_dim_fits = (params.head_dim > 32 && params.head_dim <= 64) ||
                                (params.head_dim > 96 && params.head_dim <= 128);
     const int smem = params.head_dim <= 64 ? BwdTraitsFor<64, __half>::kSmemBytes : BwdTraitsFor<128, __half>::kSmemBytes;
-    return head_dim_fits && !params.deterministic && !params.has_extras && params.cu_seqlens_q == nullptr &&
+    // Of the extras, softcap alone (ALiBi and dropout stay with sm80).
+    const bool extras_fit = params.alibi_slopes_ptr == nullptr && params.rng_state == nullptr;
+    return head_dim_fits && !params.deterministic && extras_fit && params.cu_seqlens_q == nullptr &&
            params.cu_seqlens_k == nullptr && params.block_table == nullptr && smem <= params.max_smem_per_block &&
            bwd_tensor_maps_fit(params);
 }
@@ -91,10 +102,8 @@ bool serves_bwd(const BwdParams& params) {
 cudaError_t run_bwd(const BwdParams& params, cudaStream_t stream) {
     if (!serves_bwd(params)) return sm80::run_bwd(params, stream);
     return FLASH_DTYPE_SWITCH(params.dtype, Element, [&] {
-        return FLASH_BOOL_SWITCH(params.is_local, Is_local, [&] {
-            return params.head_dim <= 64 ? run_bwd_<Element, 64, Is_local>(params, stream)
-                                         : run_bwd_<Element, 128, Is_local>(params, stream);
-        });
+        return params.head_dim <= 64 ? run_bwd_head_dim<Element, 64>(params, stream)
+                                     : run_bwd_head_dim<Element, 128>(params, stream);
     });
 }
 

@@ -176,6 +176,14 @@ struct BwdTraits {
     static constexpr int kConsumerRegsTotal = (1 + kConsumerWarpgroups) * registers_at_entry(kNThreads) - kProducerRegs;
     static constexpr int kKeyRegs = (kConsumerRegsTotal - (kOwnerPeakRegs - kKeyPeakRegs)) / 2 / 8 * 8;
     static constexpr int kDqOwnerRegs = kConsumerRegsTotal - kKeyRegs;  // the dQ owner's
+    // Softcap (bwd_kernel.cuh: softcap_chain): where the pass that takes dS^T's
+    // chain factor and P^T's exponents runs, at the end of a step's scores or
+    // at the head of its gradients. The same arithmetic on the same live
+    // registers either way; ptxas fits d64 (S^T and dP^T 64 registers each)
+    // without spills only in the first place (104-164 B of spills in the
+    // second) and d128 only in the second (8 B in the first: a value the
+    // epilogue reads, kept across the loop).
+    static constexpr bool kSoftcapChainInScores = kBlockM == 128;
 
     // Bytes of one column block and of a whole tile.
     static constexpr int kKVBlockBytes = kBlockN * kSwizzleBytes;  // K, V: kBlockN rows
