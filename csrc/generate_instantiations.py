@@ -21,8 +21,8 @@ EXTRAS = [False, True]  # softcap, ALiBi or dropout
 SM90_HEAD_DIMS = [64, 96, 128, 192, 256]
 SOFTCAP = [False, True]
 # The sm90 family's backward (csrc/sm90/bwd_kernel.cuh): head dims 64 and 128
-# so far, softcap as its only extra (sm90/dispatch.cu: serves_bwd; the rest
-# runs on sm80).
+# (the rest up to 128 run padded on them), softcap as its only extra
+# (sm90/dispatch.cu: serves_bwd; the rest runs on sm80).
 SM90_BWD_HEAD_DIMS = [64, 128]
 
 OUT_DIR = Path(__file__).resolve().parent / "instantiations"

@@ -30,6 +30,11 @@
 // The steps are the query tiles that see a key of the block's tile
 // (mask.cuh: query_tile_range), for every query head of the KV head's group:
 // dK and dV of the group sum in registers.
+//
+// A head dim below the kernel's (33..63 on d64, 65..127 on d128) runs padded:
+// the copies read zeros past it (the tensor maps' inner extent is the call's
+// head dim), so the scores and the padding columns of dK, dV and dQ come out
+// as zeros, which the epilogue and dQ's reduce-add do not write.
 #pragma once
 
 #include <cuda.h>
@@ -438,6 +443,10 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& params, const BwdS
         if (thread_in_group == 0) {
 #pragma unroll
             for (int b = 0; b < Traits::kDqBoxes; ++b) {
+                // The copy engine adds nothing outside dq_accum (columns past
+                // the head dim, rows past the sequence); a box wholly past the
+                // head dim (d65..96 on the d128 kernel) is not issued at all.
+                if (b * Traits::kDqBoxCols >= params.head_dim) break;
                 tma_reduce_add_4d(tma_dq_accum, layout.dq() + b * Traits::kDqBoxBytes, b * Traits::kDqBoxCols,
                                   work.seq.q_start + work.m0_of(t), work.head_of(params, t), work.batch);
             }

@@ -57,6 +57,15 @@ int fwd_block_n(bool is_local) {
     }
 }
 
+// The head dim of the backward kernel that serves a call's (0: none). Head
+// dims 65..96 run on the d128 kernel, padded as 97..127 already do
+// (bwd_kernel.cuh): simpler than a d96 configuration, at the price of GEMM
+// work on zeros, 4/3 of what a d96 call needs (1.6x at d80), in all five
+// GEMMs (the forward's d96 kernel pads its P V alone).
+constexpr int bwd_head_dim(int head_dim) {
+    return head_dim <= 32 ? 0 : head_dim <= 64 ? 64 : head_dim <= 128 ? 128 : 0;
+}
+
 template <typename Element, int kHeadDim>
 cudaError_t run_bwd_head_dim(const BwdParams& params, cudaStream_t stream) {
     return FLASH_BOOL_SWITCH(params.is_local, Is_local, [&] {
@@ -89,12 +98,11 @@ cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream) {
 }
 
 bool serves_bwd(const BwdParams& params) {
-    const bool head_dim_fits = (params.head_dim > 32 && params.head_dim <= 64) ||
-                               (params.head_dim > 96 && params.head_dim <= 128);
-    const int smem = params.head_dim <= 64 ? BwdTraitsFor<64, __half>::kSmemBytes : BwdTraitsFor<128, __half>::kSmemBytes;
+    const int head_dim = bwd_head_dim(params.head_dim);
+    const int smem = head_dim == 64 ? BwdTraitsFor<64, __half>::kSmemBytes : BwdTraitsFor<128, __half>::kSmemBytes;
     // Of the extras, softcap alone (ALiBi and dropout stay with sm80).
     const bool extras_fit = params.alibi_slopes_ptr == nullptr && params.rng_state == nullptr;
-    return head_dim_fits && !params.deterministic && extras_fit && params.cu_seqlens_q == nullptr &&
+    return head_dim > 0 && !params.deterministic && extras_fit && params.cu_seqlens_q == nullptr &&
            params.cu_seqlens_k == nullptr && params.block_table == nullptr && smem <= params.max_smem_per_block &&
            bwd_tensor_maps_fit(params);
 }
@@ -102,8 +110,8 @@ bool serves_bwd(const BwdParams& params) {
 cudaError_t run_bwd(const BwdParams& params, cudaStream_t stream) {
     if (!serves_bwd(params)) return sm80::run_bwd(params, stream);
     return FLASH_DTYPE_SWITCH(params.dtype, Element, [&] {
-        return params.head_dim <= 64 ? run_bwd_head_dim<Element, 64>(params, stream)
-                                     : run_bwd_head_dim<Element, 128>(params, stream);
+        return bwd_head_dim(params.head_dim) == 64 ? run_bwd_head_dim<Element, 64>(params, stream)
+                                                   : run_bwd_head_dim<Element, 128>(params, stream);
     });
 }
 

@@ -212,7 +212,7 @@ struct BwdTraits {
     static constexpr int kSmemAlign = kSwizzleAtomBytes;
     static constexpr int kSmemBytes = kSmemBarrierOffset + 8 * kBarriers + kSmemAlign;
 
-    static_assert(kHeadDim == 64 || kHeadDim == 128, "the first sm90 backward: head dims 64 and 128");
+    static_assert(kHeadDim == 64 || kHeadDim == 128, "head dims 64 and 128 (the rest up to 128 run padded on them)");
     static_assert(kBlockM == 64 || kBlockM == 128, "whole 64-query column blocks of dS^T, wgmma N <= 256");
     static_assert((kDqTransposed ? kTileCols : kBlockM) == 64 && kDqN % 16 == 0 && kDqN <= 256,
                   "dQ (or dQ^T) is one warpgroup's M = 64 rows by a wgmma N");
@@ -229,7 +229,8 @@ struct BwdTraits {
     static_assert(kSmemBytes <= kMaxSmemPerBlock, "shared memory over the sm_90 per-block limit");
 };
 
-// Queries per step for each head dim the sm90 backward compiles (BwdTraits).
+// Queries per step for each head dim the sm90 backward compiles (BwdTraits);
+// a call's head dim runs on the next one up (dispatch.cu: bwd_head_dim).
 template <int kHeadDim> struct BwdConfig;
 template <> struct BwdConfig<64> { static constexpr int kBlockM = 128; };
 template <> struct BwdConfig<128> { static constexpr int kBlockM = 64; };

@@ -20,10 +20,11 @@ bool serves(const FwdParams& params);
 
 cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream);
 
-// Whether the sm90 backward serves a call: fp16/bf16, head dims that round to
-// 64 or 128 (33..64, 97..128), causal, windowed, softcap, GQA/MQA, padded
+// Whether the sm90 backward serves a call: fp16/bf16, head dims 33..128 (on
+// its d64 and d128 kernels, padded), causal, windowed, softcap, GQA/MQA, padded
 // batches with strides the tensor maps can describe. Not (the sm80 family runs
-// them): deterministic=True, ALiBi, dropout, variable lengths, other head dims.
+// them): deterministic=True, ALiBi, dropout, variable lengths, head dims up to
+// 32 and over 128.
 bool serves_bwd(const BwdParams& params);
 cudaError_t run_bwd(const BwdParams& params, cudaStream_t stream);
 KvcacheWorkspace plan_kvcache(FwdParams& params, int64_t requested_splits);
