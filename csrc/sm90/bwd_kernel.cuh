@@ -33,8 +33,9 @@
 //
 // A head dim below the kernel's (33..63 on d64, 65..127 on d128) runs padded:
 // the copies read zeros past it (the tensor maps' inner extent is the call's
-// head dim), so the scores and the padding columns of dK, dV and dQ come out
-// as zeros, which the epilogue and dQ's reduce-add do not write.
+// head dim), so the padding adds nothing to the scores, and the padding
+// columns of dK, dV and dQ, zeros, are not written (the epilogue's bound, the
+// reduce-add's tensor map).
 #pragma once
 
 #include <cuda.h>
