@@ -222,6 +222,14 @@ struct BwdTraits {
     static constexpr int kConsumerRegsTotal = (1 + kConsumerWarpgroups) * registers_at_entry(kNThreads) - kProducerRegs;
     static constexpr int kKeyRegs = (kConsumerRegsTotal - (kOwnerPeakRegs - kKeyPeakRegs)) / 2 / 8 * 8;
     static constexpr int kDqOwnerRegs = kConsumerRegsTotal - kKeyRegs;  // the dQ owner's
+    // Softcap (bwd_kernel.cuh: softcap_chain): where the pass that takes dS^T's
+    // chain factor and P^T's exponents runs, at the end of a step's scores or
+    // at the head of its gradients. The same arithmetic on the same live
+    // registers either way; ptxas fits d64 (S^T and dP^T 64 registers each)
+    // without spills only in the first place (104-164 B of spills in the
+    // second) and d128 only in the second (8 B in the first: a value the
+    // epilogue reads, kept across the loop).
+    static constexpr bool kSoftcapChainInScores = kBlockM == 128;
 
     // Bytes of one column block and of a whole tile.
     static constexpr int kKVBlockBytes = kBlockN * kSwizzleBytes;  // K, V: kBlockN rows
@@ -250,7 +258,7 @@ struct BwdTraits {
     static constexpr int kSmemAlign = kSwizzleAtomBytes;
     static constexpr int kSmemBytes = kSmemBarrierOffset + 8 * kBarriers + kSmemAlign;
 
-    static_assert(kHeadDim == 64 || kHeadDim == 128, "the first sm90 backward: head dims 64 and 128");
+    static_assert(kHeadDim == 64 || kHeadDim == 128, "head dims 64 and 128 (the rest up to 128 run padded on them)");
     static_assert(kBlockM == 64 || kBlockM == 128, "whole 64-query column blocks of dS^T, wgmma N <= 256");
     static_assert((kDqTransposed ? kTileCols : kBlockM) == 64 && kDqN % 16 == 0 && kDqN <= 256,
                   "dQ (or dQ^T) is one warpgroup's M = 64 rows by a wgmma N");
@@ -267,7 +275,8 @@ struct BwdTraits {
     static_assert(kSmemBytes <= kMaxSmemPerBlock, "shared memory over the sm_90 per-block limit");
 };
 
-// Queries per step for each head dim the sm90 backward compiles (BwdTraits).
+// Queries per step for each head dim the sm90 backward compiles (BwdTraits);
+// a call's head dim runs on the next one up (dispatch.cu: bwd_head_dim).
 template <int kHeadDim> struct BwdConfig;
 template <> struct BwdConfig<64> { static constexpr int kBlockM = 128; };
 template <> struct BwdConfig<128> { static constexpr int kBlockM = 64; };
