@@ -212,6 +212,17 @@ struct BwdWork {
     }
 };
 
+// Whether dQ's reduce box b (kDqBoxCols columns from b * kDqBoxCols) is
+// issued: the copy engine adds nothing outside dq_accum (columns past the
+// head dim, rows past the sequence), and a box wholly past the call's head
+// dim (d65..96 on the d128 kernel) is not issued at all. A box that starts
+// below kMinHeadDim holds a column of every call: no test in the code (b is a
+// constant of the unrolled loop).
+template <typename Traits>
+__device__ __forceinline__ bool dq_box_issued(int b, int head_dim) {
+    return b * Traits::kDqBoxCols < Traits::kMinHeadDim || b * Traits::kDqBoxCols < head_dim;
+}
+
 // Named barriers of the deterministic dQ hand-off between the owner's 128
 // threads and the dQ writer warp (0 is __syncthreads', 1 and 2 are
 // bwd_consumer's): kDqFullBarrier, the step's dQ tile is staged;
@@ -271,7 +282,7 @@ __device__ __forceinline__ void bwd_dq_writer(const BwdParams& params, const Bwd
             if (issuer) {
 #pragma unroll
                 for (int b = 0; b < Traits::kDqBoxes; ++b) {
-                    if (b * Traits::kDqBoxCols >= params.head_dim) break;  // as reduce_dq: wholly past the head dim
+                    if (!dq_box_issued<Traits>(b, params.head_dim)) break;
                     tma_reduce_add_4d(tma_dq_accum, layout.dq() + b * Traits::kDqBoxBytes, b * Traits::kDqBoxCols,
                                       work.seq.q_start + m_block * kBlockM, head, work.q_batch(params));
                 }
@@ -608,10 +619,7 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& params, const BwdS
         if (thread_in_group == 0) {
 #pragma unroll
             for (int b = 0; b < Traits::kDqBoxes; ++b) {
-                // The copy engine adds nothing outside dq_accum (columns past
-                // the head dim, rows past the sequence); a box wholly past the
-                // head dim (d65..96 on the d128 kernel) is not issued at all.
-                if (b * Traits::kDqBoxCols >= params.head_dim) break;
+                if (!dq_box_issued<Traits>(b, params.head_dim)) break;
                 tma_reduce_add_4d(tma_dq_accum, layout.dq() + b * Traits::kDqBoxBytes, b * Traits::kDqBoxCols,
                                   work.seq.q_start + work.m0_of(t), work.head_of(params, t), work.q_batch(params));
             }

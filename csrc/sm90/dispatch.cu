@@ -65,6 +65,11 @@ int fwd_block_n(bool is_local) {
 constexpr int bwd_head_dim(int head_dim) {
     return head_dim <= 32 ? 0 : head_dim <= 64 ? 64 : head_dim <= 128 ? 128 : 0;
 }
+template <int kHeadDim>
+constexpr bool kBwdMinHeadDimHolds = bwd_head_dim(BwdTraitsFor<kHeadDim, __half>::kMinHeadDim) == kHeadDim &&
+                                     bwd_head_dim(BwdTraitsFor<kHeadDim, __half>::kMinHeadDim - 1) != kHeadDim;
+static_assert(kBwdMinHeadDimHolds<64> && kBwdMinHeadDimHolds<128>,
+              "BwdTraits::kMinHeadDim: the smallest head dim bwd_head_dim sends to each kernel");
 
 template <typename Element, int kHeadDim>
 cudaError_t run_bwd_head_dim(const BwdParams& params, cudaStream_t stream) {

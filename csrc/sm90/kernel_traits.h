@@ -206,6 +206,10 @@ struct BwdTraits {
     static constexpr int kDqBoxCols = kSwizzleBytes / 4;
     static constexpr int kDqBoxes = kTileCols / kDqBoxCols;
     static constexpr int kDqBoxBytes = kDqRows * kSwizzleBytes;
+    // The smallest head dim a call runs this kernel at (dispatch.cu:
+    // bwd_head_dim, 33..64 on d64, 65..128 on d128): only a box from that
+    // column on can lie wholly past a call's head dim (dq_box_issued).
+    static constexpr int kMinHeadDim = kHeadDim / 2 + 1;
 
     // setmaxnreg: the producer warp needs little; the consumers share the
     // rest. Accumulator registers per thread at each consumer's peak: both
