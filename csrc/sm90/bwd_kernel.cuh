@@ -717,15 +717,23 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& params, const BwdS
     const int epilogue_thread = opaque(static_cast<int>(threadIdx.x)) % 128;
     const int epilogue_key0 =
         consumer * Traits::kWarpgroupKeys + epilogue_thread / 32 * 16 + epilogue_thread % 32 / 4;
+    // Softcap: the sequence (its k_start and seqlen_k: for packed rows, loads
+    // of cu_seqlens_k, seqused_k, leftpad_k) and the thread's column pair are
+    // derived again here too. Held across the main loop, they tip the d128
+    // key warpgroup (224 registers) into spills in the last step's softcap
+    // pass (ptxas: 8-12 B). Without softcap they stay held: no spill, and no
+    // second read of the sequence's bounds.
+    const Sequence seq = Has_softcap ? sequence_of<false>(params, opaque(work.batch)) : work.seq;
+    const int column_lane = Has_softcap ? epilogue_thread : lane;  // the pair is (column_lane % 4) * 2 + {0, 1}
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
         const int key = n0 + epilogue_key0 + half * 8;
-        if (key >= work.seq.seqlen_k) continue;
-        Element* dk_row = dk_out + static_cast<int64_t>(work.seq.k_start + key) * params.dk_row_stride;
-        Element* dv_row = dv_out + static_cast<int64_t>(work.seq.k_start + key) * params.dv_row_stride;
+        if (key >= seq.seqlen_k) continue;
+        Element* dk_row = dk_out + static_cast<int64_t>(seq.k_start + key) * params.dk_row_stride;
+        Element* dv_row = dv_out + static_cast<int64_t>(seq.k_start + key) * params.dv_row_stride;
 #pragma unroll
         for (int j = 0; j < Traits::kNTilesD; ++j) {
-            const int col = j * 8 + (lane % 4) * 2;
+            const int col = j * 8 + (column_lane % 4) * 2;
             if (col < params.head_dim) {
                 *reinterpret_cast<uint32_t*>(dk_row + col) =
                     pack2<Element>(dk[0][j][2 * half] * params.softmax_scale, dk[0][j][2 * half + 1] * params.softmax_scale);
