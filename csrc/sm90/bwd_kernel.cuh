@@ -336,6 +336,9 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& params, const BwdS
     constexpr int kDqBarrier = 2;
     constexpr int kKeyRowsBarrier = 5;  // after the deterministic hand-off's 3 and 4
     constexpr int kConsumerThreads = Traits::kConsumerWarpgroups * 128;
+    // Where dS^T is completed: the head of the gradients, or the end of the
+    // scores (kernel_traits.h: kDetDsInScores).
+    constexpr bool kDsInScores = Is_deterministic && Traits::kDetDsInScores;
 
     float dk[1][Traits::kNTilesD][4];
     float dv[1][Traits::kNTilesD][4];
@@ -477,6 +480,26 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& params, const BwdS
             }
         }
     };
+    // dS^T = P^T * (dP^T - D), in place of dP^T, and P^T in place of S^T
+    // (softcap: from the exponents softcap_chain left in S^T, and dS^T = P^T
+    // times what it left in dP^T).
+    auto finish_ds = [&](int stage, float (&s)[1][Traits::kNTilesS][4], float (&dp)[1][Traits::kNTilesS][4]) {
+        if constexpr (Has_softcap) {
+#pragma unroll
+            for (int i = 0; i < Traits::kNTilesS * 4; ++i) {
+                flat(s)[i] = exp2_approx(flat(s)[i]);
+                flat(dp)[i] *= flat(s)[i];
+            }
+        } else {
+            const uint32_t dsum_row = layout.dsum(stage) + 8 * (lane % 4);
+#pragma unroll
+            for (int j = 0; j < Traits::kNTilesS; ++j) {
+                const float2 d = load_shared_f32x2(dsum_row + 32 * j);
+#pragma unroll
+                for (int e = 0; e < 4; ++e) dp[0][j][e] = s[0][j][e] * (dp[0][j][e] - (e % 2 ? d.y : d.x));
+            }
+        }
+    };
     // Every thread arrives for its own reads of the stage (the row stats by
     // plain loads; its warp's wgmma reads are complete by then). One arrival
     // per warp after __syncwarp orders the lanes' reads as well under the PTX
@@ -485,7 +508,8 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& params, const BwdS
     auto release = [&](uint32_t empty) { mbarrier_arrive(empty); };
 
     // Step t's P^T and dP^T, entered with its S^T and dP^T in flight (the only
-    // wgmma groups pending) and left with both complete, no wgmma pending.
+    // wgmma groups pending) and left with both complete, no wgmma pending
+    // (kDsInScores: dS^T complete in place of dP^T).
     auto scores = [&](int t, float (&s)[1][Traits::kNTilesS][4], float (&dp)[1][Traits::kNTilesS][4]) {
         const StageOf<Traits> st(t);
         const int m0 = work.m0_of(t);
@@ -521,6 +545,7 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& params, const BwdS
         wgmma_wait<0>();
         pin_registers(flat(dp));
         if constexpr (Has_softcap && Traits::kSoftcapChainInScores) softcap_chain(st.stage, s, dp);
+        if constexpr (kDsInScores) finish_ds(st.stage, s, dp);
     };
 
     // Step t from its P^T and dP^T up to {dV, dK} and the dS barrier, entered
@@ -531,26 +556,11 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& params, const BwdS
                          uint32_t (&p_frag)[Traits::kKStepsM][4], uint32_t (&ds_frag)[Traits::kKStepsM][4]) {
         const StageOf<Traits> st(t);
         const uint32_t ds_smem = layout.ds(t % Traits::kDsBuffers);
-        // dS^T = P^T * (dP^T - D) (softcap: P^T from the exponents, dS^T =
-        // P^T times what softcap_chain left in dP^T); then both are re-packed
-        // for dV and dK (P^T only now: its fp32 values and its fragments are
-        // not live together).
-        if constexpr (Has_softcap) {
-            if constexpr (!Traits::kSoftcapChainInScores) softcap_chain(st.stage, s, dp);
-#pragma unroll
-            for (int i = 0; i < Traits::kNTilesS * 4; ++i) {
-                flat(s)[i] = exp2_approx(flat(s)[i]);
-                flat(dp)[i] *= flat(s)[i];
-            }
-        } else {
-            const uint32_t dsum_row = layout.dsum(st.stage) + 8 * (lane % 4);
-#pragma unroll
-            for (int j = 0; j < Traits::kNTilesS; ++j) {
-                const float2 d = load_shared_f32x2(dsum_row + 32 * j);
-#pragma unroll
-                for (int e = 0; e < 4; ++e) dp[0][j][e] = s[0][j][e] * (dp[0][j][e] - (e % 2 ? d.y : d.x));
-            }
-        }
+        // dS^T (finish_ds, unless the scores completed it: kDsInScores); then
+        // P^T and dS^T are re-packed for dV and dK (P^T only now: its fp32
+        // values and its fragments are not live together).
+        if constexpr (Has_softcap && !Traits::kSoftcapChainInScores) softcap_chain(st.stage, s, dp);
+        if constexpr (!kDsInScores) finish_ds(st.stage, s, dp);
         pack(p_frag, s);
         pack(ds_frag, dp);
 

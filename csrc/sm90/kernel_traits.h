@@ -234,6 +234,16 @@ struct BwdTraits {
     // second) and d128 only in the second (8 B in the first: a value the
     // epilogue reads, kept across the loop).
     static constexpr bool kSoftcapChainInScores = kBlockM == 128;
+    // Deterministic kernels (bwd_kernel.cuh: finish_ds): whether dS^T =
+    // P^T (dP^T - D) is completed at the end of a step's scores rather than at
+    // the head of its gradients, where the default kernels complete it. At
+    // d64 the head of the gradients leaves the deterministic key warpgroup
+    // (240 registers) no margin: ptxas packs P^T for dV while dP^T, D and P^T
+    // are live and spills 12 B there (4 B at the loop's entry with local
+    // softcap); at the end of the scores, with no A fragment live, nothing.
+    // At d128 the end of the scores serialises the wgmma (C7512), the head
+    // of the gradients fits.
+    static constexpr bool kDetDsInScores = kBlockM == 128;
 
     // Bytes of one column block and of a whole tile.
     static constexpr int kKVBlockBytes = kBlockN * kSwizzleBytes;  // K, V: kBlockN rows
