@@ -20,9 +20,10 @@ EXTRAS = [False, True]  # softcap, ALiBi or dropout
 # FwdConfig; head dims up to 32 run on sm80) and softcap as its only extra.
 SM90_HEAD_DIMS = [64, 96, 128, 192, 256]
 SOFTCAP = [False, True]
-# The sm90 family's backward (csrc/sm90/bwd_kernel.cuh): head dims 64 and 128 so
-# far, no extras (sm90/dispatch.cu: serves_bwd; the rest runs on sm80), and its
-# deterministic=True variant (dQ added in a fixed order).
+# The sm90 family's backward (csrc/sm90/bwd_kernel.cuh): head dims 64 and 128
+# (the rest up to 128 run padded on them), softcap as its only extra
+# (sm90/dispatch.cu: serves_bwd; the rest runs on sm80), and its
+# deterministic=True variant (dQ added in a fixed order) of each.
 SM90_BWD_HEAD_DIMS = [64, 128]
 DETERMINISTIC = [False, True]
 
@@ -75,7 +76,7 @@ SM90_BWD_TEMPLATE = """\
 #include "sm90/bwd_launch.cuh"
 
 namespace flash::sm90 {{
-template cudaError_t run_bwd_<{element}, {head_dim}, {local}, {deterministic}>(const BwdParams&, cudaStream_t);
+template cudaError_t run_bwd_<{element}, {head_dim}, {local}, {softcap}, {deterministic}>(const BwdParams&, cudaStream_t);
 }}  // namespace flash::sm90
 """
 
@@ -107,10 +108,13 @@ def expected_files() -> dict[str, str]:
     for dtype, element in DTYPES.items():
         for head_dim in SM90_BWD_HEAD_DIMS:
             for local in LOCAL:
-                for deterministic in DETERMINISTIC:
-                    name = f"sm90_bwd_{dtype}_hdim{head_dim}{'_local' if local else ''}{'_det' if deterministic else ''}.cu"
-                    files[name] = SM90_BWD_TEMPLATE.format(element=element, head_dim=head_dim, local=str(local).lower(),
-                                                           deterministic=str(deterministic).lower())
+                for softcap in SOFTCAP:
+                    for deterministic in DETERMINISTIC:
+                        name = (f"sm90_bwd_{dtype}_hdim{head_dim}{'_local' if local else ''}"
+                                f"{'_softcap' if softcap else ''}{'_det' if deterministic else ''}.cu")
+                        files[name] = SM90_BWD_TEMPLATE.format(element=element, head_dim=head_dim,
+                                                               local=str(local).lower(), softcap=str(softcap).lower(),
+                                                               deterministic=str(deterministic).lower())
     return files
 
 

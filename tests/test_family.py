@@ -156,34 +156,48 @@ def test_sm90_takes_pages_it_can_copy(page_size, head_dim, mode, monkeypatch):
     assert names and all(f"flash::{family}::" in name for name in names), names
 
 
-BACKWARD_CASES = {  # case: (head dim, KV heads of 4 query heads, options)
+BACKWARD_CASES = {  # case: (head dim, KV heads of 4 query heads, options); alibi_slopes: drawn per call;
+    # varlen: a packed batch's (query lengths, key lengths)
     "d64": (64, 4, {}), "d40": (40, 4, {}), "d128_causal": (128, 4, {"causal": True}),
     "window": (64, 4, {"window_size": (50, 10)}), "gqa": (128, 2, {}), "d96": (96, 4, {}),
-    "softcap": (64, 4, {"softcap": 30.0}), "deterministic": (64, 4, {"deterministic": True}),
+    "d80": (80, 4, {}), "d72_causal_gqa": (72, 2, {"causal": True}), "softcap": (64, 4, {"softcap": 30.0}),
+    "softcap_window": (128, 2, {"softcap": 30.0, "window_size": (50, 10)}),
+    "softcap_d96_causal": (96, 1, {"softcap": 30.0, "causal": True}),
+    "softcap_alibi": (64, 4, {"softcap": 30.0, "alibi_slopes": True}), "alibi": (64, 4, {"alibi_slopes": True}),
+    "dropout": (64, 4, {"dropout_p": 0.1}), "deterministic": (64, 4, {"deterministic": True}),
     "varlen": (64, 4, {"varlen": ([300, 1, 0, 177], [250, 7, 3, 177])}),
     "varlen_gqa_causal": (128, 2, {"varlen": ([300, 1, 0, 177], [250, 7, 3, 177]), "causal": True}),
     "deterministic_d128_causal_gqa": (128, 2, {"deterministic": True, "causal": True}),
     "varlen_deterministic_causal": (64, 2, {"varlen": ([300, 1, 0, 177], [250, 7, 3, 177]), "causal": True,
                                             "deterministic": True}),
+    "softcap_varlen_deterministic": (80, 2, {"varlen": ([300, 1, 0, 177], [250, 7, 3, 177]), "softcap": 30.0,
+                                             "causal": True, "deterministic": True}),
 }
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9 or not sm90_in_build(),
                     reason="the sm90 family runs on 9.x GPUs of builds that include 9.0a")
 @pytest.mark.parametrize("case, family", [("d64", "sm90"), ("d40", "sm90"), ("d128_causal", "sm90"), ("window", "sm90"),
-                                          ("gqa", "sm90"), ("varlen", "sm90"), ("varlen_gqa_causal", "sm90"),
-                                          ("d96", "sm80"), ("softcap", "sm80"),
+                                          ("gqa", "sm90"), ("d96", "sm90"), ("d80", "sm90"),
+                                          ("d72_causal_gqa", "sm90"), ("softcap", "sm90"),
+                                          ("softcap_window", "sm90"), ("softcap_d96_causal", "sm90"),
+                                          ("varlen", "sm90"), ("varlen_gqa_causal", "sm90"),
                                           ("deterministic", "sm90"), ("deterministic_d128_causal_gqa", "sm90"),
-                                          ("varlen_deterministic_causal", "sm90")])
+                                          ("varlen_deterministic_causal", "sm90"),
+                                          ("softcap_varlen_deterministic", "sm90"),
+                                          ("softcap_alibi", "sm80"), ("alibi", "sm80"), ("dropout", "sm80")])
 def test_sm90_backward_serves_or_delegates(case, family):
-    """The backward's main kernel is sm90's for what serves_bwd() accepts (head dims 33..64 and
-    97..128, causal, windows, GQA, variable lengths, deterministic=True) and sm80's for the rest
-    (FLASHATTN_FAMILY=sm80 forces sm80 for all: test_the_forward_and_backward_run_the_family_kernels in the suite's sm80
-    pass)."""
+    """The backward's main kernel is sm90's for what serves_bwd() accepts (head dims 33..128, the
+    ones between 64 and 128 padded on the d128 kernel; causal, windows, softcap, GQA, variable
+    lengths, deterministic=True, and these together) and sm80's for the rest (ALiBi, dropout, with
+    or without softcap; FLASHATTN_FAMILY=sm80 forces sm80 for all:
+    test_the_forward_and_backward_run_the_family_kernels in the suite's sm80 pass)."""
     if flashattn.kernel_family() != "sm90":
         pytest.skip("FLASHATTN_FAMILY forces another family")
     head_dim, kv_heads, options = BACKWARD_CASES[case]
     options = dict(options)
+    if options.get("alibi_slopes") is True:
+        options["alibi_slopes"] = torch.rand(4, device="cuda")
     lengths = options.pop("varlen", None)  # (query lengths, key lengths) of a packed batch
     if lengths is None:
         q, k, v = (torch.randn(2, 300, heads, head_dim, device="cuda", dtype=torch.float16, requires_grad=True)

@@ -51,6 +51,7 @@ FEATURES = {
     "dropout": {"dropout_p": 0.17},
     "dropout-causal-window": {"dropout_p": 0.3, "causal": True, "window_size": (50, -1)},
     "everything": {"causal": True, "window_size": (45, 7), "softcap": 3.0, "alibi": "batch-heads", "dropout_p": 0.1},
+    "causal-softcap": {"causal": True, "softcap": 1.0},
 }
 CPU_DTYPES = [torch.float16, torch.bfloat16, torch.float32]
 GPU_DTYPES = [torch.float16, torch.bfloat16]
@@ -148,6 +149,30 @@ def test_forward_gpu(feature, dtype, head_dim, seqlens, heads):
 @pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])
 @pytest.mark.parametrize("feature, dtype, head_dim, seqlens, heads", _gpu_cases())
 def test_backward_gpu(feature, dtype, head_dim, seqlens, heads, deterministic):
+    _check_backward("cuda", feature, dtype, head_dim, seqlens, heads, deterministic)
+
+
+# Softcap, alone and with masks, at the head dims that the sm90 backward runs padded on its d128
+# kernel (65..96; the sweep above meets that kernel at d128 alone), dtype and (H, Hk) cycling; both
+# dQ paths (deterministic: the dQ writer skips the reduce boxes past the head dim as the owner does).
+PADDED_SOFTCAP_FEATURES = ["softcap", "softcap-saturated", "window-softcap", "causal-softcap"]
+PADDED_HEAD_DIMS = [72, 80, 96]
+
+
+def _padded_softcap_cases() -> list:
+    cases = []
+    for (f, feature), (d, head_dim), (s, seqlens) in itertools.product(
+        enumerate(PADDED_SOFTCAP_FEATURES), enumerate(PADDED_HEAD_DIMS), enumerate(GPU_SEQLENS)
+    ):
+        case = (feature, GPU_DTYPES[(f + d + s) % 2], head_dim, seqlens, HEADS[(f + d + s) % 3])
+        cases.append(pytest.param(*case, id=_case_id(*case)))
+    return cases
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])
+@pytest.mark.parametrize("feature, dtype, head_dim, seqlens, heads", _padded_softcap_cases())
+def test_softcap_backward_padded_head_dims_gpu(feature, dtype, head_dim, seqlens, heads, deterministic):
     _check_backward("cuda", feature, dtype, head_dim, seqlens, heads, deterministic)
 
 

@@ -5,7 +5,10 @@
 //   S^T = K Q^T,  P^T = exp2(S^T * scale_log2 - lse_log2),  dV += P^T dO,
 //   dP^T = V dO^T,  dS^T = P^T * (dP^T - D),  dK += dS^T Q,  dQ += dS K,
 // with D = rowsum(dO * O) from the preprocess; dK takes the softmax scale at
-// the end, dQ in the conversion after this kernel.
+// the end, dQ in the conversion after this kernel. With softcap (Has_softcap)
+// the scores are the forward's, S^T = tanh(K Q^T * softcap_inner_scale) in the
+// score unit of flash.h, and dS^T takes the cap's chain factor 1 - S^T^2, as
+// in the sm80 backward.
 //
 //   producer warpgroup: one warp stays. Lane 0 copies K and V once, then each
 //     step's Q and dO tiles into kStages stages (TMA, 128-byte swizzle); the
@@ -44,6 +47,12 @@
 // have added), adds the tile, waits for the add to complete and counts it
 // (bwd_dq_writer). The turn waited for costs the owner nothing while the
 // writer is less than a step behind.
+//
+// A head dim below the kernel's (33..63 on d64, 65..127 on d128) runs padded:
+// the copies read zeros past it (the tensor maps' inner extent is the call's
+// head dim), so the padding adds nothing to the scores, and the padding
+// columns of dK, dV and dQ, zeros, are not written (the epilogue's bound, the
+// reduce-add's tensor map).
 #pragma once
 
 #include <cuda.h>
@@ -203,6 +212,17 @@ struct BwdWork {
     }
 };
 
+// Whether dQ's reduce box b (kDqBoxCols columns from b * kDqBoxCols) is
+// issued: the copy engine adds nothing outside dq_accum (columns past the
+// head dim, rows past the sequence), and a box wholly past the call's head
+// dim (d65..96 on the d128 kernel) is not issued at all. A box that starts
+// below kMinHeadDim holds a column of every call: no test in the code (b is a
+// constant of the unrolled loop).
+template <typename Traits>
+__device__ __forceinline__ bool dq_box_issued(int b, int head_dim) {
+    return b * Traits::kDqBoxCols < Traits::kMinHeadDim || b * Traits::kDqBoxCols < head_dim;
+}
+
 // Named barriers of the deterministic dQ hand-off between the owner's 128
 // threads and the dQ writer warp (0 is __syncthreads', 1 and 2 are
 // bwd_consumer's): kDqFullBarrier, the step's dQ tile is staged;
@@ -262,6 +282,7 @@ __device__ __forceinline__ void bwd_dq_writer(const BwdParams& params, const Bwd
             if (issuer) {
 #pragma unroll
                 for (int b = 0; b < Traits::kDqBoxes; ++b) {
+                    if (!dq_box_issued<Traits>(b, params.head_dim)) break;
                     tma_reduce_add_4d(tma_dq_accum, layout.dq() + b * Traits::kDqBoxBytes, b * Traits::kDqBoxCols,
                                       work.seq.q_start + m_block * kBlockM, head, work.q_batch(params));
                 }
@@ -291,7 +312,7 @@ __device__ __forceinline__ void bwd_dq_writer(const BwdParams& params, const Bwd
 // consumers (its keys in the block's tile) follows from the role, at compile
 // time: the descriptors and addresses derived from it are then warp-uniform,
 // and can live in uniform registers.
-template <typename Traits, bool Is_local, bool Is_deterministic, bool kOwnsDq>
+template <typename Traits, bool Is_local, bool Has_softcap, bool Is_deterministic, bool kOwnsDq>
 __device__ __forceinline__ void bwd_consumer(const BwdParams& params, const BwdSmem<Traits>& layout,
                                              const CUtensorMap* tma_dq_accum) {
     using Element = typename Traits::Element;
@@ -315,6 +336,9 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& params, const BwdS
     constexpr int kDqBarrier = 2;
     constexpr int kKeyRowsBarrier = 5;  // after the deterministic hand-off's 3 and 4
     constexpr int kConsumerThreads = Traits::kConsumerWarpgroups * 128;
+    // Where dS^T is completed: the head of the gradients, or the end of the
+    // scores (kernel_traits.h: kDetDsInScores).
+    constexpr bool kDsInScores = Is_deterministic && Traits::kDetDsInScores;
 
     float dk[1][Traits::kNTilesD][4];
     float dv[1][Traits::kNTilesD][4];
@@ -425,6 +449,57 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& params, const BwdS
             }
         }
     };
+    // Softcap: the scores in the score unit, tanh(q.k * softcap_inner_scale),
+    // as the forward caps them (extras.cuh: apply_score_extras).
+    auto cap_scores = [&](float (&s)[1][Traits::kNTilesS][4]) {
+#pragma unroll
+        for (int j = 0; j < Traits::kNTilesS; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[0][j][e] = tanhf(s[0][j][e] * params.softcap_inner_scale);
+    };
+    // Softcap, once dP^T is complete: dP^T - D times the cap's 1 - tanh^2
+    // (sm80's chain factor, taken before P^T rather than after it), and the
+    // capped scores turned into P^T's exponents, s * scale_log2 - lse_log2,
+    // both in place: a score's exponential and its factor are never live
+    // together, nor is a second fragment (kBlockM / 2 registers a thread).
+    // gradients() finishes with p = exp2 and dS^T *= p. A masked score is
+    // -inf: its exponent -inf (p = 0) and its factor, -inf unclamped (0 * -inf
+    // = NaN), 0; every other |tanh| <= 1 leaves the clamp exact.
+    auto softcap_chain = [&](int stage, float (&s)[1][Traits::kNTilesS][4], float (&dp)[1][Traits::kNTilesS][4]) {
+        const uint32_t dsum_row = layout.dsum(stage) + 8 * (lane % 4);
+        const uint32_t lse_row = layout.lse_log2(stage) + 8 * (lane % 4);
+#pragma unroll
+        for (int j = 0; j < Traits::kNTilesS; ++j) {
+            const float2 d = load_shared_f32x2(dsum_row + 32 * j);
+            const float2 lse = load_shared_f32x2(lse_row + 32 * j);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const float capped = s[0][j][e];
+                dp[0][j][e] = (dp[0][j][e] - (e % 2 ? d.y : d.x)) * fmaxf(fmaf(-capped, capped, 1.f), 0.f);
+                s[0][j][e] = fmaf(capped, params.softmax_scale_log2, -(e % 2 ? lse.y : lse.x));
+            }
+        }
+    };
+    // dS^T = P^T * (dP^T - D), in place of dP^T, and P^T in place of S^T
+    // (softcap: from the exponents softcap_chain left in S^T, and dS^T = P^T
+    // times what it left in dP^T).
+    auto finish_ds = [&](int stage, float (&s)[1][Traits::kNTilesS][4], float (&dp)[1][Traits::kNTilesS][4]) {
+        if constexpr (Has_softcap) {
+#pragma unroll
+            for (int i = 0; i < Traits::kNTilesS * 4; ++i) {
+                flat(s)[i] = exp2_approx(flat(s)[i]);
+                flat(dp)[i] *= flat(s)[i];
+            }
+        } else {
+            const uint32_t dsum_row = layout.dsum(stage) + 8 * (lane % 4);
+#pragma unroll
+            for (int j = 0; j < Traits::kNTilesS; ++j) {
+                const float2 d = load_shared_f32x2(dsum_row + 32 * j);
+#pragma unroll
+                for (int e = 0; e < 4; ++e) dp[0][j][e] = s[0][j][e] * (dp[0][j][e] - (e % 2 ? d.y : d.x));
+            }
+        }
+    };
     // Every thread arrives for its own reads of the stage (the row stats by
     // plain loads; its warp's wgmma reads are complete by then). One arrival
     // per warp after __syncwarp orders the lanes' reads as well under the PTX
@@ -433,7 +508,8 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& params, const BwdS
     auto release = [&](uint32_t empty) { mbarrier_arrive(empty); };
 
     // Step t's P^T and dP^T, entered with its S^T and dP^T in flight (the only
-    // wgmma groups pending) and left with both complete, no wgmma pending.
+    // wgmma groups pending) and left with both complete, no wgmma pending
+    // (kDsInScores: dS^T complete in place of dP^T).
     auto scores = [&](int t, float (&s)[1][Traits::kNTilesS][4], float (&dp)[1][Traits::kNTilesS][4]) {
         const StageOf<Traits> st(t);
         const int m0 = work.m0_of(t);
@@ -444,24 +520,32 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& params, const BwdS
         // lse) can overflow 16 bits) are hidden; queries past it have lse_log2
         // = +inf, so p = 0. The branch holds element-wise work on completed
         // registers only, no wgmma issue or wait. A thread's columns are the
-        // queries j * 8 + 2 * (lane % 4) + {0, 1}.
+        // queries j * 8 + 2 * (lane % 4) + {0, 1}. Softcap: the scores are
+        // capped before the mask (as in the forward) and left capped while
+        // dP^T runs (softcap_chain takes P^T from them later, with dS^T's
+        // chain factor).
         wgmma_wait<1>();
         pin_registers(flat(s));
+        if constexpr (Has_softcap) cap_scores(s);
         mbarrier_wait(layout.stats_full(st.stage), st.phase);
         if (!tile_is_full<kBlockM, kBlockN>(m0, n0, work.seq.seqlen_q, work.window)) {
             mask_transposed<Is_local>(s, n0 + warp_key0, m0, work.window, lane);
         }
-        const uint32_t lse_row = layout.lse_log2(st.stage) + 8 * (lane % 4);
+        if constexpr (!Has_softcap) {
+            const uint32_t lse_row = layout.lse_log2(st.stage) + 8 * (lane % 4);
 #pragma unroll
-        for (int j = 0; j < Traits::kNTilesS; ++j) {
-            const float2 lse = load_shared_f32x2(lse_row + 32 * j);
+            for (int j = 0; j < Traits::kNTilesS; ++j) {
+                const float2 lse = load_shared_f32x2(lse_row + 32 * j);
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                s[0][j][e] = exp2_approx(fmaf(s[0][j][e], params.softmax_scale_log2, -(e % 2 ? lse.y : lse.x)));
+                for (int e = 0; e < 4; ++e) {
+                    s[0][j][e] = exp2_approx(fmaf(s[0][j][e], params.softmax_scale_log2, -(e % 2 ? lse.y : lse.x)));
+                }
             }
         }
         wgmma_wait<0>();
         pin_registers(flat(dp));
+        if constexpr (Has_softcap && Traits::kSoftcapChainInScores) softcap_chain(st.stage, s, dp);
+        if constexpr (kDsInScores) finish_ds(st.stage, s, dp);
     };
 
     // Step t from its P^T and dP^T up to {dV, dK} and the dS barrier, entered
@@ -472,15 +556,11 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& params, const BwdS
                          uint32_t (&p_frag)[Traits::kKStepsM][4], uint32_t (&ds_frag)[Traits::kKStepsM][4]) {
         const StageOf<Traits> st(t);
         const uint32_t ds_smem = layout.ds(t % Traits::kDsBuffers);
-        // dS^T = P^T * (dP^T - D); then both are re-packed for dV and dK (P^T
-        // only now: its fp32 values and its fragments are not live together).
-        const uint32_t dsum_row = layout.dsum(st.stage) + 8 * (lane % 4);
-#pragma unroll
-        for (int j = 0; j < Traits::kNTilesS; ++j) {
-            const float2 d = load_shared_f32x2(dsum_row + 32 * j);
-#pragma unroll
-            for (int e = 0; e < 4; ++e) dp[0][j][e] = s[0][j][e] * (dp[0][j][e] - (e % 2 ? d.y : d.x));
-        }
+        // dS^T (finish_ds, unless the scores completed it: kDsInScores); then
+        // P^T and dS^T are re-packed for dV and dK (P^T only now: its fp32
+        // values and its fragments are not live together).
+        if constexpr (Has_softcap && !Traits::kSoftcapChainInScores) softcap_chain(st.stage, s, dp);
+        if constexpr (!kDsInScores) finish_ds(st.stage, s, dp);
         pack(p_frag, s);
         pack(ds_frag, dp);
 
@@ -549,6 +629,7 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& params, const BwdS
         if (thread_in_group == 0) {
 #pragma unroll
             for (int b = 0; b < Traits::kDqBoxes; ++b) {
+                if (!dq_box_issued<Traits>(b, params.head_dim)) break;
                 tma_reduce_add_4d(tma_dq_accum, layout.dq() + b * Traits::kDqBoxBytes, b * Traits::kDqBoxCols,
                                   work.seq.q_start + work.m0_of(t), work.head_of(params, t), work.q_batch(params));
             }
@@ -646,15 +727,23 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& params, const BwdS
     const int epilogue_thread = opaque(static_cast<int>(threadIdx.x)) % 128;
     const int epilogue_key0 =
         consumer * Traits::kWarpgroupKeys + epilogue_thread / 32 * 16 + epilogue_thread % 32 / 4;
+    // Softcap: the sequence (its k_start and seqlen_k: for packed rows, loads
+    // of cu_seqlens_k, seqused_k, leftpad_k) and the thread's column pair are
+    // derived again here too. Held across the main loop, they tip the d128
+    // key warpgroup (224 registers) into spills in the last step's softcap
+    // pass (ptxas: 8-12 B). Without softcap they stay held: no spill, and no
+    // second read of the sequence's bounds.
+    const Sequence seq = Has_softcap ? sequence_of<false>(params, opaque(work.batch)) : work.seq;
+    const int column_lane = Has_softcap ? epilogue_thread : lane;  // the pair is (column_lane % 4) * 2 + {0, 1}
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
         const int key = n0 + epilogue_key0 + half * 8;
-        if (key >= work.seq.seqlen_k) continue;
-        Element* dk_row = dk_out + static_cast<int64_t>(work.seq.k_start + key) * params.dk_row_stride;
-        Element* dv_row = dv_out + static_cast<int64_t>(work.seq.k_start + key) * params.dv_row_stride;
+        if (key >= seq.seqlen_k) continue;
+        Element* dk_row = dk_out + static_cast<int64_t>(seq.k_start + key) * params.dk_row_stride;
+        Element* dv_row = dv_out + static_cast<int64_t>(seq.k_start + key) * params.dv_row_stride;
 #pragma unroll
         for (int j = 0; j < Traits::kNTilesD; ++j) {
-            const int col = j * 8 + (lane % 4) * 2;
+            const int col = j * 8 + (column_lane % 4) * 2;
             if (col < params.head_dim) {
                 *reinterpret_cast<uint32_t*>(dk_row + col) =
                     pack2<Element>(dk[0][j][2 * half] * params.softmax_scale, dk[0][j][2 * half + 1] * params.softmax_scale);
@@ -664,7 +753,7 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& params, const BwdS
     }
 }
 
-template <typename Traits, bool Is_local, bool Is_deterministic>
+template <typename Traits, bool Is_local, bool Has_softcap, bool Is_deterministic>
 __global__ void __launch_bounds__(Traits::kNThreads, 1)
     bwd_kernel(const __grid_constant__ BwdParams params, const __grid_constant__ CUtensorMap tma_q,
                const __grid_constant__ CUtensorMap tma_k, const __grid_constant__ CUtensorMap tma_v,
@@ -761,10 +850,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     // Consumers: warpgroup 1 + kDqOwner owns dQ and takes the registers for it.
     if (warpgroup - 1 == Traits::kDqOwner) {
         claim_registers<Traits::kDqOwnerRegs>();
-        bwd_consumer<Traits, Is_local, Is_deterministic, /*kOwnsDq=*/true>(params, layout, &tma_dq_accum);
+        bwd_consumer<Traits, Is_local, Has_softcap, Is_deterministic, /*kOwnsDq=*/true>(params, layout, &tma_dq_accum);
     } else {
         claim_registers<Traits::kKeyRegs>();
-        bwd_consumer<Traits, Is_local, Is_deterministic, /*kOwnsDq=*/false>(params, layout, &tma_dq_accum);
+        bwd_consumer<Traits, Is_local, Has_softcap, Is_deterministic, /*kOwnsDq=*/false>(params, layout, &tma_dq_accum);
     }
 }
 

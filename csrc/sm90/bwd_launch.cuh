@@ -1,8 +1,8 @@
-// Launches the sm90 backward for one (dtype, head dim, local, deterministic)
-// instantiation (instantiations/sm90_bwd_*.cu): the sm80 family's preprocess
-// (D into dsum_ptr), the main kernel (dK, dV; dQ added into the zeroed
-// dq_accum, deterministic: in an order that dq_semaphore keeps), and the sm80
-// family's dQ conversion.
+// Launches the sm90 backward for one (dtype, head dim, local, softcap,
+// deterministic) instantiation (instantiations/sm90_bwd_*.cu): the sm80
+// family's preprocess (D into dsum_ptr), the main kernel (dK, dV; dQ added into
+// the zeroed dq_accum, deterministic: in an order that dq_semaphore keeps), and
+// the sm80 family's dQ conversion.
 #pragma once
 
 #include <cuda.h>
@@ -15,14 +15,14 @@
 
 namespace flash::sm90 {
 
-template <typename Element, int kHeadDim, bool Is_local, bool Is_deterministic>
+template <typename Element, int kHeadDim, bool Is_local, bool Has_softcap, bool Is_deterministic>
 cudaError_t run_bwd_(const BwdParams& params, cudaStream_t stream) {
     using Traits = BwdTraitsFor<kHeadDim, Element>;
     CUtensorMap tma_q{}, tma_k{}, tma_v{}, tma_do{}, tma_dq_accum{};
     cudaError_t err = make_fwd_tensor_maps(params, Traits::kBlockM, Traits::kBlockN, &tma_q, &tma_k, &tma_v);
     if (err == cudaSuccess) err = make_bwd_tensor_maps(params, Traits::kBlockM, Traits::kDqRows, &tma_do, &tma_dq_accum);
     if (err != cudaSuccess) return err;
-    auto kernel = &bwd_kernel<Traits, Is_local, Is_deterministic>;
+    auto kernel = &bwd_kernel<Traits, Is_local, Has_softcap, Is_deterministic>;
     // Dynamic shared memory above 48 KB must be opted into per kernel.
     err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes);
     if (err != cudaSuccess) return err;

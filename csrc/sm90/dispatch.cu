@@ -17,7 +17,7 @@ namespace flash::sm90 {
 // Defined in instantiations/sm90_fwd_*.cu and sm90_bwd_*.cu.
 template <typename Element, int kHeadDim, bool Is_local, bool Has_softcap>
 cudaError_t run_fwd_(const FwdParams& params, KeyCopy key_copy, cudaStream_t stream);
-template <typename Element, int kHeadDim, bool Is_local, bool Is_deterministic>
+template <typename Element, int kHeadDim, bool Is_local, bool Has_softcap, bool Is_deterministic>
 cudaError_t run_bwd_(const BwdParams& params, cudaStream_t stream);
 
 namespace {
@@ -93,6 +93,31 @@ int block_n_of(const FwdParams& params) {
     return FLASH_HEADDIM_SWITCH(params.head_dim, kHeadDim, [&] { return fwd_block_n<kHeadDim>(params.is_local); });
 }
 
+// The head dim of the backward kernel that serves a call's (0: none). Head
+// dims 65..96 run on the d128 kernel, padded as 97..127 already do
+// (bwd_kernel.cuh): simpler than a d96 configuration, at the price of GEMM
+// work on zeros, 4/3 of what a d96 call needs (1.6x at d80), in all five
+// GEMMs (the forward's d96 kernel pads its P V alone).
+constexpr int bwd_head_dim(int head_dim) {
+    return head_dim <= 32 ? 0 : head_dim <= 64 ? 64 : head_dim <= 128 ? 128 : 0;
+}
+template <int kHeadDim>
+constexpr bool kBwdMinHeadDimHolds = bwd_head_dim(BwdTraitsFor<kHeadDim, __half>::kMinHeadDim) == kHeadDim &&
+                                     bwd_head_dim(BwdTraitsFor<kHeadDim, __half>::kMinHeadDim - 1) != kHeadDim;
+static_assert(kBwdMinHeadDimHolds<64> && kBwdMinHeadDimHolds<128>,
+              "BwdTraits::kMinHeadDim: the smallest head dim bwd_head_dim sends to each kernel");
+
+template <typename Element, int kHeadDim>
+cudaError_t run_bwd_head_dim(const BwdParams& params, cudaStream_t stream) {
+    return FLASH_BOOL_SWITCH(params.is_local, Is_local, [&] {
+        return FLASH_BOOL_SWITCH(params.softcap > 0.f, Has_softcap, [&] {
+            return FLASH_BOOL_SWITCH(params.deterministic, Is_deterministic, [&] {
+                return run_bwd_<Element, kHeadDim, Is_local, Has_softcap, Is_deterministic>(params, stream);
+            });
+        });
+    });
+}
+
 }  // namespace
 
 bool serves(const FwdParams& params) {
@@ -123,27 +148,26 @@ cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream) {
     });
 }
 
-// Variable-length batches (cu_seqlens, seqused_q/k, leftpad_k) are served as
-// the forward serves them: packed rows, each sequence's own lengths
-// (bwd_kernel.cuh: BwdWork). The backward has no block table (paged keys are
-// gathered into a packed batch before it).
+// Head dims 33..128 (bwd_head_dim), softcap of the extras, deterministic=True
+// (its own instantiations: bwd_kernel.cuh, bwd_dq_writer), and variable-length
+// batches (cu_seqlens, seqused_q/k, leftpad_k) as the forward serves them:
+// packed rows, each sequence's own lengths (bwd_kernel.cuh: BwdWork); each of
+// these with any of the others. The backward has no block table (paged keys
+// are gathered into a packed batch before it).
 bool serves_bwd(const BwdParams& params) {
-    const bool head_dim_fits = (params.head_dim > 32 && params.head_dim <= 64) ||
-                               (params.head_dim > 96 && params.head_dim <= 128);
-    const int smem = params.head_dim <= 64 ? BwdTraitsFor<64, __half>::kSmemBytes : BwdTraitsFor<128, __half>::kSmemBytes;
-    return head_dim_fits && !params.has_extras && params.block_table == nullptr &&
-           smem <= params.max_smem_per_block && bwd_tensor_maps_fit(params);
+    const int head_dim = bwd_head_dim(params.head_dim);
+    const int smem = head_dim == 64 ? BwdTraitsFor<64, __half>::kSmemBytes : BwdTraitsFor<128, __half>::kSmemBytes;
+    // Of the extras, softcap alone (ALiBi and dropout stay with sm80).
+    const bool extras_fit = params.alibi_slopes_ptr == nullptr && params.rng_state == nullptr;
+    return head_dim > 0 && extras_fit && params.block_table == nullptr && smem <= params.max_smem_per_block &&
+           bwd_tensor_maps_fit(params);
 }
 
 cudaError_t run_bwd(const BwdParams& params, cudaStream_t stream) {
     if (!serves_bwd(params)) return sm80::run_bwd(params, stream);
     return FLASH_DTYPE_SWITCH(params.dtype, Element, [&] {
-        return FLASH_BOOL_SWITCH(params.is_local, Is_local, [&] {
-            return FLASH_BOOL_SWITCH(params.deterministic, Is_deterministic, [&] {
-                return params.head_dim <= 64 ? run_bwd_<Element, 64, Is_local, Is_deterministic>(params, stream)
-                                             : run_bwd_<Element, 128, Is_local, Is_deterministic>(params, stream);
-            });
-        });
+        return bwd_head_dim(params.head_dim) == 64 ? run_bwd_head_dim<Element, 64>(params, stream)
+                                                   : run_bwd_head_dim<Element, 128>(params, stream);
     });
 }
 
@@ -152,7 +176,7 @@ cudaError_t run_bwd(const BwdParams& params, cudaStream_t stream) {
 BwdWorkspace bwd_workspace(const BwdParams& params) {
     if (!serves_bwd(params)) return sm80::bwd_workspace(params);
     if (!params.deterministic) return {/*dq_accum=*/true, /*semaphores=*/0};
-    const int block_m = params.head_dim <= 64 ? BwdConfig<64>::kBlockM : BwdConfig<128>::kBlockM;
+    const int block_m = bwd_head_dim(params.head_dim) == 64 ? BwdConfig<64>::kBlockM : BwdConfig<128>::kBlockM;
     const int64_t query_tiles = (params.seqlen_q + block_m - 1) / block_m;
     return {/*dq_accum=*/true, static_cast<int64_t>(params.batch) * params.num_heads * query_tiles};
 }

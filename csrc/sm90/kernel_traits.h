@@ -233,6 +233,10 @@ struct BwdTraits {
     static constexpr int kDqBoxCols = kSwizzleBytes / 4;
     static constexpr int kDqBoxes = kTileCols / kDqBoxCols;
     static constexpr int kDqBoxBytes = kDqRows * kSwizzleBytes;
+    // The smallest head dim a call runs this kernel at (dispatch.cu:
+    // bwd_head_dim, 33..64 on d64, 65..128 on d128): only a box from that
+    // column on can lie wholly past a call's head dim (dq_box_issued).
+    static constexpr int kMinHeadDim = kHeadDim / 2 + 1;
 
     // setmaxnreg: the producer warp needs little; the consumers share the
     // rest. Accumulator registers per thread at each consumer's peak: both
@@ -249,6 +253,24 @@ struct BwdTraits {
     static constexpr int kConsumerRegsTotal = (1 + kConsumerWarpgroups) * registers_at_entry(kNThreads) - kProducerRegs;
     static constexpr int kKeyRegs = (kConsumerRegsTotal - (kOwnerPeakRegs - kKeyPeakRegs)) / 2 / 8 * 8;
     static constexpr int kDqOwnerRegs = kConsumerRegsTotal - kKeyRegs;  // the dQ owner's
+    // Softcap (bwd_kernel.cuh: softcap_chain): where the pass that takes dS^T's
+    // chain factor and P^T's exponents runs, at the end of a step's scores or
+    // at the head of its gradients. The same arithmetic on the same live
+    // registers either way; ptxas fits d64 (S^T and dP^T 64 registers each)
+    // without spills only in the first place (104-164 B of spills in the
+    // second) and d128 only in the second (8 B in the first: a value the
+    // epilogue reads, kept across the loop).
+    static constexpr bool kSoftcapChainInScores = kBlockM == 128;
+    // Deterministic kernels (bwd_kernel.cuh: finish_ds): whether dS^T =
+    // P^T (dP^T - D) is completed at the end of a step's scores rather than at
+    // the head of its gradients, where the default kernels complete it. At
+    // d64 the head of the gradients leaves the deterministic key warpgroup
+    // (240 registers) no margin: ptxas packs P^T for dV while dP^T, D and P^T
+    // are live and spills 12 B there (4 B at the loop's entry with local
+    // softcap); at the end of the scores, with no A fragment live, nothing.
+    // At d128 the end of the scores serialises the wgmma (C7512), the head
+    // of the gradients fits.
+    static constexpr bool kDetDsInScores = kBlockM == 128;
 
     // Bytes of one column block and of a whole tile.
     static constexpr int kKVBlockBytes = kBlockN * kSwizzleBytes;  // K, V: kBlockN rows
@@ -277,7 +299,7 @@ struct BwdTraits {
     static constexpr int kSmemAlign = kSwizzleAtomBytes;
     static constexpr int kSmemBytes = kSmemBarrierOffset + 8 * kBarriers + kSmemAlign;
 
-    static_assert(kHeadDim == 64 || kHeadDim == 128, "the first sm90 backward: head dims 64 and 128");
+    static_assert(kHeadDim == 64 || kHeadDim == 128, "head dims 64 and 128 (the rest up to 128 run padded on them)");
     static_assert(kBlockM == 64 || kBlockM == 128, "whole 64-query column blocks of dS^T, wgmma N <= 256");
     static_assert((kDqTransposed ? kTileCols : kBlockM) == 64 && kDqN % 16 == 0 && kDqN <= 256,
                   "dQ (or dQ^T) is one warpgroup's M = 64 rows by a wgmma N");
@@ -294,7 +316,8 @@ struct BwdTraits {
     static_assert(kSmemBytes <= kMaxSmemPerBlock, "shared memory over the sm_90 per-block limit");
 };
 
-// Queries per step for each head dim the sm90 backward compiles (BwdTraits).
+// Queries per step for each head dim the sm90 backward compiles (BwdTraits);
+// a call's head dim runs on the next one up (dispatch.cu: bwd_head_dim).
 template <int kHeadDim> struct BwdConfig;
 template <> struct BwdConfig<64> { static constexpr int kBlockM = 128; };
 template <> struct BwdConfig<128> { static constexpr int kBlockM = 64; };
