@@ -685,7 +685,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         // across the block, once per query tile.
         auto zero_tail_rows_of_v = [&](const StageOf<Traits>& s, int n_block) {
             const int first_row = seq.seqlen_k - n_block * kBlockN;  // of the tile
-            if (!tail_is_memory || first_row >= kBlockN) return;
+            // Gathered keys (KeyCopy::kGather) arrive with those rows zero-filled already.
+            if (!tail_is_memory || key_copy == KeyCopy::kGather || first_row >= kBlockN) return;
             constexpr int kChunksPerRow = kSwizzleBytes / 16;
             const int chunks = (kBlockN - first_row) * kChunksPerRow;
             mbarrier_wait(layout.v_full(s.stage), s.phase);
