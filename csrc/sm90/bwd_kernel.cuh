@@ -598,7 +598,7 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& params, const BwdS
         }
         wgmma_commit();
         fence_proxy_async_shared();  // the stores are read by wgmma (async proxy) after the barrier
-        named_barrier_sync(kDsBarrier, kConsumerThreads);
+        named_barrier_sync_unaligned(kDsBarrier, kConsumerThreads);
     };
 
     // dV and dK of step t are complete: the stage's Q and dO (and its row
@@ -673,7 +673,7 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& params, const BwdS
             zero_rows<Traits, kBlockN>(layout.k(), layout.v(), Traits::kKVBlockBytes, first_row, thread,
                                        kConsumerThreads);
             fence_proxy_async_shared();  // the zeros are read by wgmma (async proxy) after the barrier
-            named_barrier_sync(kKeyRowsBarrier, kConsumerThreads);
+            named_barrier_sync_unaligned(kKeyRowsBarrier, kConsumerThreads);
         }
         wait_tiles(0);
         issue_scores(s, k_desc, layout.q(0));

@@ -329,6 +329,17 @@ __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
+// barrier.sync without .aligned: the same wait, for a barrier whose blocking
+// participants reach it through different barrier instructions (roles
+// compiled apart, e.g. the backward's two consumer warpgroups: bwd_consumer
+// instantiated per role). bar.sync is barrier.sync.aligned, which promises
+// that all of a generation's blocking threads execute the same instruction;
+// compute-sanitizer's synccheck reports "Divergent thread(s) in block" where
+// they do not.
+__device__ __forceinline__ void named_barrier_sync_unaligned(int id, int threads) {
+    asm volatile("barrier.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
 // bar.arrive: counts this warp's arrival at barrier `id` without waiting.
 __device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
     asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
