@@ -1,6 +1,6 @@
 """The attention implementations that are timed against each other: flashattn, SDPA's
-flash, cuDNN and efficient backends, and the naive reference; and the calls that the
-gradient passes time."""
+flash, cuDNN and efficient backends, FlashAttention-4 (when it imports), and the naive
+reference; and the calls that the gradient passes time."""
 import contextlib
 import gc
 import warnings
@@ -23,9 +23,35 @@ def sdpa_fn(q, k, v, causal, scale):
     return lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, scale=scale).transpose(1, 2)
 
 
+def flash_attention_4():
+    """FlashAttention-4's flash_attn_func (its CuTe-DSL kernels; sm90 and newer), or the reason it does not
+    import. It is no dependency: FLASHATTN_FA4_DIR names a folder its wheels were installed into with
+    `pip install --no-index --no-deps --target DIR` (../shared/guides/hopper.md), added as a site dir."""
+    import os
+    import site
+
+    if folder := os.environ.get("FLASHATTN_FA4_DIR"):
+        site.addsitedir(folder)
+    try:
+        from flash_attn.cute import flash_attn_func
+    except Exception as exc:  # ImportError, or its own import-time errors
+        return None, f"{type(exc).__name__}: {exc}"
+    return flash_attn_func, None
+
+
+def fa4_fn(fa4_func, q, k, v, causal, scale):
+    """A call of FlashAttention-4 on the [B, S, H, D] tensors: its out (it may return (out, lse))."""
+    def call():
+        out = fa4_func(q, k, v, softmax_scale=scale, causal=causal)
+        return out[0] if isinstance(out, tuple) else out
+    return call
+
+
 def backend_fns(q, k, v, causal, scale):
     """{backend: fn() -> out [B, S, H, D]} on q, k, v, and {backend: its context}:
-    flashattn and naive, and on CUDA tensors SDPA's three backends too.
+    flashattn (and with deterministic=True: flashattn_det) and naive, and on CUDA tensors
+    SDPA's three backends and FlashAttention-4 too (where it does not import, its call
+    raises why, and its rows say n/a).
 
     Each backend runs, checked and timed, inside its context: SDPA's backend
     choice stays out of the timed calls.
@@ -35,6 +61,7 @@ def backend_fns(q, k, v, causal, scale):
 
     fns = {
         "flashattn": lambda: flash_attn_func(q, k, v, softmax_scale=scale, causal=causal),
+        "flashattn_det": lambda: flash_attn_func(q, k, v, softmax_scale=scale, causal=causal, deterministic=True),
         "naive": lambda: attention_ref(q, k, v, softmax_scale=scale, causal=causal, upcast=False)[0],
     }
     contexts = dict.fromkeys(fns, contextlib.nullcontext)
@@ -42,7 +69,17 @@ def backend_fns(q, k, v, causal, scale):
         for name, backend in SDPA_BACKENDS.items():
             fns[name] = sdpa_fn(q, k, v, causal, scale)
             contexts[name] = lambda backend=backend: sdpa_kernel(backend)
+        fa4, missing = flash_attention_4()
+        fns["fa4"] = fa4_fn(fa4, q, k, v, causal, scale) if fa4 is not None else unavailable(missing)
+        contexts["fa4"] = contextlib.nullcontext
     return fns, contexts
+
+
+def unavailable(why):
+    """A backend's call that raises why it cannot run."""
+    def call():
+        raise RuntimeError(f"not available: {why}")
+    return call
 
 
 def call_capturing_warnings(fn):

@@ -8,7 +8,9 @@ the GPU (sm90 on an H100 whose build includes 9.0a) runs in this process; every 
 on the GPU (sm80) runs the same shapes in a child process with FLASHATTN_FAMILY set (the binding reads
 it once per process), on the same GPU, right after. cuDNN runs in this process. Each row also gives the
 largest difference between the default family's output and cuDNN's, as a sanity check (the tests are
-the correctness check). TFLOP/s = 4 * B * H * S^2 * D, halved for causal, over the median time.
+the correctness check). FlashAttention-4 gets a column when it imports (benchmarks/backends.py:
+flash_attention_4, FLASHATTN_FA4_DIR). TFLOP/s = 4 * B * H * S^2 * D, halved for causal, over the
+median time.
 """
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ import sys
 import torch
 
 from benchmarks.arguments import add_out, int_list
-from benchmarks.backends import SDPA_BACKENDS, sdpa_fn
+from benchmarks.backends import SDPA_BACKENDS, fa4_fn, flash_attention_4, sdpa_fn
 from benchmarks.environment import REPO_ROOT, dated_folder, header_lines, results_folder, slug, start_gpu_run
 from flashattn.testing import attention_flops
 
@@ -98,6 +100,7 @@ def run(args):
                 others[name] = times
 
     import flashattn
+    fa4, fa4_missing = flash_attention_4()
     rows = []
     for head_dim, seqlen, causal in shapes(args):
         q, k, v = inputs(head_dim, seqlen, DTYPES[args.dtype])
@@ -112,13 +115,23 @@ def run(args):
         for name, times in others.items():
             row[name] = flops / times[shape] / 1e9
         row["cuDNN"] = flops / cudnn_ms / 1e9
+        if fa4 is not None:
+            try:  # a shape it refuses (or fails to compile) is a gap in its column, not the end of the run
+                row["FA4"] = flops / timer(fa4_fn(fa4, q, k, v, causal, head_dim**-0.5)) / 1e9
+            except Exception as exc:
+                print(f"benchmarks families: FlashAttention-4 at {shape}: {type(exc).__name__}: {exc}",
+                      file=sys.stderr)
+                row["FA4"] = float("nan")
         row[f"{family} / cuDNN"] = row[family] / row["cuDNN"]
+        if fa4 is not None:
+            row[f"{family} / FA4"] = row[family] / row["FA4"]
         row[f"max |{family} - cuDNN|"] = diff
         rows.append(row)
 
     columns = list(rows[0])
     lines = [f"# Forward, {args.dtype}, TFLOP/s (B * S = {TOKENS}, H * D = {WIDTH})", "", *header_lines(header),
-             f"- families: {family} (this process){''.join(f', {n} (FLASHATTN_FAMILY={n})' for n in others)}", "",
+             f"- families: {family} (this process){''.join(f', {n} (FLASHATTN_FAMILY={n})' for n in others)}",
+             f"- FlashAttention-4: {'flash_attn.cute, this process' if fa4 else 'not run (' + fa4_missing + ')'}", "",
              "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for row in rows:
         cells = [f"{v:.3g}" if isinstance(v, float) and k.startswith("max") else

@@ -2,16 +2,19 @@
 forward with k and v in pages (block_table; page sizes 16 and 256, pages shuffled) and with the same
 keys packed, causal, bf16, H = 32, Hk = 8 (GQA), for full prefills and chunked prefills (a chunk of
 queries at the end of a longer cache). Each row checks that both give the same out, times both in one
-process and writes the ratio; results.csv and results.md go to the output folder.
+process and writes the ratio; results.csv and results.md go to the output folder. On the sm90 family
+--copy-modes times each way of copying paged keys in the same process (FLASHATTN_SM90_PAGED_COPY,
+which the binding reads at every call: auto, tma, gather); other families ignore it.
 
-    python -m benchmarks paged [--out DIR]
+    python -m benchmarks paged [--out DIR] [--copy-modes auto,tma,gather]
 """
 import csv
+import os
 import sys
 
 import torch
 
-from benchmarks.arguments import add_out
+from benchmarks.arguments import add_out, choice_list
 from benchmarks.environment import dated_folder, gpu_header, header_lines, results_folder, slug
 from benchmarks.tables import table_lines
 from benchmarks.timing import FWD_REP_MS, FWD_WARMUP_MS
@@ -20,6 +23,7 @@ PROG = "python -m benchmarks paged"
 HELP = "GPU: paged (block_table) vs contiguous varlen forward on the same tokens"
 HEADS, HEADS_K = 32, 8
 PAGE_SIZES = (16, 256)
+COPY_MODES = ("auto", "tma", "gather")  # FLASHATTN_SM90_PAGED_COPY
 # name -> (query lengths, key lengths) per sequence: the queries are the last keys' positions.
 WORKLOADS = {
     "prefill 8 x 2k": ([2048] * 8, [2048] * 8),
@@ -33,6 +37,8 @@ WORKLOADS = {
 def add_arguments(parser):
     add_out(parser, "benchmarks/results/<date>-<gpu>-paged")
     parser.add_argument("--head-dims", default="128,64", help="comma list of head dims (default 128,64)")
+    parser.add_argument("--copy-modes", type=choice_list(COPY_MODES, ordered=True), default=["auto"],
+                        help="sm90: how paged keys are copied, each timed in this process (default auto)")
 
 
 def fwd_flops(lengths_q, lengths_k, head_dim):
@@ -94,27 +100,31 @@ def run(args):
                 k_pages, v_pages, table = to_pages(k, v, cu_k, lengths_k, page_size, gen)
                 paged = lambda: flash_attn_varlen_func(q, k_pages, v_pages, cu_q, cu_k, **common,  # noqa: E731
                                                        block_table=table)
-                same = torch.equal(paged(), want)
-                ms = do_bench(paged, warmup=FWD_WARMUP_MS, rep=FWD_REP_MS, return_mode="median")
-                row = {"head_dim": head_dim, "workload": name, "page_size": page_size,
-                       "contiguous_ms": round(base_ms, 4), "contiguous_extras_kernel_ms": round(extras_ms, 4),
-                       "paged_ms": round(ms, 4),
-                       "paged_over_contiguous": round(ms / base_ms, 3),
-                       "contiguous_tflops": round(flops / base_ms / 1e9, 1), "paged_tflops": round(flops / ms / 1e9, 1),
-                       "same_out": same}
-                rows.append(row)
-                print(f"d{head_dim} {name:22s} page {page_size:3d}: contiguous {base_ms:.3f} ms (extras kernel "
-                      f"{extras_ms:.3f}), paged {ms:.3f} ms (x{ms / base_ms:.3f}), same out: {same}", flush=True)
+                for mode in args.copy_modes:
+                    os.environ["FLASHATTN_SM90_PAGED_COPY"] = mode
+                    same = torch.equal(paged(), want)
+                    ms = do_bench(paged, warmup=FWD_WARMUP_MS, rep=FWD_REP_MS, return_mode="median")
+                    row = {"head_dim": head_dim, "workload": name, "page_size": page_size, "copy_mode": mode,
+                           "contiguous_ms": round(base_ms, 4), "contiguous_extras_kernel_ms": round(extras_ms, 4),
+                           "paged_ms": round(ms, 4),
+                           "paged_over_contiguous": round(ms / base_ms, 3),
+                           "contiguous_tflops": round(flops / base_ms / 1e9, 1),
+                           "paged_tflops": round(flops / ms / 1e9, 1), "same_out": same}
+                    rows.append(row)
+                    print(f"d{head_dim} {name:22s} page {page_size:3d} {mode:6s}: contiguous {base_ms:.3f} ms "
+                          f"(extras kernel {extras_ms:.3f}), paged {ms:.3f} ms (x{ms / base_ms:.3f}), "
+                          f"same out: {same}", flush=True)
+                os.environ.pop("FLASHATTN_SM90_PAGED_COPY", None)
                 del k_pages, v_pages
     folder = results_folder(args.out, dated_folder(f"{slug(torch.cuda.get_device_name())}-paged"))
     with open(folder / "results.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
-    lines = header_lines(header) + ["", *table_lines(["D", "workload", "page", "contiguous ms",
+    lines = header_lines(header) + ["", *table_lines(["D", "workload", "page", "copy (sm90)", "contiguous ms",
                                                           "contiguous, extras kernel ms", "paged ms",
                                                           "paged / contiguous", "TFLOP/s (contig / paged)", "same out"])]
-    lines += [f"| {r['head_dim']} | {r['workload']} | {r['page_size']} | {r['contiguous_ms']:.3f} | "
+    lines += [f"| {r['head_dim']} | {r['workload']} | {r['page_size']} | {r['copy_mode']} | {r['contiguous_ms']:.3f} | "
               f"{r['contiguous_extras_kernel_ms']:.3f} | {r['paged_ms']:.3f} | "
               f"{r['paged_over_contiguous']:.3f} | {r['contiguous_tflops']} / {r['paged_tflops']} | {r['same_out']} |"
               for r in rows]

@@ -98,7 +98,7 @@ def pass_rows(shape, pass_, backends, steps, reference, timer, skip):
         except torch.cuda.OutOfMemoryError:
             row.status = "OOM"
         except Exception as exc:
-            row.status = "error" if name == "flashattn" else "n/a"
+            row.status = "error" if name in ("flashattn", "flashattn_det") else "n/a"
             row.notes = short_reason(exc)
         release(shape.device)
         if row.status in ("ok", "mismatch"):

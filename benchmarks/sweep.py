@@ -31,7 +31,8 @@ from benchmarks.arguments import add_device, add_out, choice_list, int_list
 from benchmarks.environment import (cpu_header, dated_folder, gpu_header, header_lines, pick_device,
                                     results_folder, slug)
 from benchmarks.peak_memory import memory_rows
-from benchmarks.shapes import (CPU_BATCH, CPU_HEADDIM, CPU_HEADS, DTYPES, GPU_BACKENDS, PASS_TITLES, PASSES,
+from benchmarks.shapes import (CPU_BATCH, CPU_HEADDIM, CPU_HEADS, DEFAULT_GPU_BACKENDS, DTYPES, GPU_BACKENDS,
+                               OPT_IN_BACKENDS, PASS_TITLES, PASSES,
                                SWEEP_HEADDIMS, SWEEP_MODEL_DIM, SWEEP_SEQLENS, SWEEP_TOKENS, Shape, Sweep)
 from benchmarks.speed import cpu_timers, sweep_rows
 from benchmarks.tables import memory_table, notes_lines, speed_tables, write_csv
@@ -79,8 +80,8 @@ def add_arguments(p):
     p.add_argument("--headdims", type=int_list, default=None)
     p.add_argument("--seqlens", type=int_list, default=None)
     p.add_argument("--causal", choices=("both", "true", "false"), default="both")
-    p.add_argument("--backends", type=choice_list(GPU_BACKENDS), default=list(GPU_BACKENDS),
-                   help=f"comma list out of {','.join(GPU_BACKENDS)} (default: all)")
+    p.add_argument("--backends", type=choice_list(GPU_BACKENDS), default=list(DEFAULT_GPU_BACKENDS),
+                   help=f"comma list out of {','.join(GPU_BACKENDS)} (default: all but {','.join(OPT_IN_BACKENDS)})")
     p.add_argument("--tokens", type=int, default=SWEEP_TOKENS, help="B*S of each GPU config")
     p.add_argument("--model-dim", type=int, default=SWEEP_MODEL_DIM, help="H*D of each GPU config")
     p.add_argument("--memory-seqlens", type=int_list, default=list(MEMORY_SEQLENS),

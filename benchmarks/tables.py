@@ -97,7 +97,9 @@ def speed_tables(rows, device):
         if not by_config:
             continue
         head = ["causal", "D", "S", "B x H"] + present
-        head += ["flashattn/flash", "flashattn/cudnn"] if device == "cuda" else ["flashattn ms", "naive ms"]
+        with_fa4 = any(r.backend == "fa4" and r.tflops for r in speed)
+        head += (["flashattn/flash", "flashattn/cudnn"] + (["flashattn/fa4"] if with_fa4 else [])
+                 if device == "cuda" else ["flashattn ms", "naive ms"])
         title = PASS_TITLES[pass_]
         if passes != ["fwd"]:
             title += f" (FLOPs x{PASS_FLOP_FACTORS[pass_]:g})"
@@ -109,6 +111,7 @@ def speed_tables(rows, device):
             if device == "cuda":
                 fa = cells.get("flashattn")
                 line += [ratio_cell(fa, cells.get("flash")), ratio_cell(fa, cells.get("cudnn"))]
+                line += [ratio_cell(fa, cells.get("fa4"))] if with_fa4 else []
             else:
                 line += [fmt_num(cells[b].median_ms, 2) if b in cells and cells[b].median_ms else "-"
                          for b in ("flashattn", "naive")]

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import cpu
+from . import cpu, ops
 from ._extension import HAS_CUDA_KERNELS, NOT_BUILT_REASON, unsupported_gpu_reason
 from .cpu import MAX_HEAD_DIM
 
@@ -549,7 +549,7 @@ def _flash_attn_forward(
     options = (softcap, alibi_slopes, dropout_p, rng_state, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                seqused_q, seqused_k, leftpad_k, block_table)
     if learnable_sink is None:
-        operator = torch.ops.flashattn.fwd
+        operator = ops.fwd
     else:
         operator = torch.ops.flashattn.fwd_ext
         options = (*options, learnable_sink)

@@ -93,7 +93,7 @@ from torch import Tensor
 
 from . import cpu
 
-__all__ = ["BWD_EXT_SCHEMA", "BWD_SCHEMA", "FWD_EXT_SCHEMA", "FWD_SCHEMA", "KVCACHE_SCHEMA"]
+__all__ = ["BWD_EXT_SCHEMA", "BWD_SCHEMA", "FWD_EXT_SCHEMA", "FWD_SCHEMA", "KVCACHE_SCHEMA", "fwd"]
 
 FWD_SCHEMA = (
     "fwd(Tensor q, Tensor k, Tensor v, float softmax_scale, bool causal, bool deterministic=False, "
@@ -353,6 +353,36 @@ def _paged_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, 
 torch.library.register_fake("flashattn::fwd", _fwd_fake)
 torch.library.impl("flashattn::fwd", "cpu", cpu.fwd)
 torch.library.register_autograd("flashattn::fwd", _fwd_backward, setup_context=_fwd_setup_context)
+
+
+class _FwdAutograd(torch.autograd.Function):
+    """fwd's autograd in eager mode: the same setup_context and backward as its registration above.
+    On every call with a gradient, the registration's wrapper fills the operator's 20 schema
+    defaults back in, ~230 us of host time per call with torch 2.11 (more than the whole kernel
+    of a causal S = 2k call: benchmarks/NOTES.md, fifth session); here the operator runs with grad
+    off, which its registration passes straight through."""
+
+    @staticmethod
+    def forward(ctx, *inputs):
+        output = torch.ops.flashattn.fwd(*inputs)
+        _fwd_setup_context(ctx, inputs, output)
+        return output
+
+    backward = staticmethod(_fwd_backward)
+
+
+# fwd's schema defaults, read once: what _FwdAutograd appends to a call that leaves them out.
+_FWD_DEFAULTS = tuple(argument.default_value for argument in torch.ops.flashattn.fwd.default._schema.arguments)
+
+
+def fwd(*inputs) -> tuple[Tensor, Tensor]:
+    """torch.ops.flashattn.fwd(*inputs) (positional arguments, the trailing ones optional) with its
+    gradient: through _FwdAutograd in eager mode when q, k or v needs one, through the operator
+    itself otherwise and under torch.compile (which traces the operator and its registered autograd)."""
+    if (torch.is_grad_enabled() and not torch.compiler.is_compiling()
+            and any(t.requires_grad for t in inputs[:3])):
+        return _FwdAutograd.apply(*inputs, *_FWD_DEFAULTS[len(inputs):])
+    return torch.ops.flashattn.fwd(*inputs)
 torch.library.register_fake("flashattn::bwd", _bwd_fake)
 torch.library.impl("flashattn::bwd", "cpu", cpu.bwd)
 torch.library.register_fake("flashattn::fwd_kvcache", _fwd_kvcache_fake)

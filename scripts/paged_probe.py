@@ -1,6 +1,7 @@
-"""ncu counters of the contiguous and the paged varlen forward on the same tokens (d64, chunks of 512
-queries over 4k keys, 8 sequences, causal): `python scripts/paged_probe.py run {contiguous,extras,paged}`
-runs one; `python scripts/paged_probe.py` runs each under ncu and prints the counters side by side."""
+"""ncu counters of the contiguous and the paged varlen forward on the same tokens (chunks of 512 queries
+over 4k keys, 8 sequences, causal, bf16): `python scripts/paged_probe.py run {contiguous,extras,paged} D`
+runs one at head dim D; `python scripts/paged_probe.py [D ...]` (default 64) runs each under ncu and
+prints the counters side by side."""
 import subprocess
 import sys
 
@@ -14,10 +15,9 @@ METRICS = ["gpu__time_duration.sum", "smsp__inst_executed.sum", "launch__registe
            "smsp__average_warp_latency_issue_stalled_short_scoreboard", "dram__bytes_read.sum", "lts__t_bytes.sum"]
 
 
-def run(which):
+def run(which, d):
     from flashattn import flash_attn_varlen_func
     gen = torch.Generator().manual_seed(0)
-    lengths_q, lengths_k, d = [512] * 8, [4096] * 8, 64
     cu_q = torch.arange(9, dtype=torch.int32, device="cuda") * 512
     cu_k = torch.arange(9, dtype=torch.int32, device="cuda") * 4096
     q = torch.randn(4096, 32, d, generator=gen).to("cuda", torch.bfloat16)
@@ -34,17 +34,22 @@ def run(which):
     torch.cuda.synchronize()
 
 
+def profile(which, d):
+    command = ["ncu", "--metrics", ",".join(METRICS), "--kernel-name", "regex:fwd_kernel", "--csv", "--page", "raw",
+               sys.executable, __file__, "run", which, str(d)]
+    out = subprocess.run(command, capture_output=True, text=True)
+    rows = [line for line in out.stdout.splitlines() if line.startswith('"')]
+    if len(rows) < 3:
+        return "ncu failed " + out.stdout[-800:] + out.stderr[-800:]
+    head = [h.strip('"') for h in rows[0].split('","')]
+    cells = [c.strip('"') for c in rows[2].split('","')]
+    return "; ".join(f"{h}={c}" for h, c in zip(head, cells) if h in METRICS)
+
+
 if __name__ == "__main__":
-    if len(sys.argv) > 2:
-        run(sys.argv[2])
+    if len(sys.argv) > 1 and sys.argv[1] == "run":
+        run(sys.argv[2], int(sys.argv[3]))
         sys.exit(0)
-    for which in ("contiguous", "extras", "paged"):
-        out = subprocess.run(["ncu", "--metrics", ",".join(METRICS), "--kernel-name", "regex:fwd_kernel", "--csv",
-                              "--page", "raw", sys.executable, __file__, "run", which], capture_output=True, text=True)
-        rows = [line for line in out.stdout.splitlines() if line.startswith('"')]
-        if len(rows) < 3:
-            print(which, "ncu failed", out.stdout[-800:], out.stderr[-800:])
-            continue
-        head = [h.strip('"') for h in rows[0].split('","')]
-        cells = [c.strip('"') for c in rows[2].split('","')]
-        print(which + ": " + "; ".join(f"{h}={c}" for h, c in zip(head, cells) if h in METRICS))
+    for d in [int(a) for a in sys.argv[1:]] or [64]:
+        for which in ("contiguous", "extras", "paged"):
+            print(f"d{d} {which}: {profile(which, d)}", flush=True)

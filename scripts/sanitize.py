@@ -123,9 +123,11 @@ def machine() -> str:
         sanitizer = "unknown"
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                                text=True).stdout.strip() or "unknown"
+                                text=True).stdout.strip()
     except OSError:
-        commit = "unknown"
+        commit = ""
+    # As the benchmarks: where the tree is no git checkout, FLASHATTN_COMMIT names it.
+    commit = commit or os.environ.get("FLASHATTN_COMMIT") or "unknown"
     return (f"{gpu}, torch {torch.__version__}, CUDA {torch.version.cuda}, compute-sanitizer {sanitizer}, "
             f"commit {commit}, {dt.date.today().isoformat()}")
 

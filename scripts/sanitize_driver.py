@@ -27,7 +27,11 @@ paged k and v (block_table, seqused_k), forward and backward.
          that see no key; MHA, GQA and MQA in turn; causal and not.
   small  for the slow tools (racecheck): both dtypes, every compiled head dim,
          causal and not, on one shape that still has two query tiles, several
-         key tiles, a sequence tail, the causal diagonal and a GQA group of 2.
+         key tiles, a sequence tail, the causal diagonal and a GQA group of 2;
+         then REUSE_CASES (bf16 d64, S = 2048, 16 heads over 2, causal and not;
+         a cut variable-length batch at d64 and d128), where every shared-memory
+         slot of the persistent forward and of the backward's stages is written
+         again after it was read.
 
 Prints "sanitize driver: N forward and M backward calls completed (sweep S)"
 last; any CUDA error is an exception and a non-zero exit before that.
@@ -59,16 +63,32 @@ OPTIONS = [
 ]
 
 
+# A handoff through shared memory is checked by racecheck only where a slot is written again after
+# it was read: a persistent forward block must draw more query tiles than it has work slots (2), so
+# more than 2 x 132 query tiles on an H100, with and without the causal mask (dynamic and static
+# schedules); a backward block must walk more steps than it has stages (2). Then a cut
+# variable-length batch (sequences of 150 and 450 rows) at both head dims of the sm90 backward,
+# whose tiles that reach past a sequence get those rows zeroed in shared memory (Q and dO by the
+# producer, K and V by the consumers) before the tensor cores read them.
+REUSE_CASES = [
+    (torch.bfloat16, 64, (2048, 2048), causal, (16, 2), "contiguous", 1, OPTIONS[0]) for causal in (False, True)
+] + [
+    (torch.bfloat16, head_dim, (300, 300), causal, (4, 2), "contiguous", 2, {"varlen": True, "cut": True})
+    for head_dim in (64, 128) for causal in (False, True)
+]
+
+
 def sweep(name: str) -> list[tuple]:
     """(dtype, head_dim, (Sq, Sk), causal, (H, Hk), layout, batch, options) of every case of the sweep."""
     if name == "small":
-        # Plain and everything-on, so each compiled kernel variant runs under the slow tools.
+        # Plain and everything-on, so each compiled kernel variant runs under the slow tools; then
+        # REUSE_CASES, long enough that each shared-memory slot is handed over more than once.
         return [
             (dtype, head_dim, seqlens, causal, (2, 1), "contiguous", 1, options)
             for dtype, head_dim, seqlens, causal, options in itertools.product(
                 DTYPES, KERNEL_HEAD_DIMS, SMALL_SEQLENS, [False, True], [OPTIONS[0], OPTIONS[4]]
             )
-        ]
+        ] + REUSE_CASES
     head_dims = sorted(KERNEL_HEAD_DIMS + PARTIAL_HEAD_DIMS)
     cases = []
     for i, (dtype, head_dim, seqlens) in enumerate(itertools.product(DTYPES, head_dims, FULL_SEQLENS)):

@@ -3,8 +3,11 @@ capability, forced with FLASHATTN_FAMILY, and visible in the kernels that run.
 
 A 9.x GPU runs the sm90 family when the build includes 9.0a: its forward kernels
 (namespace flash::sm90::) serve what csrc/sm90/sm90.h's serves() accepts, and
-everything else (the backward, ALiBi, dropout, head dims up to 32) runs on the sm80
-family's kernels (flash::sm80::) on the same GPU. FLASHATTN_FAMILY=sm80 forces sm80."""
+everything else (ALiBi, dropout, head dims up to 32, ...) runs on the sm80 family's
+kernels (flash::sm80::) on the same GPU. FLASHATTN_FAMILY=sm80 forces sm80. The sm90
+backward's main kernel serves what serves_bwd() accepts; its row-wise passes
+(preprocess, dQ conversion) and the backwards it does not serve are sm80's."""
+import itertools
 import os
 import subprocess
 import sys
@@ -85,13 +88,15 @@ def test_the_default_family_follows_the_compute_capability():
 
 
 def test_the_forward_and_backward_run_the_family_kernels():
-    """The forward runs the family's own kernel; the backward runs sm80's kernels on every family."""
+    """The forward runs the family's own kernel; so does the backward's main kernel (this call is
+    one sm90's serves_bwd() accepts), whose row-wise passes are sm80's on every family."""
     family = flashattn.kernel_family()
     q, k, v = (torch.randn(2, 300, 4, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
     names = kernels_run_by(lambda: flashattn.flash_attn_func(q, k, v, causal=True).sum().backward())
     ours = [name for name in names if "flash::" in name]
     assert any(f"flash::{family}::fwd_kernel" in name for name in ours), names
-    assert any("flash::sm80::bwd_dk_dv_kernel" in name for name in ours), names
+    main_kernel = "flash::sm90::bwd_kernel" if family == "sm90" else "flash::sm80::bwd_dk_dv_kernel"
+    assert any(main_kernel in name for name in ours), names
     assert all(f"flash::{family}::" in name or "flash::sm80::bwd" in name for name in ours), ours
 
 
@@ -127,13 +132,17 @@ def test_sm90_serves_or_delegates(case):
 
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9 or not sm90_in_build(),
                     reason="the sm90 family runs on 9.x GPUs of builds that include 9.0a")
-@pytest.mark.parametrize("page_size, head_dim, family", [(16, 128, "sm90"), (256, 64, "sm90"), (256, 256, "sm90"),
-                                                         (7, 128, "sm80"), (4, 64, "sm80")])
-def test_sm90_takes_pages_it_can_copy_in_boxes(page_size, head_dim, family):
-    """Paged keys run on sm90 where every box of a key tile lies in one page and spans at least 8
-    rows (kv_box_rows); smaller or odd pages on sm80."""
+@pytest.mark.parametrize("mode", ["auto", "tma", "gather"])
+@pytest.mark.parametrize("page_size, head_dim", [(16, 128), (256, 64), (256, 256), (7, 128), (4, 64), (12, 96)])
+def test_sm90_takes_pages_it_can_copy(page_size, head_dim, mode, monkeypatch):
+    """Paged keys run on sm90 at any page size where its producer gathers their rows (auto: where a
+    key tile would take more than one TMA box per column block; FLASHATTN_SM90_PAGED_COPY=gather:
+    always); under FLASHATTN_SM90_PAGED_COPY=tma, only pages whose boxes are whole 8-row swizzle
+    atoms (kv_box_rows: page sizes that are multiples of 8), the others on sm80."""
     if flashattn.kernel_family() != "sm90":
         pytest.skip("FLASHATTN_FAMILY forces another family")
+    monkeypatch.setenv("FLASHATTN_SM90_PAGED_COPY", mode)
+    family = "sm90" if mode != "tma" or page_size % 8 == 0 else "sm80"
     lengths = [150, 40]
     blocks = [-(-n // page_size) for n in lengths]
     q = torch.randn(sum(lengths), 4, head_dim, device="cuda", dtype=torch.bfloat16)
@@ -144,6 +153,66 @@ def test_sm90_takes_pages_it_can_copy_in_boxes(page_size, head_dim, family):
     run = lambda: flashattn.flash_attn_varlen_func(q, k, v, cu, cu, max(lengths), max(lengths), causal=True,  # noqa: E731
                                                    block_table=table)
     names = [n for n in kernels_run_by(run) if "fwd_kernel" in n]
+    assert names and all(f"flash::{family}::" in name for name in names), names
+
+
+BACKWARD_CASES = {  # case: (head dim, KV heads of 4 query heads, options); alibi_slopes: drawn per call;
+    # varlen: a packed batch's (query lengths, key lengths)
+    "d64": (64, 4, {}), "d40": (40, 4, {}), "d128_causal": (128, 4, {"causal": True}),
+    "window": (64, 4, {"window_size": (50, 10)}), "gqa": (128, 2, {}), "d96": (96, 4, {}),
+    "d80": (80, 4, {}), "d72_causal_gqa": (72, 2, {"causal": True}), "softcap": (64, 4, {"softcap": 30.0}),
+    "softcap_window": (128, 2, {"softcap": 30.0, "window_size": (50, 10)}),
+    "softcap_d96_causal": (96, 1, {"softcap": 30.0, "causal": True}),
+    "softcap_alibi": (64, 4, {"softcap": 30.0, "alibi_slopes": True}), "alibi": (64, 4, {"alibi_slopes": True}),
+    "dropout": (64, 4, {"dropout_p": 0.1}), "deterministic": (64, 4, {"deterministic": True}),
+    "varlen": (64, 4, {"varlen": ([300, 1, 0, 177], [250, 7, 3, 177])}),
+    "varlen_gqa_causal": (128, 2, {"varlen": ([300, 1, 0, 177], [250, 7, 3, 177]), "causal": True}),
+    "deterministic_d128_causal_gqa": (128, 2, {"deterministic": True, "causal": True}),
+    "varlen_deterministic_causal": (64, 2, {"varlen": ([300, 1, 0, 177], [250, 7, 3, 177]), "causal": True,
+                                            "deterministic": True}),
+    "softcap_varlen_deterministic": (80, 2, {"varlen": ([300, 1, 0, 177], [250, 7, 3, 177]), "softcap": 30.0,
+                                             "causal": True, "deterministic": True}),
+}
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9 or not sm90_in_build(),
+                    reason="the sm90 family runs on 9.x GPUs of builds that include 9.0a")
+@pytest.mark.parametrize("case, family", [("d64", "sm90"), ("d40", "sm90"), ("d128_causal", "sm90"), ("window", "sm90"),
+                                          ("gqa", "sm90"), ("d96", "sm90"), ("d80", "sm90"),
+                                          ("d72_causal_gqa", "sm90"), ("softcap", "sm90"),
+                                          ("softcap_window", "sm90"), ("softcap_d96_causal", "sm90"),
+                                          ("varlen", "sm90"), ("varlen_gqa_causal", "sm90"),
+                                          ("deterministic", "sm90"), ("deterministic_d128_causal_gqa", "sm90"),
+                                          ("varlen_deterministic_causal", "sm90"),
+                                          ("softcap_varlen_deterministic", "sm90"),
+                                          ("softcap_alibi", "sm80"), ("alibi", "sm80"), ("dropout", "sm80")])
+def test_sm90_backward_serves_or_delegates(case, family):
+    """The backward's main kernel is sm90's for what serves_bwd() accepts (head dims 33..128, the
+    ones between 64 and 128 padded on the d128 kernel; causal, windows, softcap, GQA, variable
+    lengths, deterministic=True, and these together) and sm80's for the rest (ALiBi, dropout, with
+    or without softcap; FLASHATTN_FAMILY=sm80 forces sm80 for all:
+    test_the_forward_and_backward_run_the_family_kernels in the suite's sm80 pass)."""
+    if flashattn.kernel_family() != "sm90":
+        pytest.skip("FLASHATTN_FAMILY forces another family")
+    head_dim, kv_heads, options = BACKWARD_CASES[case]
+    options = dict(options)
+    if options.get("alibi_slopes") is True:
+        options["alibi_slopes"] = torch.rand(4, device="cuda")
+    lengths = options.pop("varlen", None)  # (query lengths, key lengths) of a packed batch
+    if lengths is None:
+        q, k, v = (torch.randn(2, 300, heads, head_dim, device="cuda", dtype=torch.float16, requires_grad=True)
+                   for heads in (4, kv_heads, kv_heads))
+        run = lambda: flashattn.flash_attn_func(q, k, v, **options).sum().backward()  # noqa: E731
+    else:
+        lengths_q, lengths_k = lengths
+        q, k, v = (torch.randn(sum(rows), heads, head_dim, device="cuda", dtype=torch.float16, requires_grad=True)
+                   for rows, heads in ((lengths_q, 4), (lengths_k, kv_heads), (lengths_k, kv_heads)))
+        cu_q, cu_k = (torch.tensor([0, *itertools.accumulate(n)], device="cuda", dtype=torch.int32)
+                      for n in (lengths_q, lengths_k))
+        run = lambda: flashattn.flash_attn_varlen_func(  # noqa: E731
+            q, k, v, cu_q, cu_k, max(lengths_q), max(lengths_k), **options).sum().backward()
+    run()  # module load outside the profile
+    names = [n for n in kernels_run_by(run) if "bwd_kernel" in n or "bwd_dk_dv" in n]
     assert names and all(f"flash::{family}::" in name for name in names), names
 
 

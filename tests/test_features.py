@@ -51,6 +51,7 @@ FEATURES = {
     "dropout": {"dropout_p": 0.17},
     "dropout-causal-window": {"dropout_p": 0.3, "causal": True, "window_size": (50, -1)},
     "everything": {"causal": True, "window_size": (45, 7), "softcap": 3.0, "alibi": "batch-heads", "dropout_p": 0.1},
+    "causal-softcap": {"causal": True, "softcap": 1.0},
 }
 CPU_DTYPES = [torch.float16, torch.bfloat16, torch.float32]
 GPU_DTYPES = [torch.float16, torch.bfloat16]
@@ -58,6 +59,9 @@ CPU_HEAD_DIMS = [32, 59, 64]
 GPU_HEAD_DIMS = [40, 64, 128, 256]
 CPU_SEQLENS = [(1, 1), (3, 203), (113, 203), (203, 113), (256, 256)]
 GPU_SEQLENS = [(1, 1), (3, 799), (113, 203), (203, 113), (1024, 1023)]
+# Plain and causal, with no window or score feature, for the sweeps of other files (feature_options
+# takes these names too): the calls every kernel family serves, the sm90 backward included.
+MASKS = {"plain": {}, "causal": {"causal": True}}
 HEADS = [(4, 4), (4, 2), (4, 1)]  # (H, Hk): MHA, GQA, MQA
 BATCH = 2
 ALIBI_MAX = 0.3  # slopes in [0, 0.3): a bias of up to ~60 over 200 positions, far from flat or one-hot
@@ -92,9 +96,9 @@ def _gpu_cases() -> list:
 def feature_options(
     feature: str, batch: int, num_heads: int, device: str, seed: int
 ) -> tuple[bool, float | None, dict]:
-    """(causal, softmax_scale or None, the op's other options) of a feature, with fresh ALiBi
-    slopes and, for dropout, an rng_state of its own."""
-    options = dict(FEATURES[feature])
+    """(causal, softmax_scale or None, the op's other options) of a feature (or of a MASKS
+    entry), with fresh ALiBi slopes and, for dropout, an rng_state of its own."""
+    options = dict(FEATURES[feature] if feature in FEATURES else MASKS[feature])
     causal = options.pop("causal", False)
     scale = options.pop("softmax_scale", None)
     gen = torch.Generator(device=device).manual_seed(seed)
@@ -145,6 +149,30 @@ def test_forward_gpu(feature, dtype, head_dim, seqlens, heads):
 @pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])
 @pytest.mark.parametrize("feature, dtype, head_dim, seqlens, heads", _gpu_cases())
 def test_backward_gpu(feature, dtype, head_dim, seqlens, heads, deterministic):
+    _check_backward("cuda", feature, dtype, head_dim, seqlens, heads, deterministic)
+
+
+# Softcap, alone and with masks, at the head dims that the sm90 backward runs padded on its d128
+# kernel (65..96; the sweep above meets that kernel at d128 alone), dtype and (H, Hk) cycling; both
+# dQ paths (deterministic: the dQ writer skips the reduce boxes past the head dim as the owner does).
+PADDED_SOFTCAP_FEATURES = ["softcap", "softcap-saturated", "window-softcap", "causal-softcap"]
+PADDED_HEAD_DIMS = [72, 80, 96]
+
+
+def _padded_softcap_cases() -> list:
+    cases = []
+    for (f, feature), (d, head_dim), (s, seqlens) in itertools.product(
+        enumerate(PADDED_SOFTCAP_FEATURES), enumerate(PADDED_HEAD_DIMS), enumerate(GPU_SEQLENS)
+    ):
+        case = (feature, GPU_DTYPES[(f + d + s) % 2], head_dim, seqlens, HEADS[(f + d + s) % 3])
+        cases.append(pytest.param(*case, id=_case_id(*case)))
+    return cases
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])
+@pytest.mark.parametrize("feature, dtype, head_dim, seqlens, heads", _padded_softcap_cases())
+def test_softcap_backward_padded_head_dims_gpu(feature, dtype, head_dim, seqlens, heads, deterministic):
     _check_backward("cuda", feature, dtype, head_dim, seqlens, heads, deterministic)
 
 

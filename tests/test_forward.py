@@ -89,6 +89,20 @@ def test_forward_gpu(dtype, head_dim, seqlens, causal, heads):
     _check_forward("cuda", dtype, head_dim, seqlens, causal, heads)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", CAUSAL, ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", [64, 96, 128], ids=lambda d: f"d{d}")
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
+def test_blocks_that_write_many_query_tiles(dtype, head_dim, causal):
+    """More query tiles (8 x 32 heads x 2 = 512) than an H100 has SMs (132): each persistent block
+    of the sm90 forward writes the O of several tiles through the same shared-memory tile (d64,
+    d96 and causal d128 stage O there, csrc/sm90/kernel_traits.h), a warpgroup's rows written
+    again only after its previous bulk store has read them; Sq = 1000 ends every sequence in a
+    partial tile, which the store clips at the sequence's end. The sweep above has at most 128
+    tiles, one per block."""
+    _check_forward("cuda", dtype, head_dim, (1000, 1000), causal, (32, 8))
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("layout", ["packed", "transposed", "offset"])
 @pytest.mark.parametrize(

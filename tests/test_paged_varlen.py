@@ -9,9 +9,12 @@ uses get out 0, lse -inf and zero gradients. Pages are shuffled in a pool larger
 needs, pool rows no sequence uses hold random values, and block-table entries past a sequence's
 pages hold out-of-range values: reading any of them shows. Values out of range raise on CPU at
 the call and on CUDA at the next call (the kernels clamp and record them), the process going on.
+On a Hopper GPU the sm90 forward copies paged keys in one of two ways (TMA boxes, or rows gathered
+by cp.async), which FLASHATTN_SM90_PAGED_COPY picks at every call: the tests at the end run both.
 """
 
 import itertools
+import os
 import re
 import subprocess
 import sys
@@ -29,7 +32,7 @@ from helpers import (
     run_backward,
     run_forward,
 )
-from test_features import FEATURES, HEADS, feature_options
+from test_features import FEATURES, HEADS, MASKS, feature_options
 from test_varlen import offsets, sequence_options
 
 import flashattn
@@ -49,6 +52,15 @@ GPU_HEAD_DIMS = [32, 64, 96, 128, 192, 256, 40]  # 40: padded to 48 on CUDA
 CPU_HEAD_DIMS = [32, 59]
 GPU_DTYPES = [torch.float16, torch.bfloat16]
 CPU_DTYPES = [torch.float32, torch.bfloat16]
+COPY_MODES = ["auto", "tma", "gather"]  # FLASHATTN_SM90_PAGED_COPY
+
+
+def sm90_runs_paged(page_size: int) -> bool:
+    """Whether the sm90 forward takes paged keys of this page size (a head dim over 32, no ALiBi or
+    dropout) under this process's FLASHATTN_SM90_PAGED_COPY: gathered rows take any page size, TMA
+    boxes (tma) only multiples of 8 (every tile height is a multiple of 16; csrc/sm90/dispatch.cu)."""
+    mode = os.environ.get("FLASHATTN_SM90_PAGED_COPY", "auto") or "auto"
+    return flashattn.kernel_family() == "sm90" and (mode != "tma" or page_size % 8 == 0)
 
 
 def pages_of(keys: list[torch.Tensor], page_size: int, device: str, gen: torch.Generator,
@@ -236,8 +248,9 @@ def test_paged_backward_gpu(feature, dtype, head_dim, lengths, heads, page_size,
 @pytest.mark.parametrize("device", DEVICES)
 def test_paged_is_contiguous_varlen_on_the_same_tokens(device):
     """The same tokens packed or paged (page 16, 256 and 1): the same bits of out and lse (one kernel
-    per tile of keys either way), and gradients that agree once gathered. On a Hopper GPU pages of
-    one row run on the sm80 family and packed keys on sm90: there the two agree to rounding."""
+    per tile of keys either way), and gradients that agree once gathered. On a Hopper GPU where
+    FLASHATTN_SM90_PAGED_COPY=tma sends pages of one row to the sm80 family (packed keys run on
+    sm90), the two agree to rounding."""
     lengths_q, lengths_k = [100, 1, 37], [300, 20, 37]
     seed = case_seed("paged-vs-packed", device)
     gen = torch.Generator(device=device).manual_seed(seed)
@@ -258,7 +271,7 @@ def test_paged_is_contiguous_varlen_on_the_same_tokens(device):
                 v_pages[table[b, j], : len(rows)] = rows
         paged = flash_attn_varlen_func(q, k_pages, v_pages, cu_q, cu_k, **args, return_attn_probs=True,
                                        block_table=table)  # fmt: skip
-        if device == "cuda" and page_size == 1 and flashattn.kernel_family() == "sm90":
+        if device == "cuda" and flashattn.kernel_family() == "sm90" and not sm90_runs_paged(page_size):
             torch.testing.assert_close(paged[0], packed[0], rtol=2 * torch.finfo(dtype).eps, atol=2 * torch.finfo(dtype).eps)
             torch.testing.assert_close(paged[1], packed[1], rtol=0, atol=1e-5)
         else:
@@ -340,7 +353,8 @@ def _cut_batch(device, dtype, head_dim, heads, cut, seed):
     return q, k, v, varlen, uses
 
 
-def _check_cut(device, feature, dtype, head_dim, heads, cut):
+def _check_cut(device, feature, dtype, head_dim, heads, cut, deterministic=None):
+    """deterministic None: either backward, by the case's seed."""
     seed = case_seed("cut varlen", device, feature, dtype, head_dim, heads, cut)
     q, k, v, varlen, uses = _cut_batch(device, dtype, head_dim, heads, cut, seed)
     causal, scale, options = feature_options(feature, len(uses), heads[0], device, seed)
@@ -353,7 +367,8 @@ def _check_cut(device, feature, dtype, head_dim, heads, cut):
         )  # fmt: skip
     assert_unused_rows(out, lse, [rows for rows, _ in uses])
     dout = torch.randn(q.shape, generator=torch.Generator(device).manual_seed(seed + 1), device=device).to(dtype)
-    dq, dk, dv = run_backward(q, k, v, dout, scale, causal, seed % 2 == 0, **options, **varlen)
+    deterministic = seed % 2 == 0 if deterministic is None else deterministic
+    dq, dk, dv = run_backward(q, k, v, dout, scale, causal, deterministic, **options, **varlen)
     used_k = torch.zeros(k.shape[0], dtype=torch.bool, device=device)
     for b, (rows, keys) in enumerate(uses):
         used_k[keys] = True
@@ -386,14 +401,47 @@ def test_cut_sequences_gpu(feature, dtype, head_dim, heads, cut):
     _check_cut("cuda", feature, dtype, head_dim, heads, cut)
 
 
+def _cut_mask_cases() -> list:
+    """Plain and causal x dtype x head dims of both sm90 backward kernels x every cut; (H, Hk) cycles."""
+    cases = []
+    grid = itertools.product(MASKS, GPU_DTYPES, [40, 64, 100, 128], ["q", "k", "qk", "qk-leftpad"])
+    for i, (feature, dtype, head_dim, cut) in enumerate(grid):
+        heads = HEADS[i % 3]
+        case_id = f"{feature}-{str(dtype)[6:]}-d{head_dim}-h{heads[0]}kv{heads[1]}-{cut}"
+        cases.append(pytest.param(feature, dtype, head_dim, heads, cut, id=case_id))
+    return cases
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("feature, dtype, head_dim, heads, cut", _cut_mask_cases())
+def test_cut_sequences_masks_gpu(feature, dtype, head_dim, heads, cut):
+    """seqused_q, seqused_k and leftpad_k without a score feature, by atomics: on the H100 the sm90
+    backward (each sequence's lengths after the cuts, the causal diagonal of the cut sequence)."""
+    _check_cut("cuda", feature, dtype, head_dim, heads, cut, deterministic=False)
+
+
+def _assert_same_grads(grads, want_grads, deterministic: bool) -> None:
+    """Bitwise, but for dq by atomics (its key tiles' shares added in any order): equal up to that
+    rounding, and never NaN."""
+    for name, grad, want_grad in zip(("dq", "dk", "dv"), grads, want_grads):
+        if name == "dq" and not deterministic:
+            torch.testing.assert_close(grad, want_grad, rtol=2 * torch.finfo(grad.dtype).eps, atol=1e-5)
+        else:
+            assert torch.equal(grad, want_grad), name
+
+
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("deterministic", [True, False], ids=["deterministic", "atomic"])
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("cut", ["none", "k", "qk-leftpad"])
-def test_keys_no_sequence_uses_never_reach_a_result(device, head_dim, causal, cut):
+def test_keys_no_sequence_uses_never_reach_a_result(device, head_dim, causal, cut, deterministic):
     """NaN and Inf in the key rows that no sequence uses (before leftpad_k, after seqused_k, past
     cu_seqlens_k[-1]) change nothing: a kernel that copies whole tiles of packed rows reads them,
-    and only zero weights keep them out of P V, where 0 * Inf is NaN."""
+    and only zero weights keep them out of P V, where 0 * Inf is NaN (in the backward also out of
+    dP^T = V dO^T and dQ = dS K: on the H100 the atomic backward of head dims 64 and 128 is sm90's)."""
+    if device == "cpu" and not deterministic:
+        pytest.skip("the CPU backward is one algorithm whatever deterministic says")
     seed = case_seed("unused keys poisoned", device, head_dim, causal, cut)
     q, k, v, varlen, uses = _cut_batch(device, torch.bfloat16, head_dim, (4, 2), cut, seed)
     k, v = (torch.cat([t, torch.randn_like(t[:9])]) for t in (k, v))  # rows past cu_seqlens_k[-1]
@@ -407,10 +455,41 @@ def test_keys_no_sequence_uses_never_reach_a_result(device, head_dim, causal, cu
     out, lse = run_forward(q, bad_k, bad_v, 0.125, causal, **varlen)
     assert torch.equal(out, want) and torch.equal(lse, want_lse)
     dout = torch.randn_like(q)
-    want_grads = run_backward(q, clean_k, clean_v, dout, 0.125, causal, True, **varlen)
-    grads = run_backward(q, bad_k, bad_v, dout, 0.125, causal, True, **varlen)
-    for grad, want_grad in zip(grads, want_grads):
-        assert torch.equal(grad, want_grad)
+    want_grads = run_backward(q, clean_k, clean_v, dout, 0.125, causal, deterministic, **varlen)
+    grads = run_backward(q, bad_k, bad_v, dout, 0.125, causal, deterministic, **varlen)
+    _assert_same_grads(grads, want_grads, deterministic)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("deterministic", [True, False], ids=["deterministic", "atomic"])
+@pytest.mark.parametrize("head_dim", [64, 100, 128, 256])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("cut", ["q", "qk-leftpad"])
+def test_queries_no_sequence_uses_never_reach_a_result(device, head_dim, causal, cut, deterministic):
+    """NaN and Inf in the rows of q and dout that no sequence uses (after seqused_q, past
+    cu_seqlens_q[-1]) change no gradient: a backward that copies whole tiles of packed rows reads
+    them, and a zero P^T or dS^T does not cancel them in dV += P^T dO or dK += dS^T Q (0 * NaN is
+    NaN); dq of those rows is exactly 0."""
+    if device == "cpu" and not deterministic:
+        pytest.skip("the CPU backward is one algorithm whatever deterministic says")
+    seed = case_seed("unused queries poisoned", device, head_dim, causal, cut)
+    q, k, v, varlen, uses = _cut_batch(device, torch.bfloat16, head_dim, (4, 2), cut, seed)
+    unused = torch.ones(q.shape[0], dtype=torch.bool, device=device)
+    for rows, _ in uses:
+        unused[rows] = False
+    assert unused.sum() > 3  # rows past seqused_q and the 3 past cu_seqlens_q[-1]
+    dout = torch.randn_like(q)
+    clean_q, clean_dout = (t.masked_fill(unused[:, None, None], 0) for t in (q, dout))
+    bad_q, bad_dout = (t.masked_fill(unused[:, None, None], fill) for t, fill in ((q, torch.nan), (dout, torch.inf)))
+    bad_q[unused.nonzero()[::2, 0]] = torch.inf
+    bad_dout[unused.nonzero()[::2, 0]] = torch.nan
+    want, want_lse = run_forward(clean_q, k, v, 0.125, causal, **varlen)
+    out, lse = run_forward(bad_q, k, v, 0.125, causal, **varlen)
+    assert torch.equal(out, want) and torch.equal(lse, want_lse)
+    want_grads = run_backward(clean_q, k, v, clean_dout, 0.125, causal, deterministic, **varlen)
+    grads = run_backward(bad_q, k, v, bad_dout, 0.125, causal, deterministic, **varlen)
+    _assert_same_grads(grads, want_grads, deterministic)
+    assert torch.equal(grads[0][unused], torch.zeros_like(grads[0][unused]))
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -560,4 +639,157 @@ def test_bad_values_never_kill_the_context(name):
     assert result.returncode == 0, result.stdout + result.stderr
     assert lines[0] == "bad call returned", lines
     assert lines[1].startswith("caught: ") and words in lines[1], lines
+    assert lines[2:] == ["same result after", "clean"], lines
+
+
+# ------------------------------------------------------------------ sm90: how paged keys are copied
+
+# FLASHATTN_SM90_PAGED_COPY (csrc/sm90/dispatch.cu, read at every call): tma copies a key tile in TMA
+# boxes of gcd(page size, tile height) rows; gather has the producer warpgroup copy its rows with
+# cp.async, each row's page looked up once per tile; auto gathers where a tile would take more
+# than one box per column block. Pages of 12 have no boxes (gathered, or sm80 under tma).
+COPY_PAGE_SIZES = [8, 16, 32, 48, 256, 12]
+COPY_HEAD_DIMS = [64, 96, 128, 256]
+COPY_CASES = {  # name -> (query lengths, key lengths, (H, Hk), options)
+    "causal-gqa": ([100, 1, 37, 64], [300, 17, 37, 1000], (4, 2), {"causal": True}),
+    "window-mqa": ([64, 200, 3], [64, 700, 250], (4, 1), {"window_size": (30, 5)}),
+    "full-mha": ([129, 16, 0], [129, 401, 5], (2, 2), {}),
+}
+
+
+def poison_unused_rows(k_pages: torch.Tensor, v_pages: torch.Tensor, table: torch.Tensor,
+                       lengths_k: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """k and v pools with NaN in every k row and NaN or Inf in every v row no sequence uses (spare
+    pages, the tail of a sequence's last page): a copy that reads them, or leaves them in a stage the
+    consumers take as keys, shows in out."""
+    page_size = k_pages.shape[1]
+    used = torch.zeros(k_pages.shape[:2], dtype=torch.bool, device=k_pages.device)
+    for b, n in enumerate(lengths_k):
+        for j in range(-(-n // page_size)):
+            used[table[b, j], : min(page_size, n - j * page_size)] = True
+    k = k_pages.masked_fill(~used[..., None, None], torch.nan)
+    v = v_pages.masked_fill(~used[..., None, None], torch.inf)
+    unused = (~used).nonzero()[::2]
+    v[unused[:, 0], unused[:, 1]] = torch.nan
+    return k, v
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", COPY_MODES)
+@pytest.mark.parametrize("page_size", COPY_PAGE_SIZES)
+@pytest.mark.parametrize("head_dim", COPY_HEAD_DIMS)
+def test_paged_copy_modes_give_the_packed_bits(mode, page_size, head_dim, monkeypatch):
+    """Under each FLASHATTN_SM90_PAGED_COPY, paged keys (shuffled pages, NaN and Inf in every pool
+    row no sequence uses) give the bits of the same keys packed, where the sm90 forward serves both
+    (one kernel, the same tiles in shared memory); under tma, pages TMA cannot take run on sm80 and
+    are held to the reference. GQA/MQA, causal/window, sequences shorter than a tile, tails."""
+    monkeypatch.setenv("FLASHATTN_SM90_PAGED_COPY", mode)
+    i = COPY_PAGE_SIZES.index(page_size) + COPY_HEAD_DIMS.index(head_dim)
+    name = list(COPY_CASES)[i % len(COPY_CASES)]
+    lengths_q, lengths_k, heads, options = COPY_CASES[name]
+    dtype = GPU_DTYPES[i % 2]
+    seed = case_seed("paged copy modes", mode, page_size, head_dim)
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    q = torch.randn(sum(lengths_q), heads[0], head_dim, generator=gen, device="cuda").to(dtype)
+    k, v = (torch.randn(sum(lengths_k), heads[1], head_dim, generator=gen, device="cuda").to(dtype)
+            for _ in range(2))  # fmt: skip
+    cu_q, cu_k = offsets(lengths_q, "cuda"), offsets(lengths_k, "cuda")
+    starts = cu_k.tolist()
+    keys = [k[starts[b] : starts[b + 1]] for b in range(len(lengths_k))]
+    k_pages, table = pages_of(keys, page_size, "cuda", gen)
+    v_pages = torch.empty_like(k_pages)
+    for b, n in enumerate(lengths_k):
+        for j in range(-(-n // page_size)):
+            rows = v[starts[b] + j * page_size : min(starts[b] + (j + 1) * page_size, starts[b + 1])]
+            v_pages[table[b, j], : len(rows)] = rows
+    k_pages, v_pages = poison_unused_rows(k_pages, v_pages, table, lengths_k)
+    causal = options.get("causal", False)
+    window = {"window_size": options["window_size"]} if "window_size" in options else {}
+    varlen = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max(lengths_q), max_seqlen_k=max(lengths_k))
+    scale = head_dim**-0.5
+    out, lse = run_forward(q, k_pages, v_pages, scale, causal, **window, **varlen, block_table=table)
+    flashattn.check_faults()  # no entry past a sequence's pages was read
+    if sm90_runs_paged(page_size):
+        want, want_lse = run_forward(q, k, v, scale, causal, **window, **varlen)
+        assert torch.equal(out, want) and torch.equal(lse, want_lse)
+        return
+    starts_q = cu_q.tolist()
+    for b in range(len(lengths_q)):
+        rows = slice(starts_q[b], starts_q[b + 1])
+        assert_matches_reference(out[rows][None], lse[:, rows][None], q[rows][None], keys[b][None],
+                                 v[starts[b] : starts[b + 1]][None], scale, causal, **window)  # fmt: skip
+
+
+@pytest.mark.gpu
+def test_an_unknown_paged_copy_mode_fails_paged_calls(monkeypatch):
+    """FLASHATTN_SM90_PAGED_COPY is read at every call: a value it does not know fails the next paged
+    forward on sm90 (so that an A/B run cannot silently time the default), and nothing else."""
+    if flashattn.kernel_family() != "sm90":
+        pytest.skip("the switch is the sm90 family's")
+    q, k, v, paged, _ = paged_batch([37, 5], [100, 40], (4, 2), 64, torch.bfloat16, "cuda", 0, 16)
+    monkeypatch.setenv("FLASHATTN_SM90_PAGED_COPY", "boxes")
+    with pytest.raises(RuntimeError, match="invalid argument"):
+        _flash_attn_forward(q, k, v, 0.125, True, **paged)
+    contiguous = {n: paged[n] for n in ("cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k")}
+    _flash_attn_forward(q, torch.randn(140, 2, 64, device="cuda", dtype=torch.bfloat16),
+                        torch.randn(140, 2, 64, device="cuda", dtype=torch.bfloat16), 0.125, True, **contiguous)
+    monkeypatch.setenv("FLASHATTN_SM90_PAGED_COPY", "gather")
+    _flash_attn_forward(q, k, v, 0.125, True, **paged)
+    torch.cuda.synchronize()
+
+
+# A paged call the sm90 forward serves (head dim 64), with one block-table entry out of range, in a
+# fresh interpreter under each copy mode: pages of 16 (TMA boxes under tma, gathered otherwise) and
+# of 12 (gathered; sm80 under tma).
+SM90_SURVIVE = textwrap.dedent("""
+    import torch
+    import flashattn
+    from flashattn.interface import _flash_attn_forward
+
+    def i32(*values):
+        return torch.tensor(values, dtype=torch.int32, device="cuda")
+
+    page = {page_size}
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(40, 4, 64, generator=gen, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(12, page, 2, 64, generator=gen, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    table = torch.arange(12, dtype=torch.int32, device="cuda").reshape(2, 6)  # sequence 1 uses all 6
+    args = dict(cu_seqlens_q=i32(0, 30, 40), cu_seqlens_k=i32(0, 5 * page, 11 * page - 3),
+                max_seqlen_q=30, max_seqlen_k=6 * page - 3)
+
+    def call(t):
+        return _flash_attn_forward(q, k, v, 0.125, True, block_table=t, **args)[0]
+
+    before = call(table)
+    bad = table.clone()
+    bad[1, 2] = 10_000
+    call(bad)
+    torch.cuda.synchronize()
+    print("bad call returned", flush=True)
+    try:
+        call(table)
+        print("no error", flush=True)
+    except RuntimeError as error:
+        print(f"caught: {{error}}", flush=True)
+    after = call(table)
+    torch.cuda.synchronize()
+    print("same result after" if torch.equal(before, after) else "DIFFERENT RESULT AFTER", flush=True)
+    flashattn.check_faults()
+    print("clean", flush=True)
+""")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", COPY_MODES)
+@pytest.mark.parametrize("page_size", [16, 12])
+def test_a_bad_block_table_entry_is_recorded_under_each_copy_mode(mode, page_size):
+    """The sm90 forward (TMA boxes or gathered rows) clamps an out-of-range block-table entry and
+    records it; the next call raises naming it, and the process goes on with the same results."""
+    script = SM90_SURVIVE.format(page_size=page_size)
+    env = {**os.environ, "FLASHATTN_SM90_PAGED_COPY": mode}
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env)
+    lines = result.stdout.splitlines()
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert lines[0] == "bad call returned", lines
+    assert lines[1].startswith("caught: ") and "block_table[1][2] = 10000, outside [0, 11]" in lines[1], lines
     assert lines[2:] == ["same result after", "clean"], lines

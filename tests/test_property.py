@@ -138,3 +138,15 @@ def test_matches_reference_cpu(case):
 @hypothesis.given(case=cases([torch.float16, torch.bfloat16], max_batch=3, max_seqlen=700, max_heads_k=4))
 def test_matches_reference_gpu(case):
     _check(case, "cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.xfail(strict=True, reason="known: the sm80 deterministic dQ kernel's error on this case is 0.000997 "
+                   "against a bound of 0.000376 (the atomic path passes); found by hypothesis on the H100, "
+                   "2026-11-24, not yet explained (benchmarks/NOTES.md)")
+def test_deterministic_dq_of_a_single_query_over_497_keys():
+    """The case hypothesis found, pinned: when the deterministic path is fixed this passes and the
+    strict xfail fails, so the marker goes."""
+    _check(Case(variant="func", layout="contiguous", batch=1, seqlen_q=1, seqlen_k=497, num_heads=1, num_heads_k=1,
+                head_dim=1, dtype=torch.float16, causal=True, deterministic=True,
+                softmax_scale=1.774396277632115), "cuda")

@@ -6,6 +6,9 @@ with fp32 atomics, in whatever order the blocks finish; the CPU path always
 sums in one order). Nothing a call allocates outlives it.
 """
 
+import gc
+import itertools
+
 import pytest
 import torch
 from helpers import case_seed, random_qkv, run_backward
@@ -37,16 +40,59 @@ def test_forward_is_bitwise_reproducible(head_dim, heads, dtype, causal):
 @pytest.mark.parametrize("causal", CAUSAL, ids=["full", "causal"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
 @pytest.mark.parametrize("head_dim", [59, 128, 256], ids=lambda d: f"d{d}")
-def test_deterministic_backward_is_bitwise_reproducible(head_dim, dtype, causal):
+@pytest.mark.parametrize("seqlens", [(1000, 777), (777, 1000)], ids=["sq>sk", "sq<sk"])
+def test_deterministic_backward_is_bitwise_reproducible(seqlens, head_dim, dtype, causal):
     """deterministic=True: BACKWARD_REPEATS forward + backward passes on one input give the
-    same bits (no order-dependent accumulation, such as atomics into dq). Sq > Sk, so causal
-    has rows that see no key."""
-    seed = case_seed("backward repeats", head_dim, dtype, causal)
-    q, k, v = random_qkv(4, 1000, 777, 8, 2, head_dim, dtype, "cuda", seed)
+    same bits (no order-dependent accumulation, such as atomics into dq). GQA (8 query heads on 2
+    KV heads); Sq > Sk, where causal has rows that see no key, and Sq < Sk. Head dims 59 (the d64
+    kernel) and 128 run on the sm90 family where it is the default (its dQ adds in a fixed order),
+    256 on sm80 (its dQ pass)."""
+    seed = case_seed("backward repeats", seqlens, head_dim, dtype, causal)
+    q, k, v = random_qkv(4, *seqlens, 8, 2, head_dim, dtype, "cuda", seed)
     dout = torch.randn(q.shape, generator=torch.Generator("cuda").manual_seed(seed), dtype=dtype, device="cuda")
     first = run_backward(q, k, v, dout, head_dim**-0.5, causal, deterministic=True)
     for _ in range(BACKWARD_REPEATS - 1):
         again = run_backward(q, k, v, dout, head_dim**-0.5, causal, deterministic=True)
+        for name, grad, want in zip(("dq", "dk", "dv"), again, first):
+            assert torch.equal(grad, want), f"{name} differs between runs"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("head_dim", [64, 128], ids=lambda d: f"d{d}")
+@pytest.mark.parametrize("window", [(100, 30), (0, 200)], ids=["window", "right-only"])
+def test_deterministic_backward_with_a_window_is_bitwise_reproducible(window, head_dim):
+    """A sliding window: each query tile is added to by a range of key tiles that starts and ends
+    inside the sequence (the order sm90's dQ adds follow), Sq < Sk."""
+    seed = case_seed("backward repeats, window", window, head_dim)
+    q, k, v = random_qkv(2, 700, 1100, 4, 2, head_dim, torch.bfloat16, "cuda", seed)
+    dout = torch.randn(q.shape, generator=torch.Generator("cuda").manual_seed(seed), dtype=q.dtype, device="cuda")
+    first = run_backward(q, k, v, dout, head_dim**-0.5, False, deterministic=True, window_size=window)
+    for _ in range(BACKWARD_REPEATS - 1):
+        again = run_backward(q, k, v, dout, head_dim**-0.5, False, deterministic=True, window_size=window)
+        for name, grad, want in zip(("dq", "dk", "dv"), again, first):
+            assert torch.equal(grad, want), f"{name} differs between runs"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", CAUSAL, ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", [64, 128], ids=lambda d: f"d{d}")
+def test_deterministic_varlen_backward_is_bitwise_reproducible(head_dim, causal):
+    """A packed batch of uneven sequences (one empty, one of a single row): a query tile's dQ adds
+    in a fixed order within each sequence, and the zero rows a tile adds past its sequence (into
+    the next one's rows) change nothing."""
+    seed = case_seed("varlen backward repeats", head_dim, causal)
+    gen = torch.Generator("cuda").manual_seed(seed)
+    lengths_q, lengths_k = [300, 1, 0, 517, 130], [250, 7, 3, 600, 129]
+    q = torch.randn(sum(lengths_q), 8, head_dim, generator=gen, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(sum(lengths_k), 2, head_dim, generator=gen, device="cuda", dtype=torch.bfloat16)
+            for _ in range(2))  # fmt: skip
+    dout = torch.randn(q.shape, generator=gen, device="cuda", dtype=q.dtype)
+    cu_q, cu_k = (torch.tensor([0, *itertools.accumulate(n)], device="cuda", dtype=torch.int32)
+                  for n in (lengths_q, lengths_k))  # fmt: skip
+    options = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max(lengths_q), max_seqlen_k=max(lengths_k))
+    first = run_backward(q, k, v, dout, head_dim**-0.5, causal, deterministic=True, **options)
+    for _ in range(BACKWARD_REPEATS - 1):
+        again = run_backward(q, k, v, dout, head_dim**-0.5, causal, deterministic=True, **options)
         for name, grad, want in zip(("dq", "dk", "dv"), again, first):
             assert torch.equal(grad, want), f"{name} differs between runs"
 
@@ -85,6 +131,7 @@ def test_no_memory_growth_over_many_calls(deterministic):
             flash_attn_func(*leaves, causal=False)
 
     step()
+    gc.collect()  # earlier tests' garbage freed now, not inside the loop (it read as a change once)
     torch.cuda.synchronize()
     allocated = torch.cuda.memory_allocated()
     for _ in range(MEMORY_CALLS):

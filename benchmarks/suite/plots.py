@@ -4,7 +4,7 @@ import sys
 
 from benchmarks.shapes import BACKEND_LABELS, GPU_BACKENDS
 
-COLORS = {"flashattn": "tab:red", "flash": "tab:blue", "cudnn": "tab:green", "efficient": "tab:purple",
+COLORS = {"flashattn": "tab:red", "flash": "tab:blue", "cudnn": "tab:green", "fa4": "tab:orange", "efficient": "tab:purple",
           "naive": "tab:gray"}
 PASS_NAMES = {"fwd": "one forward", "fwdbwd": "a training step (forward + backward)"}
 

@@ -66,6 +66,15 @@ bool strides_aligned(const at::Tensor& t) {
     return true;
 }
 
+// Whether t repeats elements along a dimension (stride 0 over more than one
+// index: a broadcast, such as the gradient of out.sum()).
+bool broadcasts(const at::Tensor& t) {
+    for (int64_t d = 0; d < t.dim(); ++d) {
+        if (t.size(d) > 1 && t.stride(d) == 0) return true;
+    }
+    return false;
+}
+
 // Whether the kernels can read t's rows in place: aligned strides and a 16-byte
 // aligned start (flash_api.cpp's aligned() copies q, k, v and out otherwise).
 bool readable_in_place(const at::Tensor& t) {

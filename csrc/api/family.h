@@ -6,6 +6,8 @@
 // 9.0a: FLASHATTN_HAS_SM90), sm80 (mma.sync; every GPU from sm_80 on).
 // FLASHATTN_FAMILY=sm80 forces a family on a GPU that has a newer one (A/B runs
 // and tests); unset or "auto", each device gets the newest family built for it.
+// A family may read switches of its own: FLASHATTN_SM90_PAGED_COPY=auto|tma|gather
+// (how the sm90 forward copies paged keys; read at every call, sm90/dispatch.cu).
 #pragma once
 
 #include <c10/cuda/CUDAException.h>
@@ -35,6 +37,8 @@ struct Family {
     cudaError_t (*run_kvcache_append)(const flash::AppendParams&, cudaStream_t);
     cudaError_t (*run_fwd_kvcache)(const flash::FwdParams&, cudaStream_t);
     int (*kernel_head_dim)(int);
+    int (*fwd_counters)(const flash::FwdParams&);  // FwdParams::fwd_counters' length, 0: none
+    flash::BwdWorkspace (*bwd_workspace)(const flash::BwdParams&);  // the scratch a backward asks for
     int max_major = INT_MAX;  // the newest compute capability (major) it runs on (sm_90a code runs on 9.x only)
 };
 
@@ -45,7 +49,9 @@ inline constexpr Family kSm80{"sm80",
                               &flash::sm80::plan_kvcache,
                               &flash::sm80::run_kvcache_append,
                               &flash::sm80::run_fwd_kvcache,
-                              &flash::sm80::kernel_head_dim};
+                              &flash::sm80::kernel_head_dim,
+                              &flash::sm80::fwd_counters,
+                              &flash::sm80::bwd_workspace};
 
 #ifdef FLASHATTN_HAS_SM90
 inline constexpr Family kSm90{"sm90",
@@ -56,6 +62,8 @@ inline constexpr Family kSm90{"sm90",
                               &flash::sm90::run_kvcache_append,
                               &flash::sm90::run_fwd_kvcache,
                               &flash::sm90::kernel_head_dim,
+                              &flash::sm90::fwd_counters,
+                              &flash::sm90::bwd_workspace,
                               9};
 #endif
 

@@ -127,6 +127,27 @@ void check_launch(cudaError_t err, const char* pass, const at::Tensor& q, const 
                 str(params.max_smem_per_block), " bytes of shared memory per block)");
 }
 
+// `count` int32 counters that are zero on entry and that the kernels leave
+// zero again (flash::KvcacheWorkspace, FwdParams::fwd_counters,
+// BwdParams::dq_semaphore): one buffer per (device, stream) serves
+// every call on that stream (calls on one stream never overlap; on two streams
+// they may, and never share a buffer). A call being captured into a CUDA graph
+// gets a buffer of its own, zeroed inside the graph: replays of different
+// graphs may overlap.
+at::Tensor zeroed_counters(const at::Tensor& q, int64_t count, cudaStream_t stream) {
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    C10_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+    const at::TensorOptions options = q.options().dtype(at::kInt);
+    if (capture != cudaStreamCaptureStatusNone) return at::zeros({count}, options);
+    static std::mutex mutex;
+    // Never destroyed: the tensors must not be freed after CUDA shuts down at exit.
+    static auto* buffers = new std::map<std::pair<int, cudaStream_t>, at::Tensor>();
+    const std::lock_guard<std::mutex> lock(mutex);
+    at::Tensor& buffer = (*buffers)[{q.get_device(), stream}];
+    if (!buffer.defined() || buffer.numel() < count) buffer = at::zeros({std::max<int64_t>(count, 1024)}, options);
+    return buffer;
+}
+
 // `deterministic` is in the schema for the backward, which autograd runs with
 // the forward's arguments; the forward is deterministic either way.
 std::tuple<at::Tensor, at::Tensor> mha_fwd(const at::Tensor& q,  // [B, Sq, H, D] or [total_q, H, D]
@@ -153,12 +174,14 @@ std::tuple<at::Tensor, at::Tensor> mha_fwd(const at::Tensor& q,  // [B, Sq, H, D
     check_sequences(q, k, layout, batch, seqused_q, seqused_k, leftpad_k, block_table);
     const c10::cuda::CUDAGuard device_guard(q.device());
     const int64_t rows = layout.rows(q), num_heads = q.size(-2);
-    // Rows no block writes (past cu_seqlens_q[-1], which batches padded for CUDA
-    // graphs carry, or past a sequence's seqused_q): out 0 and lse -inf, as on CPU.
-    at::Tensor out = layout.varlen ? at::zeros(q.sizes(), q.options()) : at::empty(q.sizes(), q.options());
-    at::Tensor lse = layout.varlen ? at::full({num_heads, rows}, -INFINITY, q.options().dtype(at::kFloat))
+    // A variable-length batch's rows that no sequence uses (past cu_seqlens_q[-1],
+    // which batches padded for CUDA graphs carry, or past a sequence's
+    // seqused_q) get out 0 and lse -inf, as on CPU: from the family's forward
+    // (sm80.h: run_fwd_unwritten_rows), or here when there is no sequence.
+    at::Tensor out = at::empty(q.sizes(), q.options());
+    at::Tensor lse = layout.varlen ? at::empty({num_heads, rows}, q.options().dtype(at::kFloat))
                                    : at::empty({batch, num_heads, rows}, q.options().dtype(at::kFloat));
-    if (batch == 0 || rows == 0 || num_heads == 0) return {out, lse};
+    if (batch == 0 || rows == 0 || num_heads == 0) return {out.zero_(), lse.fill_(-INFINITY)};
 
     const at::Tensor q_in = aligned(q), k_in = aligned(k), v_in = aligned(v);
     flash::FwdParams params{};
@@ -166,13 +189,19 @@ std::tuple<at::Tensor, at::Tensor> mha_fwd(const at::Tensor& q,  // [B, Sq, H, D
                max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, dropout_p,
                rng_state, kernels.max_smem_per_block);
     set_sequences(params, q, k, seqused_q, seqused_k, leftpad_k, block_table);
-    check_launch(kernels.family->run_fwd(params, c10::cuda::getCurrentCUDAStream().stream()), "forward", q, params,
-                 *kernels.family);
+    const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
+    at::Tensor counters;
+    if (const int count = kernels.family->fwd_counters(params); count > 0) {
+        counters = zeroed_counters(q, count, stream);
+        params.fwd_counters = reinterpret_cast<unsigned int*>(counters.data_ptr<int>());
+    }
+    check_launch(kernels.family->run_fwd(params, stream), "forward", q, params, *kernels.family);
     return {out, lse};
 }
 
 // The gradients of the forward above. deterministic=true: bitwise reproducible
-// (no atomics); false: dQ is summed with fp32 atomics where that is faster.
+// (dQ summed in one order); false: dQ is summed with fp32 atomics in whatever
+// order the blocks finish, where that is faster.
 // dout may have any strides: it is whatever the consumer of out produced (the
 // gradient of out.sum() is a broadcast of stride 0, a slice of a larger
 // gradient starts anywhere), and it is copied when the kernels cannot read it
@@ -230,10 +259,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> mha_bwd(
         dv.zero_();
     }
     at::Tensor dsum = at::empty(lse.sizes(), lse.options());
-    at::Tensor dq_accum;
-    if (!deterministic) dq_accum = at::zeros(q.sizes(), q.options().dtype(at::kFloat));
 
-    const bool dout_readable = dout.stride(-1) == 1 && strides_aligned(dout) && readable_in_place(dout);
+    // A broadcast dout is copied too: not every family's copy engine takes a
+    // stride of 0, and which kernel runs (with its own summation order, under
+    // deterministic=True too) must not depend on dout's layout.
+    const bool dout_readable =
+        dout.stride(-1) == 1 && strides_aligned(dout) && readable_in_place(dout) && !broadcasts(dout);
     const at::Tensor dout_rows = dout_readable ? dout : dout.clone(at::MemoryFormat::Contiguous);
 
     const at::Tensor q_in = aligned(q), k_in = aligned(k), v_in = aligned(v), out_in = aligned(out);
@@ -247,8 +278,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> mha_bwd(
     params.dk_ptr = dk.data_ptr();
     params.dv_ptr = dv.data_ptr();
     params.dsum_ptr = dsum.data_ptr<float>();
-    params.dq_accum_ptr = deterministic ? nullptr : dq_accum.data_ptr<float>();
-    params.dq_accum_batch_stride = deterministic || layout.varlen ? 0 : dq_accum.stride(0);
     params.deterministic = deterministic;
     params.do_batch_stride = layout.batch_stride(dout_rows), params.do_row_stride = dout_rows.stride(-3),
     params.do_head_stride = dout_rows.stride(-2);
@@ -258,29 +287,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> mha_bwd(
     params.dk_head_stride = dk.stride(-2);
     params.dv_batch_stride = layout.batch_stride(dv), params.dv_row_stride = dv.stride(-3),
     params.dv_head_stride = dv.stride(-2);
-    check_launch(kernels.family->run_bwd(params, c10::cuda::getCurrentCUDAStream().stream()), "backward", q, params,
-                 *kernels.family);
+    // The scratch the family's algorithm asks for, once the params say what the call is.
+    const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
+    const flash::BwdWorkspace workspace = kernels.family->bwd_workspace(params);
+    at::Tensor dq_accum, semaphores;
+    if (workspace.dq_accum) {
+        dq_accum = at::zeros(q.sizes(), q.options().dtype(at::kFloat));
+        params.dq_accum_ptr = dq_accum.data_ptr<float>();
+        params.dq_accum_batch_stride = layout.varlen ? 0 : dq_accum.stride(0);
+    }
+    if (workspace.semaphores > 0) {
+        semaphores = zeroed_counters(q, workspace.semaphores, stream);
+        params.dq_semaphore = semaphores.data_ptr<int>();
+    }
+    check_launch(kernels.family->run_bwd(params, stream), "backward", q, params, *kernels.family);
     return {dq, dk, dv};
-}
-
-// `count` int32 counters that are zero on entry and that the kernels leave
-// zero again (flash::KvcacheWorkspace): one buffer per (device, stream) serves
-// every call on that stream (calls on one stream never overlap; on two streams
-// they may, and never share a buffer). A call being captured into a CUDA graph
-// gets a buffer of its own, zeroed inside the graph: replays of different
-// graphs may overlap.
-at::Tensor zeroed_counters(const at::Tensor& q, int64_t count, cudaStream_t stream) {
-    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-    C10_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
-    const at::TensorOptions options = q.options().dtype(at::kInt);
-    if (capture != cudaStreamCaptureStatusNone) return at::zeros({count}, options);
-    static std::mutex mutex;
-    // Never destroyed: the tensors must not be freed after CUDA shuts down at exit.
-    static auto* buffers = new std::map<std::pair<int, cudaStream_t>, at::Tensor>();
-    const std::lock_guard<std::mutex> lock(mutex);
-    at::Tensor& buffer = (*buffers)[{q.get_device(), stream}];
-    if (!buffer.defined() || buffer.numel() < count) buffer = at::zeros({std::max<int64_t>(count, 1024)}, options);
-    return buffer;
 }
 
 // flash_attn_with_kvcache: append k/v (rotary applied) into the cache in place,

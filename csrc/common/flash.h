@@ -166,6 +166,11 @@ struct FwdParams {
     // tile config needs more run a smaller one.
     int max_smem_per_block;
 
+    // Counters the forward asks for (a family's fwd_counters, e.g. a tile
+    // counter for dynamic scheduling): zero before the call and zero again
+    // after it; the binding allocates them (nullptr where none were asked).
+    unsigned int* fwd_counters;
+
     DType dtype;
 };
 
@@ -178,8 +183,12 @@ struct BwdParams : FwdParams {
     void* __restrict__ dk_ptr;
     void* __restrict__ dv_ptr;
     float* __restrict__ dsum_ptr;      // scratch in lse's layout: D = rowsum(dout * out), fp32
-    float* __restrict__ dq_accum_ptr;  // [B, Sq, H, D] ([total_q, H, D]) fp32 scratch, zeroed (not deterministic only)
+    float* __restrict__ dq_accum_ptr;  // [B, Sq, H, D] ([total_q, H, D]) fp32 scratch, zeroed (BwdWorkspace::dq_accum)
     int64_t dq_accum_batch_stride;     // Sq * H * D, 0 for variable-length batches
+    // The family's ordered dQ adds (BwdWorkspace::semaphores; nullptr where it
+    // asked for none): int32 counters, zero before the call and zero again
+    // after it; the sm90 family's are [B, H, query tiles].
+    int* __restrict__ dq_semaphore;
 
     int64_t do_batch_stride, do_row_stride, do_head_stride;
     int64_t dq_batch_stride, dq_row_stride, dq_head_stride;
@@ -187,8 +196,9 @@ struct BwdParams : FwdParams {
     int64_t dv_batch_stride, dv_row_stride, dv_head_stride;
 
     // false: dQ is added up across key tiles with fp32 atomics inside the dK/dV
-    // pass (fewer FLOPs, order-dependent rounding); true: a separate dQ pass
-    // owns each dQ row (bitwise reproducible, recomputes S and dP).
+    // pass (fewer FLOPs, order-dependent rounding); true: bitwise reproducible,
+    // by a separate dQ pass that owns each dQ row and recomputes S and dP (sm80)
+    // or by adding the key tiles' dQ in a fixed order (sm90, dq_semaphore).
     bool deterministic;
 };
 
@@ -238,6 +248,14 @@ struct KvcacheWorkspace {
     int64_t accum_floats;  // o_accum_ptr's length, 0: none
     int64_t lse_floats;    // lse_accum_ptr's length
     int64_t counters;      // split_counters' length, 0: none
+};
+
+// The backward's scratch beyond dsum, sized by a family's bwd_workspace (it
+// depends on the family's algorithm: the sm80 deterministic path has its own
+// dQ pass and needs no dq_accum) and allocated by the binding.
+struct BwdWorkspace {
+    bool dq_accum;       // dq_accum_ptr: fp32 in q's shape, zeroed
+    int64_t semaphores;  // dq_semaphore's length (int32, zero on entry and left zero), 0: none
 };
 
 }  // namespace flash

@@ -39,6 +39,17 @@ __device__ __forceinline__ Sequence cache_sequence_of(const FwdParams& params, i
     return {params.seqlen_q, cached + params.seqlen_knew - k_start, 0, k_start, kv_batch};
 }
 
+// Entry `entry` of sequence b's block-table row `table`: the page it names,
+// recorded (index_check.cuh) and clamped into [0, num_pages) when out of range.
+// checked_page_value: the same check of a value read from the row earlier.
+__device__ __forceinline__ int checked_page_value(const FwdParams& params, int page, int batch, int entry) {
+    return checked_index(page, 0, params.kv_cache_batch - 1, params.faults, IndexArgument::kBlockTable, batch, entry);
+}
+
+__device__ __forceinline__ int checked_page(const FwdParams& params, const int* table, int batch, int entry) {
+    return checked_page_value(params, table[entry], batch, entry);
+}
+
 // Sequence b of a variable-length batch: its cu_seqlens rows, cut by seqused_q/k
 // and leftpad_k, keys counted from 0 when paged (Is_kvcache with a block table).
 // The lengths that only narrow a sequence are clamped into it; cu_seqlens

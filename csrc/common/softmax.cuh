@@ -13,6 +13,13 @@
 namespace flash {
 
 constexpr float kLn2 = 0.6931471805599453f;  // lse in natural log = lse in base 2 * ln(2)
+constexpr float kLog2e = 1.4426950408889634f;  // exp(x) = exp2(x * log2(e))
+
+// The forward's natural-log lse of a query row, in base 2 for the backward's
+// exp2. A row that saw no key (lse = -inf) or lies past the sequence (passed as
+// -inf) gets +inf, so that every p of the row is exp2(s - inf) = 0 rather than
+// exp2(-inf + inf) = NaN.
+__device__ __forceinline__ float lse_to_log2(float lse) { return lse == -INFINITY ? INFINITY : lse * kLog2e; }
 
 template <int kMTiles>
 struct OnlineSoftmax {

@@ -2,5 +2,5 @@
 #include "sm80/fwd_launch.cuh"
 
 namespace flash::sm80 {
-template cudaError_t run_fwd_paged_<__nv_bfloat16, 32>(const FwdParams&, cudaStream_t);
+template cudaError_t run_fwd_paged_<__nv_bfloat16, 32, false>(const FwdParams&, cudaStream_t);
 }  // namespace flash::sm80

@@ -21,18 +21,11 @@
 #include "common/extras.cuh"
 #include "common/mask.cuh"
 #include "common/ptx.cuh"
+#include "common/softmax.cuh"
 #include "sm80/ptx.cuh"
 #include "sm80/tile_copy.cuh"
 
 namespace flash::sm80 {
-
-constexpr float kLog2e = 1.4426950408889634f;
-
-// The forward's natural-log lse of a query row, in base 2 for exp2. A row that
-// saw no key (lse = -inf) or lies past the sequence (passed as -inf) gets +inf,
-// so that every p of the row is exp2(s - inf) = 0 rather than exp2(-inf + inf)
-// = NaN.
-__device__ __forceinline__ float lse_to_log2(float lse) { return lse == -INFINITY ? INFINITY : lse * kLog2e; }
 
 __device__ __forceinline__ float lse_log2_of_row(const float* lse_row, int row, int seqlen_q) {
     return lse_to_log2(row < seqlen_q ? lse_row[row] : -INFINITY);

@@ -20,6 +20,37 @@ cudaError_t launch_with_smem(Kernel kernel, dim3 grid, int threads, int smem_byt
     return cudaGetLastError();
 }
 
+// A variable-length batch as the row-wise kernels (preprocess, dQ conversion)
+// see it: one sequence of total_q rows, in the layouts' flat row order.
+inline BwdParams flat_rows(const BwdParams& params) {
+    BwdParams flat = params;
+    if (params.cu_seqlens_q != nullptr) {
+        flat.batch = 1;
+        flat.seqlen_q = params.total_q;
+    }
+    return flat;
+}
+
+// The preprocess: D = rowsum(dout * out) into dsum_ptr, one warp per row.
+template <typename Element>
+cudaError_t launch_dot_do_o(const BwdParams& params, cudaStream_t stream) {
+    const BwdParams flat = flat_rows(params);
+    const int64_t rows = static_cast<int64_t>(flat.batch) * flat.num_heads * flat.seqlen_q;
+    if (rows == 0) return cudaSuccess;
+    bwd_dot_do_o_kernel<Element><<<static_cast<unsigned>((rows + 3) / 4), 128, 0, stream>>>(flat);
+    return cudaGetLastError();
+}
+
+// The postprocess of the atomic dQ: dq = softmax_scale * dq_accum in Element.
+template <typename Element>
+cudaError_t launch_convert_dq(const BwdParams& params, cudaStream_t stream) {
+    const BwdParams flat = flat_rows(params);
+    const int64_t chunks = static_cast<int64_t>(flat.batch) * flat.seqlen_q * flat.num_heads * (flat.head_dim / 8);
+    if (chunks == 0) return cudaSuccess;
+    bwd_convert_dq_kernel<Element><<<static_cast<unsigned>((chunks + 255) / 256), 256, 0, stream>>>(flat);
+    return cudaGetLastError();
+}
+
 // The dK/dV kernel(s) of one tile config: one pass, or one per gradient where
 // dK and dV together do not fit the registers (Traits::kSplitDkDv); Has_dQ adds
 // dQ's shares to the fp32 buffer in the pass that computes dS.
@@ -40,17 +71,6 @@ cudaError_t launch_dk_dv(const BwdParams& params, cudaStream_t stream) {
     }
 }
 
-// A variable-length batch as the row-wise kernels (preprocess, dQ conversion)
-// see it: one sequence of total_q rows, in the layouts' flat row order.
-inline BwdParams flat_rows(const BwdParams& params) {
-    BwdParams flat = params;
-    if (params.cu_seqlens_q != nullptr) {
-        flat.batch = 1;
-        flat.seqlen_q = params.total_q;
-    }
-    return flat;
-}
-
 // The dK/dV and dQ kernels of one tile config, after the preprocess.
 template <typename Traits, bool Is_local, bool Has_extras>
 cudaError_t launch_bwd(const BwdParams& params, cudaStream_t stream) {
@@ -67,19 +87,12 @@ cudaError_t launch_bwd(const BwdParams& params, cudaStream_t stream) {
     // dq_accum arrives zeroed; the dK pass adds every block's dQ share to it.
     cudaError_t err = launch_dk_dv<Traits, Is_local, Has_extras, /*Has_dQ=*/true>(params, stream);
     if (err != cudaSuccess) return err;
-    const BwdParams flat = flat_rows(params);
-    const int64_t chunks = static_cast<int64_t>(flat.batch) * flat.seqlen_q * flat.num_heads * (flat.head_dim / 8);
-    bwd_convert_dq_kernel<typename Traits::Element>
-        <<<static_cast<unsigned>((chunks + 255) / 256), 256, 0, stream>>>(flat);
-    return cudaGetLastError();
+    return launch_convert_dq<typename Traits::Element>(params, stream);
 }
 
 template <typename Element, int kHeadDim, bool Is_local, bool Has_extras>
 cudaError_t run_bwd_(const BwdParams& params, cudaStream_t stream) {
-    const BwdParams flat = flat_rows(params);
-    const int64_t rows = static_cast<int64_t>(flat.batch) * flat.num_heads * flat.seqlen_q;
-    bwd_dot_do_o_kernel<Element><<<static_cast<unsigned>((rows + 3) / 4), 128, 0, stream>>>(flat);
-    cudaError_t err = cudaGetLastError();
+    cudaError_t err = launch_dot_do_o<Element>(params, stream);
     if (err != cudaSuccess) return err;
 
     using Fast = BwdKernelTraits<kHeadDim, Element>;

@@ -12,19 +12,24 @@ cudaError_t run_fwd_(const FwdParams& params, cudaStream_t stream);
 template <typename Element, int kHeadDim, bool Is_local, bool Has_extras>
 cudaError_t run_bwd_(const BwdParams& params, cudaStream_t stream);
 // Defined in instantiations/sm80_fwd_paged_*.cu.
-template <typename Element, int kHeadDim>
+template <typename Element, int kHeadDim, bool Has_extras>
 cudaError_t run_fwd_paged_(const FwdParams& params, cudaStream_t stream);
+
+int fwd_counters(const FwdParams&) { return 0; }
+
+BwdWorkspace bwd_workspace(const BwdParams& params) { return {/*dq_accum=*/!params.deterministic, /*semaphores=*/0}; }
 
 int kernel_head_dim(int head_dim) {
     return FLASH_HEADDIM_SWITCH(head_dim, kHeadDim, [&] { return kHeadDim; });
 }
 
 cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream) {
+    if (const cudaError_t err = run_fwd_unwritten_rows(params, stream); err != cudaSuccess) return err;
     return FLASH_DTYPE_SWITCH(params.dtype, Element, [&] {
         return FLASH_HEADDIM_SWITCH(params.head_dim, kHeadDim, [&] {
-            if (params.block_table != nullptr) return run_fwd_paged_<Element, kHeadDim>(params, stream);
-            return FLASH_BOOL_SWITCH(params.is_local, Is_local, [&] {
-                return FLASH_BOOL_SWITCH(params.has_extras, Has_extras, [&] {
+            return FLASH_BOOL_SWITCH(params.has_extras, Has_extras, [&] {
+                if (params.block_table != nullptr) return run_fwd_paged_<Element, kHeadDim, Has_extras>(params, stream);
+                return FLASH_BOOL_SWITCH(params.is_local, Is_local, [&] {
                     return run_fwd_<Element, kHeadDim, Is_local, Has_extras>(params, stream);
                 });
             });

@@ -33,8 +33,9 @@ namespace flash::sm80 {
 // decoding rows may be a GQA group (pack_gqa) and whose blocks, with num_splits
 // > 1, each take one range of the key tiles and write a partial result, merged
 // by merge_splits_kernel (kvcache/); and paged variable-length batches (one
-// split).
-template <typename Traits, bool Is_local, bool Has_extras, bool Is_kvcache = false>
+// split). Is_paged (with Is_kvcache): the keys are always paged (a paged
+// variable-length batch), known at compile time.
+template <typename Traits, bool Is_local, bool Has_extras, bool Is_kvcache = false, bool Is_paged = false>
 __global__ void __launch_bounds__(Traits::kNThreads) fwd_kernel(const FwdParams params) {
     using Element = typename Traits::Element;
     constexpr int kBlockM = Traits::kBlockM;
@@ -68,7 +69,8 @@ __global__ void __launch_bounds__(Traits::kNThreads) fwd_kernel(const FwdParams 
 
     const Element* q = static_cast<const Element*>(params.q_ptr) + batch * params.q_batch_stride +
                        head * params.q_head_stride + (seq.q_start + m0) * params.q_row_stride;
-    const KeyValueRows<Element, Is_kvcache, kBlockN> kv(params, seq, batch, head_k, smem + Traits::kSmemBytes);
+    const KeyValueRows<Element, Is_kvcache, Is_paged, kBlockN> kv(params, seq, batch, head_k,
+                                                                  smem + Traits::kSmemBytes);
 
     // With split-KV, this block's share of the tiles.
     const KeyTileRange key_tiles =
@@ -84,7 +86,7 @@ __global__ void __launch_bounds__(Traits::kNThreads) fwd_kernel(const FwdParams 
     q_copy.load_async(q_smem, q, params.q_row_stride, seqlen_q - m0, params.head_dim);
     cp_async_commit();
     if (key_tiles.n_end > key_tiles.n_begin) {
-        if (kv.paged) {  // the first tile's block-table entries, before its rows
+        if (kv.paged) {  // the first tile's row addresses, before its rows
             const int n0 = (key_tiles.n_end - 1) * kBlockN;
             kv.template stage_row<kNThreads>(n0, tid, kv.template fetch_row<kNThreads>(n0, tid));
             __syncthreads();
@@ -92,6 +94,7 @@ __global__ void __launch_bounds__(Traits::kNThreads) fwd_kernel(const FwdParams 
         kv.load_k(kv_copy, k_smem, (key_tiles.n_end - 1) * kBlockN);
     }
     cp_async_commit();
+    kv.template check_pages<kNThreads>(key_tiles.n_begin, key_tiles.n_end, tid);
 
     float o[Traits::kMTiles][Traits::kNTilesO][4];
     clear(o);
@@ -106,10 +109,10 @@ __global__ void __launch_bounds__(Traits::kNThreads) fwd_kernel(const FwdParams 
         __syncthreads();
         kv.load_v(kv_copy, v_smem, n0);
         cp_async_commit();
-        // Paged: tile j-1's rows looked up (the block table read under the S GEMM), staged for K_{j-1}
-        // after the next barrier.
+        // Paged: tile j-1's rows looked up (the block table read under the S GEMM), their addresses
+        // staged for K_{j-1} after the next barrier.
         const int next_n0 = n_block > key_tiles.n_begin ? n0 - kBlockN : -1;
-        const int entry = kv.template fetch_row<kNThreads>(next_n0, tid);
+        const PagedRow next_row = kv.template fetch_row<kNThreads>(next_n0, tid);
 
         float s[Traits::kMTiles][Traits::kNTilesS][4];  // S = Q K^T for the warp's rows
         clear(s);
@@ -118,7 +121,7 @@ __global__ void __launch_bounds__(Traits::kNThreads) fwd_kernel(const FwdParams 
         if constexpr (Has_extras) apply_score_extras<false>(s, extras, m0 + warp_row0, n0, lane);
         if constexpr (Is_masked) apply_mask<Is_local>(s, m0 + warp_row0, n0, window, lane);
 
-        kv.template stage_row<kNThreads>(next_n0, tid, entry);
+        kv.template stage_row<kNThreads>(next_n0, tid, next_row);
         // V_j has landed; every warp is done with K_j, so K_{j-1} may overwrite it.
         cp_async_wait<0>();
         __syncthreads();

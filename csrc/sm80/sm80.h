@@ -13,6 +13,18 @@ namespace flash::sm80 {
 cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream);
 cudaError_t run_bwd(const BwdParams& params, cudaStream_t stream);
 
+// A variable-length forward's rows that no sequence uses (outside every
+// cu_seqlens_q range, or past a sequence's seqused_q): out 0 and lse -inf.
+// Every family's run_fwd calls it before its kernels, which write the rest.
+cudaError_t run_fwd_unwritten_rows(const FwdParams& params, cudaStream_t stream);
+
+// The backward's row-wise passes, for a family whose main backward kernel keeps
+// the sm80 layouts of its scratch (dsum_ptr, dq_accum_ptr): the preprocess
+// D = rowsum(dout * out) into dsum_ptr, and the dQ conversion dq =
+// softmax_scale * dq_accum in the input dtype and dq's layout.
+cudaError_t run_bwd_preprocess(const BwdParams& params, cudaStream_t stream);
+cudaError_t run_bwd_convert_dq(const BwdParams& params, cudaStream_t stream);
+
 // The KV cache (sm80/kvcache/). plan_kvcache completes the plan fields of
 // `params` (pack_gqa, num_splits, decode_wide) for a call that asks for
 // `requested_splits` splits (0: the family picks; more than kMaxKvSplits are
@@ -25,5 +37,12 @@ cudaError_t run_fwd_kvcache(const FwdParams& params, cudaStream_t stream);
 
 // The compiled head dim that serves `head_dim` (for error messages).
 int kernel_head_dim(int head_dim);
+
+// The zeroed counters a forward call needs (FwdParams::fwd_counters): none.
+int fwd_counters(const FwdParams& params);
+
+// The scratch a backward call needs (flash.h: BwdWorkspace): dq_accum for the
+// atomic dQ; the deterministic path's dQ pass owns its rows and needs none.
+BwdWorkspace bwd_workspace(const BwdParams& params);
 
 }  // namespace flash::sm80

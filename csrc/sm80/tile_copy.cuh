@@ -56,23 +56,31 @@ struct TileCopy {
         }
     }
 
-    // load_async for a tile whose rows are not evenly spaced: row r of the tile
-    // is at rows.row(first_row + r) (a paged KV cache), which must answer for
-    // every row of the tile (without a branch; a row past `rows_valid` may
-    // answer anything, it is zero-filled without being read).
-    template <typename Element, typename Rows>
-    __device__ __forceinline__ void load_async_rows(uint32_t smem_tile, const Rows& rows, int first_row,
+    // load_async for a tile whose rows are not evenly spaced (a paged KV
+    // cache): row r of the tile starts at rows[r], a table in shared memory
+    // that holds a readable address for every row of the tile, also those at
+    // or past `rows_valid` (zero-filled, their address never read). So a row
+    // costs one shared load and no select; a column at or past `cols_valid`
+    // (a padded head dim) is zero-filled from the row's start, so that its
+    // address stays within the row.
+    template <typename Element>
+    __device__ __forceinline__ void load_async_rows(uint32_t smem_tile, const Element* const* rows,
                                                     int rows_valid, int cols_valid) const {
+        // Every row's address first: the shared loads' latencies overlap
+        // instead of each holding up its row's copies.
+        const Element* src_rows[kPasses];
+#pragma unroll
+        for (int pass = 0; pass < kPasses; ++pass) src_rows[pass] = rows[row0 + pass * kRowsPerPass];
 #pragma unroll
         for (int pass = 0; pass < kPasses; ++pass) {
             const bool row_valid = row0 + pass * kRowsPerPass < rows_valid;
-            const Element* src = rows.row(first_row + row0 + pass * kRowsPerPass);
+            const Element* src = src_rows[pass];
 #pragma unroll
             for (int blk = 0; blk < kBlocks; ++blk) {
                 const int col = col0 + blk * Tile::kBlockChunks * Tile::kChunkElems;
-                const bool valid = row_valid && col < cols_valid;
+                const bool col_valid = col < cols_valid;
                 cp_async_16B(smem_tile + blk * Tile::kBlockBytes + smem_off0 + pass * kRowsPerPass * Tile::kBlockRowBytes,
-                             valid ? src + col : rows.base, valid);
+                             src + (col_valid ? col : 0), row_valid && col_valid);
             }
         }
     }

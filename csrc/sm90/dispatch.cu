@@ -1,6 +1,10 @@
 // The sm90 family's entry points (sm90.h): runtime (dtype, head dim, local,
-// softcap) -> one compiled forward instantiation, or the sm80 family for what
-// the sm90 kernels do not serve.
+// softcap; the backward's deterministic) -> one compiled forward or backward
+// instantiation, or the sm80 family for what the sm90 kernels do not serve.
+
+#include <cstdlib>
+#include <cstring>
+
 #include "common/flash.h"
 #include "common/static_switch.h"
 #include "sm80/sm80.h"
@@ -10,9 +14,11 @@
 
 namespace flash::sm90 {
 
-// Defined in instantiations/sm90_fwd_*.cu.
+// Defined in instantiations/sm90_fwd_*.cu and sm90_bwd_*.cu.
 template <typename Element, int kHeadDim, bool Is_local, bool Has_softcap>
-cudaError_t run_fwd_(const FwdParams& params, cudaStream_t stream);
+cudaError_t run_fwd_(const FwdParams& params, KeyCopy key_copy, cudaStream_t stream);
+template <typename Element, int kHeadDim, bool Is_local, bool Has_softcap, bool Is_deterministic>
+cudaError_t run_bwd_(const BwdParams& params, cudaStream_t stream);
 
 namespace {
 
@@ -32,11 +38,11 @@ int fwd_smem_bytes(bool is_local) {
 }
 
 template <typename Element, int kHeadDim>
-cudaError_t run_fwd_head_dim(const FwdParams& params, cudaStream_t stream) {
+cudaError_t run_fwd_head_dim(const FwdParams& params, KeyCopy key_copy, cudaStream_t stream) {
     if constexpr (kHasKernel<kHeadDim>) {
         return FLASH_BOOL_SWITCH(params.is_local, Is_local, [&] {
             return FLASH_BOOL_SWITCH(params.softcap > 0.f, Has_softcap, [&] {
-                return run_fwd_<Element, kHeadDim, Is_local, Has_softcap>(params, stream);
+                return run_fwd_<Element, kHeadDim, Is_local, Has_softcap>(params, key_copy, stream);
             });
         });
     } else {
@@ -54,29 +60,126 @@ int fwd_block_n(bool is_local) {
     }
 }
 
+// FLASHATTN_SM90_PAGED_COPY, read at every call (unlike FLASHATTN_FAMILY,
+// api/family.h, read once), so that one process can time both ways of copying
+// paged keys on the same pages: how the forward copies paged keys (KeyCopy).
+//   auto (or unset): gathered where a key tile would take more than one TMA box
+//     per column block (gathers_keys), by TMA otherwise;
+//   tma: TMA boxes wherever they fit; pages they do not fit (sizes that are no
+//     multiple of 8 against the tile height) run on the sm80 family;
+//   gather: every paged call gathered.
+// Any other value fails every paged forward call on sm90 (invalid argument).
+enum class PagedCopy { kAuto, kTma, kGather, kUnknown };
+
+PagedCopy paged_copy_requested() {
+    const char* env = std::getenv("FLASHATTN_SM90_PAGED_COPY");
+    if (env == nullptr || std::strcmp(env, "") == 0 || std::strcmp(env, "auto") == 0) return PagedCopy::kAuto;
+    if (std::strcmp(env, "tma") == 0) return PagedCopy::kTma;
+    if (std::strcmp(env, "gather") == 0) return PagedCopy::kGather;
+    return PagedCopy::kUnknown;
+}
+
+// How this call's paged keys are copied, the tiles being block_n keys tall.
+KeyCopy key_copy_for(const FwdParams& params, PagedCopy requested, int block_n) {
+    switch (requested) {
+        case PagedCopy::kTma: return KeyCopy::kTma;
+        case PagedCopy::kGather: return KeyCopy::kGather;
+        default: return gathers_keys(params.page_size, block_n) ? KeyCopy::kGather : KeyCopy::kTma;
+    }
+}
+
+// Keys per tile of the kernel that serves a call's head dim (0: none).
+int block_n_of(const FwdParams& params) {
+    return FLASH_HEADDIM_SWITCH(params.head_dim, kHeadDim, [&] { return fwd_block_n<kHeadDim>(params.is_local); });
+}
+
+// The head dim of the backward kernel that serves a call's (0: none). Head
+// dims 65..96 run on the d128 kernel, padded as 97..127 already do
+// (bwd_kernel.cuh): simpler than a d96 configuration, at the price of GEMM
+// work on zeros, 4/3 of what a d96 call needs (1.6x at d80), in all five
+// GEMMs (the forward's d96 kernel pads its P V alone).
+constexpr int bwd_head_dim(int head_dim) {
+    return head_dim <= 32 ? 0 : head_dim <= 64 ? 64 : head_dim <= 128 ? 128 : 0;
+}
+template <int kHeadDim>
+constexpr bool kBwdMinHeadDimHolds = bwd_head_dim(BwdTraitsFor<kHeadDim, __half>::kMinHeadDim) == kHeadDim &&
+                                     bwd_head_dim(BwdTraitsFor<kHeadDim, __half>::kMinHeadDim - 1) != kHeadDim;
+static_assert(kBwdMinHeadDimHolds<64> && kBwdMinHeadDimHolds<128>,
+              "BwdTraits::kMinHeadDim: the smallest head dim bwd_head_dim sends to each kernel");
+
+template <typename Element, int kHeadDim>
+cudaError_t run_bwd_head_dim(const BwdParams& params, cudaStream_t stream) {
+    return FLASH_BOOL_SWITCH(params.is_local, Is_local, [&] {
+        return FLASH_BOOL_SWITCH(params.softcap > 0.f, Has_softcap, [&] {
+            return FLASH_BOOL_SWITCH(params.deterministic, Is_deterministic, [&] {
+                return run_bwd_<Element, kHeadDim, Is_local, Has_softcap, Is_deterministic>(params, stream);
+            });
+        });
+    });
+}
+
 }  // namespace
 
 bool serves(const FwdParams& params) {
     const int smem = FLASH_HEADDIM_SWITCH(params.head_dim, kHeadDim, [&] { return fwd_smem_bytes<kHeadDim>(params.is_local); });
-    // Paged keys: pages whose boxes the copy engine can take (kv_box_rows), keys
-    // counted from each sequence's first page (leftpad_k, which shifts them off
-    // the boxes, stays with sm80).
-    const int block_n = FLASH_HEADDIM_SWITCH(params.head_dim, kHeadDim, [&] { return fwd_block_n<kHeadDim>(params.is_local); });
-    const bool pages_fit = params.block_table == nullptr ||
-                           (params.leftpad_k == nullptr && kv_box_rows(params.page_size, block_n) > 0);
+    // Paged keys: gathered rows take any page size; TMA boxes only pages whose
+    // boxes are whole swizzle atoms (kv_box_rows). Keys are counted from each
+    // sequence's first page (leftpad_k, which the block table cannot carry,
+    // stays with sm80).
+    const int block_n = block_n_of(params);
+    const bool pages_fit =
+        params.block_table == nullptr ||
+        (params.leftpad_k == nullptr &&
+         (key_copy_for(params, paged_copy_requested(), block_n) == KeyCopy::kGather ||
+          kv_box_rows(params.page_size, block_n) > 0));
     return params.head_dim > 32 && params.alibi_slopes_ptr == nullptr && params.rng_state == nullptr && pages_fit &&
            smem <= params.max_smem_per_block && tensor_maps_fit(params);
 }
 
 cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream) {
     if (!serves(params)) return sm80::run_fwd(params, stream);
+    const PagedCopy requested = paged_copy_requested();
+    if (params.block_table != nullptr && requested == PagedCopy::kUnknown) return cudaErrorInvalidValue;
+    const KeyCopy key_copy = key_copy_for(params, requested, block_n_of(params));
+    if (const cudaError_t err = sm80::run_fwd_unwritten_rows(params, stream); err != cudaSuccess) return err;
     return FLASH_DTYPE_SWITCH(params.dtype, Element, [&] {
         return FLASH_HEADDIM_SWITCH(params.head_dim, kHeadDim,
-                                    [&] { return run_fwd_head_dim<Element, kHeadDim>(params, stream); });
+                                    [&] { return run_fwd_head_dim<Element, kHeadDim>(params, key_copy, stream); });
     });
 }
 
-cudaError_t run_bwd(const BwdParams& params, cudaStream_t stream) { return sm80::run_bwd(params, stream); }
+// Head dims 33..128 (bwd_head_dim), softcap of the extras, deterministic=True
+// (its own instantiations: bwd_kernel.cuh, bwd_dq_writer), and variable-length
+// batches (cu_seqlens, seqused_q/k, leftpad_k) as the forward serves them:
+// packed rows, each sequence's own lengths (bwd_kernel.cuh: BwdWork); each of
+// these with any of the others. The backward has no block table (paged keys
+// are gathered into a packed batch before it).
+bool serves_bwd(const BwdParams& params) {
+    const int head_dim = bwd_head_dim(params.head_dim);
+    const int smem = head_dim == 64 ? BwdTraitsFor<64, __half>::kSmemBytes : BwdTraitsFor<128, __half>::kSmemBytes;
+    // Of the extras, softcap alone (ALiBi and dropout stay with sm80).
+    const bool extras_fit = params.alibi_slopes_ptr == nullptr && params.rng_state == nullptr;
+    return head_dim > 0 && extras_fit && params.block_table == nullptr && smem <= params.max_smem_per_block &&
+           bwd_tensor_maps_fit(params);
+}
+
+cudaError_t run_bwd(const BwdParams& params, cudaStream_t stream) {
+    if (!serves_bwd(params)) return sm80::run_bwd(params, stream);
+    return FLASH_DTYPE_SWITCH(params.dtype, Element, [&] {
+        return bwd_head_dim(params.head_dim) == 64 ? run_bwd_head_dim<Element, 64>(params, stream)
+                                                   : run_bwd_head_dim<Element, 128>(params, stream);
+    });
+}
+
+// Deterministic: a semaphore per (batch, query head, query tile) orders the
+// key tiles' dQ adds (bwd_kernel.cuh: bwd_dq_writer).
+BwdWorkspace bwd_workspace(const BwdParams& params) {
+    if (!serves_bwd(params)) return sm80::bwd_workspace(params);
+    if (!params.deterministic) return {/*dq_accum=*/true, /*semaphores=*/0};
+    const int block_m = bwd_head_dim(params.head_dim) == 64 ? BwdConfig<64>::kBlockM : BwdConfig<128>::kBlockM;
+    const int64_t query_tiles = (params.seqlen_q + block_m - 1) / block_m;
+    return {/*dq_accum=*/true, static_cast<int64_t>(params.batch) * params.num_heads * query_tiles};
+}
 
 KvcacheWorkspace plan_kvcache(FwdParams& params, int64_t requested_splits) {
     return sm80::plan_kvcache(params, requested_splits);
@@ -89,6 +192,8 @@ cudaError_t run_kvcache_append(const AppendParams& params, cudaStream_t stream) 
 cudaError_t run_fwd_kvcache(const FwdParams& params, cudaStream_t stream) {
     return sm80::run_fwd_kvcache(params, stream);
 }
+
+int fwd_counters(const FwdParams& params) { return serves(params) && params.is_local ? kWorkCounterInts : 0; }
 
 // The sm90 forward kernels round head dims as the sm80 ones do (32 is sm80's alone).
 int kernel_head_dim(int head_dim) { return sm80::kernel_head_dim(head_dim); }

@@ -7,7 +7,10 @@
 //     (TMA, 128-byte swizzle), each stage's arrival tracked by a "full"
 //     mbarrier and its release by the consumers by an "empty" one (paged
 //     keys: one warp, a box per page, KeyTileSource). The rest of the
-//     warpgroup gives its registers back (setmaxnreg) and exits.
+//     warpgroup gives its registers back (setmaxnreg) and exits. Paged keys
+//     whose pages are smaller than a tile are gathered instead
+//     (KeyCopy::kGather): all 128 threads copy K and V rows with cp.async into
+//     the same swizzled layout (KeyTileGather); Q still comes by TMA.
 //   consumer warpgroups: 64 query rows each; per key tile: wait K, S = Q K^T
 //     (wgmma, both operands from shared memory), release K, mask, online
 //     softmax, wait V, O += P V (wgmma, P from registers, V read transposed
@@ -15,7 +18,10 @@
 //     behind the tensor cores: within a warpgroup, S of tile i is issued with
 //     O += P V of tile i - 1 and its softmax runs while that GEMM does; between
 //     the two warpgroups, named barriers let one issue its GEMMs only after the
-//     other has issued its own (ping-pong).
+//     other has issued its own (ping-pong). Epilogue: each warpgroup normalises
+//     its rows and writes them to out, through its own part of a shared-memory
+//     output tile and a bulk tensor store where the config has one
+//     (kernel_traits.h: kOStaged), else from registers; then their LSE.
 //
 // Key tiles are walked from the last to the first, as in the sm80 kernel, so
 // that the tiles that need a mask at the top (sequence tail, causal diagonal, a
@@ -38,16 +44,10 @@
 #include "common/ptx.cuh"
 #include "common/softmax.cuh"
 #include "sm90/kernel_traits.h"
+#include "sm90/pipeline.cuh"
 #include "sm90/ptx.cuh"
 
 namespace flash::sm90 {
-
-// The accumulator fragment of one warp, [1][n8 blocks][4], seen as the flat
-// register list a wgmma of N = 8 * kNTiles columns takes.
-template <int kNTiles>
-__device__ __forceinline__ float (&flat(float (&frag)[1][kNTiles][4]))[kNTiles * 4] {
-    return reinterpret_cast<float(&)[kNTiles * 4]>(frag);
-}
 
 // The shared-memory addresses of a block's tiles and barriers.
 template <typename Traits>
@@ -55,11 +55,15 @@ struct SmemLayout {
     uint32_t base;  // aligned to a swizzle atom
 
     __device__ __forceinline__ explicit SmemLayout(const char* smem) {
-        base = (smem_addr(smem) + Traits::kSmemAlign - 1) & ~static_cast<uint32_t>(Traits::kSmemAlign - 1);
+        base = aligned_smem_base<Traits::kSmemAlign>(smem);
     }
     __device__ __forceinline__ uint32_t q() const { return base + Traits::kSmemQOffset; }
     __device__ __forceinline__ uint32_t k(int stage) const { return base + Traits::kSmemKOffset + stage * Traits::kKVBytes; }
     __device__ __forceinline__ uint32_t v(int stage) const { return base + Traits::kSmemVOffset + stage * Traits::kKVBytes; }
+    // Consumer warpgroup c's rows of the output tile's first column block (kOStaged).
+    __device__ __forceinline__ uint32_t o_group(int c) const {
+        return base + Traits::kSmemOOffset + c * Traits::kOGroupBoxBytes;
+    }
     __device__ __forceinline__ uint32_t barrier(int i) const { return base + Traits::kSmemBarrierOffset + 8 * i; }
     __device__ __forceinline__ uint32_t q_full() const { return barrier(0); }
     __device__ __forceinline__ uint32_t q_empty() const { return barrier(1); }
@@ -67,27 +71,13 @@ struct SmemLayout {
     __device__ __forceinline__ uint32_t v_full(int stage) const { return barrier(2 + Traits::kStages + stage); }
     __device__ __forceinline__ uint32_t k_empty(int stage) const { return barrier(2 + 2 * Traits::kStages + stage); }
     __device__ __forceinline__ uint32_t v_empty(int stage) const { return barrier(2 + 3 * Traits::kStages + stage); }
-};
-
-// The i-th key tile a block walks (0, 1, ...) uses stage i % kStages for the
-// (i / kStages)-th time: the phase of that stage's barriers to wait for.
-template <typename Traits>
-struct StageOf {
-    int stage;
-    uint32_t phase;
-    __device__ __forceinline__ explicit StageOf(int i) : stage(i % Traits::kStages), phase((i / Traits::kStages) & 1) {}
-};
-
-// Each copy covers one column block of 64 elements: coordinates (column,
-// row, head, batch) of the tensor maps built by make_fwd_tensor_maps.
-template <typename Traits>
-__device__ __forceinline__ void load_tile(uint32_t dst, const CUtensorMap* map, uint32_t bar, int row, int head,
-                                          int batch, int block_bytes) {
-#pragma unroll
-    for (int cb = 0; cb < Traits::kColBlocks; ++cb) {
-        tma_load_4d(dst + cb * block_bytes, map, bar, cb * kSwizzleCols, row, head, batch);
+    __device__ __forceinline__ uint32_t work_full(int slot) const { return barrier(2 + 4 * Traits::kStages + slot); }
+    __device__ __forceinline__ uint32_t work_empty(int slot) const {
+        return barrier(2 + 4 * Traits::kStages + Traits::kWorkSlots + slot);
     }
-}
+    __device__ __forceinline__ uint32_t work(int slot) const { return base + Traits::kSmemWorkOffset + 4 * slot; }
+    __device__ __forceinline__ uint32_t gather_rows() const { return base + Traits::kSmemGatherOffset; }
+};
 
 // Where the producer warp copies a key (and value) tile from: rows of k and v
 // in the layout of their tensor maps. Contiguous keys: lane 0 copies the whole
@@ -130,8 +120,7 @@ struct KeyTileSource {
         if (lane >= boxes) return {0, bytes, 0, 0, 0};
         const int key = n0 + lane * box_rows;  // paged keys count from 0 (sequence_of)
         const int entry = key / page_size;
-        const int page = checked_index(table[entry], 0, params.kv_cache_batch - 1, params.faults,
-                                       IndexArgument::kBlockTable, batch, entry);
+        const int page = checked_page(params, table, batch, entry);
         return {1, bytes, key - entry * page_size, page, lane * box_rows * kSwizzleBytes};
     }
 
@@ -148,12 +137,241 @@ struct KeyTileSource {
     }
 };
 
-// The work of a block: query tiles t = blockIdx.x, blockIdx.x + gridDim.x, ...
-// of the list in which heads come one after the other, each head's query
-// tiles in a row, so that the blocks at work at one time share their heads' K
-// and V in L2; with a causal mask or a window (Is_local) the bottom query
-// tiles, which see the most keys, come first in each head. The launcher picks
-// the grid (fwd_launch.cuh): persistent, or one block per tile.
+// Writes a consumer warpgroup's normalised O (its fp32 accumulator, 64 rows x
+// kTileCols) as Element into its rows of the output tile (`group`: those of the
+// first column block), in the 128-byte swizzle the bulk store reads: one
+// stmatrix.x4 per pair of n8 blocks, its four 8 x 8 matrices rows 0-7 and 8-15
+// of the warp's 16 under each block. Lane i addresses row (i / 8 % 2) * 8 + i % 8
+// of n8 block 2p + i / 16; a row is 128 bytes, its 16-byte chunks permuted by
+// XOR with the row's index within its 8-row atom (i % 8), so the eight rows of a
+// matrix land in eight distinct chunks: no bank conflict.
+template <typename Traits>
+__device__ __forceinline__ void stage_o(const float (&o)[1][Traits::kNTilesO][4], uint32_t group, int warp, int lane) {
+    using Element = typename Traits::Element;
+    const int row = warp * 16 + (lane / 8 % 2) * 8 + lane % 8;  // of the warpgroup's 64
+    const uint32_t row_addr = group + row * kSwizzleBytes;
+    // Chunk of n8 block j = 2p + lane / 16 in its column block: j % 8 = 2 (p % 4) + lane / 16,
+    // which XOR (lane % 8) is 2 (p % 4) XOR this (2 (p % 4) is even).
+    const int chunk_xor = (lane / 16) ^ (lane % 8);
+#pragma unroll
+    for (int p = 0; p < Traits::kNTilesO / 2; ++p) {
+        const uint32_t addr = row_addr + (p / 4) * Traits::kOBlockBytes + (((2 * (p % 4)) ^ chunk_xor) << 4);
+        stmatrix_x4(addr, pack2<Element>(o[0][2 * p][0], o[0][2 * p][1]),
+                    pack2<Element>(o[0][2 * p][2], o[0][2 * p][3]),
+                    pack2<Element>(o[0][2 * p + 1][0], o[0][2 * p + 1][1]),
+                    pack2<Element>(o[0][2 * p + 1][2], o[0][2 * p + 1][3]));
+    }
+}
+
+// Where the producer warpgroup gathers a paged key (and value) tile from
+// (KeyCopy::kGather): its 128 threads copy the tile's rows in 16-byte chunks
+// with cp.async into the layout the bulk tensor copy writes (the 128-byte
+// swizzle: chunk c of row r of a column block lands at chunk c ^ (r % 8) of
+// that row), so that the consumers' descriptors read it as they read a TMA
+// tile. A warp copies 4 rows a pass, 8 lanes (a segment) a row, one 128-byte
+// column block row each (coalesced: whole 128-byte lines); kPasses passes of
+// the warpgroup cover the tile's kBlockN rows. A row's page is looked up once
+// per tile, by a lane of the segment that copies it, a tile ahead (look_up:
+// the block-table read is in flight while the producer waits for its copies of
+// the previous tile to land; resolve: the entry checked as checked_page does),
+// and the row's K and V addresses go to shared memory (gather_rows), where the
+// 8 lanes that copy the row read them for each copy: no register holds them
+// across the producer's waits (it has kProducerRegs). Lane j of a segment looks
+// up the segment's rows of passes j, j + 8, ..., so that the writer and the
+// readers of an address are one warp: __syncwarp orders them. Rows past the
+// sequence (only in the first tile walked) and columns past the head dim are
+// zero-filled, never read: no page past the sequence's is looked up.
+template <typename Traits>
+struct KeyTileGather {
+    static constexpr int kThreads = 128;
+    static constexpr int kChunkBytes = 16;                             // one cp.async
+    static constexpr int kChunkCols = kChunkBytes / 2;                 // 16-bit elements a chunk
+    static constexpr int kElementBytes = kChunkBytes / kChunkCols;
+    static constexpr int kChunksPerRow = kSwizzleBytes / kChunkBytes;  // of a column block's row
+    static constexpr int kAtomRows = kSwizzleAtomBytes / kSwizzleBytes;
+    static constexpr int kRowsPerWarp = 32 / kChunksPerRow;            // in one pass, one per segment
+    static constexpr int kRowsPerPass = kThreads / kChunksPerRow;
+    static constexpr int kPasses = Traits::kBlockN / kRowsPerPass;
+    // Lane j of a segment looks up the segment's rows of passes j + kPassesPerLookup * i.
+    static constexpr int kPassesPerLookup = kChunksPerRow;
+    static constexpr int kLookups = (kPasses + kPassesPerLookup - 1) / kPassesPerLookup;
+    static_assert(Traits::kBlockN % kRowsPerPass == 0, "whole passes");
+    static_assert(kRowsPerPass % kAtomRows == 0, "a thread's rows share their swizzle phase");
+    static_assert(Traits::kGatherRowBytes == 2 * sizeof(uint64_t), "a row's K and V addresses");
+
+    const FwdParams& params;
+    uint32_t rows;  // gather_rows: [kBlockN] {K address, V address} of the tile's rows
+    int batch, head_k, seqlen_k;
+    int page[kLookups], entry[kLookups];  // look_up: the entries this lane read, and which
+
+    __device__ __forceinline__ KeyTileGather(const FwdParams& params_, uint32_t rows_, int seqlen_k_, int batch_,
+                                             int head_k_)
+        : params(params_), rows(rows_), batch(batch_), head_k(head_k_), seqlen_k(seqlen_k_) {}
+
+    // This thread's row of pass 0 (pass p: row + p * kRowsPerPass) and chunk.
+    // What is derived from the thread index is computed where it is used
+    // (opaque) rather than held in a register across the loops.
+    __device__ __forceinline__ static int thread() { return opaque(static_cast<int>(threadIdx.x)); }
+    __device__ __forceinline__ static int row(int t) { return t / 32 * kRowsPerWarp + t % 32 / kChunksPerRow; }
+    __device__ __forceinline__ static int chunk(int t) { return t % kChunksPerRow; }
+
+    // The row of the tile that lookup i of thread t is for, and whether the
+    // tile has it and it is inside the sequence (n0: the tile's first key).
+    __device__ __forceinline__ static int lookup_row(int t, int i) {
+        return row(t) + (chunk(t) + i * kPassesPerLookup) * kRowsPerPass;
+    }
+    __device__ __forceinline__ bool looks_up(int t, int n0, int i) const {
+        return chunk(t) + i * kPassesPerLookup < kPasses && n0 + lookup_row(t, i) < seqlen_k;
+    }
+
+    // Reads the block-table entries of this lane's rows of the tile of keys
+    // from n0 (keys are not negative: unsigned division).
+    __device__ __forceinline__ void look_up(int n0) {
+        const int* table = params.block_table + batch * params.block_table_batch_stride;
+        const int t = thread();
+#pragma unroll
+        for (int i = 0; i < kLookups; ++i) {
+            entry[i] = static_cast<unsigned>(n0 + lookup_row(t, i)) / static_cast<unsigned>(params.page_size);
+            page[i] = looks_up(t, n0, i) ? table[entry[i]] : 0;
+        }
+    }
+
+    // Checks the entries looked up for the tile of keys from n0, as
+    // checked_page does, and stages the rows' K and V addresses; rows past the
+    // sequence get page 0's first row, which is never read.
+    __device__ __forceinline__ void resolve(int n0) {
+        const int t = thread();
+        __syncwarp();  // the segment is done reading the previous tile's addresses
+        // One lookup at a time (not unrolled), so that one lookup's temporaries are live at a time.
+#pragma unroll 1
+        for (int i = 0; i < kLookups; ++i) {
+            if (chunk(t) + i * kPassesPerLookup >= kPasses) continue;
+            int page_i = page[0], entry_i = entry[0];
+#pragma unroll
+            for (int l = 1; l < kLookups; ++l) {
+                if (i == l) page_i = page[l], entry_i = entry[l];
+            }
+            const bool used = looks_up(t, n0, i);
+            const int page_index = used ? checked_page_value(params, page_i, batch, entry_i) : 0;
+            const int row_in_page = used ? n0 + lookup_row(t, i) - entry_i * params.page_size : 0;
+            const int head = opaque(head_k);
+            const int64_t k_offset = head * params.k_head_stride + page_index * params.k_batch_stride +
+                                     row_in_page * params.k_row_stride;
+            const int64_t v_offset = head * params.v_head_stride + page_index * params.v_batch_stride +
+                                     row_in_page * params.v_row_stride;
+            const char* k_row = static_cast<const char*>(params.k_ptr) + k_offset * kElementBytes;
+            const char* v_row = static_cast<const char*>(params.v_ptr) + v_offset * kElementBytes;
+            store_shared_u64x2(rows + lookup_row(t, i) * Traits::kGatherRowBytes, reinterpret_cast<uint64_t>(k_row),
+                               reinterpret_cast<uint64_t>(v_row));
+        }
+        __syncwarp();  // the addresses are there for the segment
+    }
+
+    // Issues the copies of the tile of keys from n0 (resolved) into a stage
+    // (`stage`, K's or V's: kValues) as one cp.async group of this thread.
+    template <bool kValues>
+    __device__ __forceinline__ void copy(uint32_t stage, int n0) const {
+        const int t = thread();
+        const uint32_t dst = stage + row(t) * kSwizzleBytes + (chunk(t) ^ (row(t) % kAtomRows)) * kChunkBytes;
+        const int rows_left = seqlen_k - n0 - row(t);  // in the sequence from this thread's row of pass 0
+        const int cols_left = params.head_dim - chunk(t) * kChunkCols;  // in the head from this chunk
+        const uint32_t src_of_row = rows + row(t) * Traits::kGatherRowBytes + (kValues ? sizeof(uint64_t) : 0);
+#pragma unroll
+        for (int p = 0; p < kPasses; ++p) {
+            const char* src = reinterpret_cast<const char*>(
+                                  load_shared_u64(src_of_row + p * kRowsPerPass * Traits::kGatherRowBytes)) +
+                              chunk(t) * kChunkBytes;
+            const bool in_sequence = p * kRowsPerPass < rows_left;
+#pragma unroll
+            for (int cb = 0; cb < Traits::kColBlocks; ++cb) {
+                cp_async_16(dst + cb * Traits::kKVBlockBytes + p * kRowsPerPass * kSwizzleBytes,
+                            src + cb * kSwizzleBytes,
+                            /*fill_zeros=*/!in_sequence || cb * kSwizzleCols >= cols_left);
+            }
+        }
+        cp_async_commit_group();
+    }
+
+    // Once all but this thread's kPending latest copy groups are complete,
+    // makes their writes visible to wgmma (which reads shared memory through
+    // the async proxy) and counts this thread's arrival on `full`.
+    template <int kPending>
+    __device__ __forceinline__ static void complete(uint32_t full) {
+        cp_async_wait_group<kPending>();
+        fence_proxy_async_shared();
+        mbarrier_arrive(full);
+    }
+};
+
+// A call's tile counter for dynamic scheduling (FwdParams::fwd_counters, zero
+// on entry): `next` hands out the query tiles past the first gridDim.x (which
+// the blocks take by their index); each block, once it draws past the last
+// tile, counts itself in `done`, and the last one zeroes both again.
+struct WorkCounter {
+    unsigned int next, done;
+};
+static_assert(sizeof(WorkCounter) == kWorkCounterInts * sizeof(unsigned int), "fwd_counters' length");
+
+// The query tiles of a block, in turn: the producer draws them (statically,
+// blockIdx.x + k gridDim.x, without a counter; else from the counter) and hands
+// each to the consumers through a shared-memory slot with full/empty barriers.
+// Draw k of every thread of the block is the same tile; a tile index past the
+// list ends the block's work.
+template <typename Traits>
+struct WorkQueue {
+    const SmemLayout<Traits>& layout;
+    WorkCounter* counter;  // nullptr: static
+    int num_work;
+
+    // The producer's draw k (lane 0 draws; every lane of the warp gets it).
+    // The grid's size is read where it is used (opaque), not held in a
+    // register across the producer's loops (gathering, 128 threads keep their
+    // state in kProducerRegs).
+    __device__ __forceinline__ int draw(int k, int lane) const {
+        int t = 0;
+        if (lane == 0) {
+            const int blocks = opaque(static_cast<int>(gridDim.x));
+            if (k == 0) {
+                t = blockIdx.x;
+            } else if (counter == nullptr) {
+                t = blockIdx.x + k * blocks;
+            } else {
+                t = blocks + atomicAdd(&counter->next, 1u);
+                if (t >= num_work) {
+                    __threadfence();  // this block's draws come before its count in done
+                    if (atomicAdd(&counter->done, 1u) == blocks - 1) {
+                        atomicExch(&counter->next, 0u);
+                        atomicExch(&counter->done, 0u);
+                    }
+                }
+            }
+            const int slot = k % Traits::kWorkSlots;
+            if (k >= Traits::kWorkSlots) mbarrier_wait(layout.work_empty(slot), ((k / Traits::kWorkSlots) & 1) ^ 1);
+            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(layout.work(slot)), "r"(t) : "memory");
+            mbarrier_arrive(layout.work_full(slot));  // release: the store is seen by the waiters
+        }
+        return __shfl_sync(0xffffffffu, t, 0);
+    }
+
+    // The consumers' draw k (and, gathering paged keys, producer warps 1-3's):
+    // wait for the producer's, read it, free the slot (every thread arrives for
+    // its own read: racecheck follows that, not one arrival per warp after
+    // __syncwarp; NOTES.md).
+    __device__ __forceinline__ int take(int k) const {
+        const int slot = k % Traits::kWorkSlots;
+        mbarrier_wait(layout.work_full(slot), (k / Traits::kWorkSlots) & 1);
+        int t;
+        asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(t) : "r"(layout.work(slot)) : "memory");
+        mbarrier_arrive(layout.work_empty(slot));
+        return t;
+    }
+};
+
+// The work of a block: query tiles t of the list in which heads come one after
+// the other, each head's query tiles in a row, so that the blocks at work at
+// one time share their heads' K and V in L2; with a causal mask or a window
+// (Is_local) the bottom query tiles, which see the most keys, come first in
+// each head.
 template <typename Traits, bool Is_local>
 struct WorkTile {
     int m_block, head, batch;
@@ -177,12 +395,92 @@ struct WorkTile {
     }
 };
 
-// Blocks of one producer and kConsumerWarpgroups consumer warpgroups;
+// Producer thread 0: the Q tile of a work tile (the q_count-th with a key
+// tile), once the consumers are done with the previous one's.
+template <typename Traits, bool Is_local>
+__device__ __forceinline__ void load_query_tile(const FwdParams& params, const SmemLayout<Traits>& layout,
+                                                const CUtensorMap* tma_q, const WorkTile<Traits, Is_local>& work,
+                                                int q_count) {
+    if (q_count > 0) mbarrier_wait(layout.q_empty(), (q_count - 1) & 1);
+    mbarrier_arrive_expect_tx(layout.q_full(), Traits::kQBytes);
+    load_tile<Traits>(layout.q(), tma_q, layout.q_full(), work.seq.q_start + work.m_block * Traits::kBlockM,
+                      work.head, params.cu_seqlens_q == nullptr ? work.batch : 0, Traits::kQBlockBytes);
+}
+
+// The producer warpgroup when it gathers paged keys (KeyCopy::kGather): warp
+// 0 draws the work tiles (thread 0 also copies Q by TMA), warps 1-3 take each
+// draw from the work slot as the consumers do, and all 128 threads copy K and
+// V (KeyTileGather). A thread's copies of a stage are one cp.async group; a
+// stage is full once every thread has waited for its group, fenced it and
+// arrived (128 arrivals). The groups of tile i - 1 are completed right before
+// the producer may wait on the consumers for tile i (its K before tile i's K
+// stage is waited for, its V before tile i's V stage), so that nothing the
+// consumers need to release that stage is still unsignalled, while tile i - 1's
+// V (or tile i's K) stays in flight; the last tile of a work tile is completed
+// before the next draw, so that the consumers get every stage of a work tile
+// before the producer waits for Q's release.
+template <typename Traits, bool Is_local>
+__device__ __forceinline__ void gather_tiles(const FwdParams& params, const SmemLayout<Traits>& layout,
+                                             const WorkQueue<Traits>& queue, const CUtensorMap* tma_q,
+                                             int num_m_blocks, int num_work) {
+    constexpr int kBlockN = Traits::kBlockN;
+    constexpr int kStages = Traits::kStages;
+    using Gather = KeyTileGather<Traits>;
+    const int lane = threadIdx.x % 32;
+    // Warp-uniform to the compiler (through the shuffles), so that what is
+    // derived from them can live in uniform registers: the producer has few
+    // others (kProducerRegs).
+    const bool draws = __shfl_sync(0xffffffffu, threadIdx.x / 32, 0) == 0;
+    auto next_work = [&](int k) {
+        return draws ? queue.draw(k, lane) : __shfl_sync(0xffffffffu, queue.take(k), 0);
+    };
+    int q_count = 0, tile_count = 0;
+    for (int k = 0, t = next_work(0); t < num_work; t = next_work(++k)) {
+        const WorkTile<Traits, Is_local> work(params, t, num_m_blocks);
+        if (work.num_tiles == 0) continue;  // no key tile: no copy, Q included
+        if (threadIdx.x == 0) load_query_tile(params, layout, tma_q, work, q_count);
+        ++q_count;
+        Gather gather(params, layout.gather_rows(), work.seq.seqlen_k, work.batch,
+                      work.head / params.heads_per_kv_head);
+        // Key tiles are walked from the last (n_end - 1) to the first (n_begin).
+        const int n_begin = work.key_tiles.n_begin, n_last = work.key_tiles.n_end - 1;
+        gather.look_up(n_last * kBlockN);
+        bool first = true;
+        for (int n_block = n_last; n_block >= n_begin; --n_block, ++tile_count, first = false) {
+            const StageOf<Traits> s(tile_count);
+            const int n0 = n_block * kBlockN;
+            if (!first) Gather::template complete<1>(layout.k_full(StageOf<Traits>(tile_count - 1).stage));
+            gather.resolve(n0);
+            // A stage's first use needs no release; its u-th waits for release u - 1.
+            if (tile_count >= kStages) mbarrier_wait(layout.k_empty(s.stage), s.phase ^ 1);
+            gather.template copy</*kValues=*/false>(layout.k(s.stage), n0);
+            if (!first) Gather::template complete<1>(layout.v_full(StageOf<Traits>(tile_count - 1).stage));
+            if (tile_count >= kStages) mbarrier_wait(layout.v_empty(s.stage), s.phase ^ 1);
+            gather.template copy</*kValues=*/true>(layout.v(s.stage), n0);
+            // The next tile's entries, read while this tile's K lands (the
+            // next iteration's first wait); they replace this tile's.
+            if (n_block > n_begin) gather.look_up(n0 - kBlockN);
+        }
+        const StageOf<Traits> last(tile_count - 1);
+        Gather::template complete<1>(layout.k_full(last.stage));
+        Gather::template complete<0>(layout.v_full(last.stage));
+    }
+}
+
+// Persistent blocks (at most one per tile) of one producer and
+// kConsumerWarpgroups consumer warpgroups, drawing their query tiles from
+// WorkQueue: statically when work_counter is nullptr, else dynamically.
 // params.seqlen_q is the longest sequence's query count (varlen: max_seqlen_q).
+// o_by_tma: out takes bulk stores through tma_o (the launcher's choice; only
+// where Traits::kOStaged).
+// key_copy: how paged keys are copied (KeyCopy::kGather: tma_k and tma_v are
+// not used); contiguous keys take kTma.
 template <typename Traits, bool Is_local, bool Has_softcap>
 __global__ void __launch_bounds__(Traits::kNThreads, 1)
     fwd_kernel(const __grid_constant__ FwdParams params, const __grid_constant__ CUtensorMap tma_q,
-               const __grid_constant__ CUtensorMap tma_k, const __grid_constant__ CUtensorMap tma_v) {
+               const __grid_constant__ CUtensorMap tma_k, const __grid_constant__ CUtensorMap tma_v,
+               const __grid_constant__ CUtensorMap tma_o, bool o_by_tma, WorkCounter* work_counter,
+               KeyCopy key_copy) {
     using Element = typename Traits::Element;
     using Work = WorkTile<Traits, Is_local>;
     constexpr int kBlockM = Traits::kBlockM;
@@ -193,22 +491,34 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     const SmemLayout<Traits> layout(smem);
     const int num_m_blocks = (params.seqlen_q + kBlockM - 1) / kBlockM;
     const int num_work = num_m_blocks * params.num_heads * params.batch;
+    const bool gather = key_copy == KeyCopy::kGather;
 
     if (threadIdx.x == 0) {
         mbarrier_init(layout.q_full(), 1);
         // One arrival per consumer warp, once its last Q K^T of a query tile is complete.
         mbarrier_init(layout.q_empty(), Traits::kConsumerWarpgroups * 4);
+        // A stage's arrival: the producer thread's arrive.expect_tx (TMA), or
+        // each producer thread's arrival once its own copies are complete and
+        // fenced (gathered).
+        const int full_arrivals = gather ? KeyTileGather<Traits>::kThreads : 1;
         for (int stage = 0; stage < kStages; ++stage) {
-            mbarrier_init(layout.k_full(stage), 1);  // the producer's arrive.expect_tx
-            mbarrier_init(layout.v_full(stage), 1);
+            mbarrier_init(layout.k_full(stage), full_arrivals);
+            mbarrier_init(layout.v_full(stage), full_arrivals);
             // One arrival per consumer warp: each warp releases a stage once its
             // own wgmma reads of it are complete.
             mbarrier_init(layout.k_empty(stage), Traits::kConsumerWarpgroups * 4);
             mbarrier_init(layout.v_empty(stage), Traits::kConsumerWarpgroups * 4);
         }
+        // Each consumer thread's take (and producer warps 1-3's, gathering).
+        const int takers = Traits::kConsumerWarpgroups * 128 + (gather ? KeyTileGather<Traits>::kThreads - 32 : 0);
+        for (int slot = 0; slot < Traits::kWorkSlots; ++slot) {
+            mbarrier_init(layout.work_full(slot), 1);  // the producer's draw
+            mbarrier_init(layout.work_empty(slot), takers);
+        }
         fence_barrier_init();
     }
     __syncthreads();  // the barriers exist before anyone waits on them; the last block-wide barrier
+    const WorkQueue<Traits> queue{layout, work_counter, num_work};
 
     // Producer and consumers walk the same work tiles, and count the same
     // things: the query tiles with a key tile (q_count: Q's barrier phases) and
@@ -216,12 +526,17 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     const int warpgroup = threadIdx.x / 128;
     if (warpgroup == 0) {
         // Producer: thread 0 (warp 0 for paged keys, KeyTileSource); the rest
-        // of the warpgroup gives its registers back and exits. A
-        // variable-length batch's rows are packed: its tensor maps have one
-        // batch entry and the sequence's rows start at q_start / k_start.
+        // of the warpgroup gives its registers back and exits. Gathered paged
+        // keys: the whole warpgroup (gather_tiles). A variable-length batch's
+        // rows are packed: its tensor maps have one batch entry and the
+        // sequence's rows start at q_start / k_start.
         release_registers<Traits::kProducerRegs>();
-        const int copiers = params.block_table != nullptr ? 32 : 1;
-        if (threadIdx.x >= copiers) return;
+        if (gather) {
+            if (threadIdx.x == 0) prefetch_tensor_map(&tma_q);
+            gather_tiles<Traits, Is_local>(params, layout, queue, &tma_q, num_m_blocks, num_work);
+            return;
+        }
+        if (threadIdx.x >= 32) return;  // warp 0 draws the work; its lane 0 alone copies but for pages
         const int lane = threadIdx.x;
         if (lane == 0) {
             prefetch_tensor_map(&tma_q);
@@ -229,17 +544,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             prefetch_tensor_map(&tma_v);
         }
         int q_count = 0, tile_count = 0;
-        for (int t = blockIdx.x; t < num_work; t += gridDim.x) {
+        for (int k = 0, t = queue.draw(0, lane); t < num_work; t = queue.draw(++k, lane)) {
             const Work work(params, t, num_m_blocks);
             if (work.num_tiles == 0) continue;  // no key tile: no copy, Q included
             const int head_k = work.head / params.heads_per_kv_head;
-            if (lane == 0) {
-                // The consumers are done with the previous query tile's Q.
-                if (q_count > 0) mbarrier_wait(layout.q_empty(), (q_count - 1) & 1);
-                mbarrier_arrive_expect_tx(layout.q_full(), Traits::kQBytes);
-                load_tile<Traits>(layout.q(), &tma_q, layout.q_full(), work.seq.q_start + work.m_block * kBlockM,
-                                  work.head, params.cu_seqlens_q == nullptr ? work.batch : 0, Traits::kQBlockBytes);
-            }
+            if (lane == 0) load_query_tile(params, layout, &tma_q, work, q_count);
             ++q_count;
             const KeyTileSource<Traits> source(params, work.seq, work.batch, head_k, lane);
             for (int i = 0; i < work.num_tiles; ++i, ++tile_count) {
@@ -259,7 +568,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     claim_registers<Traits::kConsumerRegs>();
     const int consumer = warpgroup - 1;
     const int lane = threadIdx.x % 32;
-    const int warp_in_group_row0 = consumer * Traits::kWarpgroupRows + (threadIdx.x / 32) % 4 * 16;
+    const int warp_in_group = (threadIdx.x / 32) % 4;
+    const int warp_in_group_row0 = consumer * Traits::kWarpgroupRows + warp_in_group * 16;
+    // The thread of each consumer warpgroup that issues its bulk stores of O and
+    // waits for them (a bulk async-group belongs to the thread that commits it).
+    const bool o_issuer = threadIdx.x % 128 == 0;
+    const bool o_staged = Traits::kOStaged && o_by_tma;
+    if (o_staged && o_issuer) prefetch_tensor_map(&tma_o);
 
     // Q (K-major): this warpgroup's 64 rows of each column block. K (K-major)
     // and V (MN-major: keys are the K dimension, the head dim the N dimension,
@@ -275,14 +590,19 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     // by the first warpgroup's last wait, after the last work tile.
     constexpr int kPingPongThreads = 2 * 128;
     constexpr int kTailBarrier = 3;  // after the ping-pong's 1 and 2
+    constexpr int kOBarrier = 4;     // + consumer: a warpgroup's own, around its output tile's writes
     auto before_issue = [&] { named_barrier_sync(1 + consumer, kPingPongThreads); };
     auto after_issue = [&] { named_barrier_arrive(2 - consumer, kPingPongThreads); };
     if (consumer == 1) named_barrier_arrive(1, kPingPongThreads);
 
     const bool tail_is_memory =
         params.cu_seqlens_k != nullptr || params.seqused_k != nullptr || params.block_table != nullptr;
+    // Packed query rows: the rows after a sequence are the next one's (or rows no
+    // sequence owns), inside the tensor map of out, so a bulk store there would
+    // not be clipped at the sequence's end.
+    const bool rows_after_are_others = params.cu_seqlens_q != nullptr || params.seqused_q != nullptr;
     int q_count = 0, tile_count = 0;
-    for (int t = blockIdx.x; t < num_work; t += gridDim.x) {
+    for (int k = 0, t = queue.take(0); t < num_work; t = queue.take(++k)) {
         const Work work(params, t, num_m_blocks);
         if (!work.has_rows) continue;
         const Sequence& seq = work.seq;
@@ -365,7 +685,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         // across the block, once per query tile.
         auto zero_tail_rows_of_v = [&](const StageOf<Traits>& s, int n_block) {
             const int first_row = seq.seqlen_k - n_block * kBlockN;  // of the tile
-            if (!tail_is_memory || first_row >= kBlockN) return;
+            // Gathered keys (KeyCopy::kGather) arrive with those rows zero-filled already.
+            if (!tail_is_memory || key_copy == KeyCopy::kGather || first_row >= kBlockN) return;
             constexpr int kChunksPerRow = kSwizzleBytes / 16;
             const int chunks = (kBlockN - first_row) * kChunksPerRow;
             mbarrier_wait(layout.v_full(s.stage), s.phase);
@@ -450,11 +771,47 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             tile_count += num_tiles;
         }
 
-        // Epilogue: normalise, then each thread writes its rows' LSE and its
-        // pairs of output columns (rows past the sequence, columns past the
-        // head dim stay unwritten).
+        // Epilogue: normalise, write this warpgroup's rows of out, then their LSE
+        // (rows past the sequence and columns past the head dim stay unwritten).
         float lse[2];
         softmax.finalize(o, lse);
+        const int group_row0 = work.m_block * kBlockM + consumer * Traits::kWarpgroupRows;
+        const int group_rows = seq.seqlen_q - group_row0;  // > 0: the warpgroup has min(this, 64) rows to write
+        // The bulk store clips a box only at the tensor map's edges: exact for a
+        // padded batch, whose rows past a sequence's end are outside the map's
+        // (they are the next batch entry's), and for a packed warpgroup whose 64
+        // rows all lie inside its sequence. Its partial warpgroup, once per
+        // sequence, stores from registers. The choice is the same in every lane;
+        // broadcast from lane 0, it is one the compiler knows to be, so that the
+        // warp-collective code under it (stmatrix, bar.sync) does not make it
+        // compile the loop around it for divergent warps (no uniform datapath:
+        // every wgmma descriptor through R2UR).
+        const bool o_by_copy =
+            Traits::kOStaged &&
+            __shfl_sync(0xffffffffu,
+                        o_by_tma && (group_rows >= Traits::kWarpgroupRows || (group_rows > 0 && !rows_after_are_others)),
+                        0);
+        if constexpr (Traits::kOStaged) {
+            if (o_by_copy) {
+                // The warpgroup's previous bulk store has read its rows of the tile
+                // (its issuer waits; the barrier tells the others) before they are
+                // written again.
+                if (o_issuer) bulk_wait_group_read<0>();
+                named_barrier_sync(kOBarrier + consumer, 128);
+                stage_o<Traits>(o, layout.o_group(consumer), warp_in_group, lane);
+                fence_proxy_async_shared();  // the stmatrix writes, visible to the copy engine
+                named_barrier_sync(kOBarrier + consumer, 128);
+                if (o_issuer) {
+#pragma unroll
+                    for (int cb = 0; cb < Traits::kColBlocks; ++cb) {
+                        tma_store_4d(&tma_o, layout.o_group(consumer) + cb * Traits::kOBlockBytes, cb * kSwizzleCols,
+                                     seq.q_start + group_row0, work.head,
+                                     params.cu_seqlens_q == nullptr ? work.batch : 0);
+                    }
+                    bulk_commit_group();
+                }
+            }
+        }
         Element* out = static_cast<Element*>(params.o_ptr) + work.batch * params.o_batch_stride +
                        work.head * params.o_head_stride + static_cast<int64_t>(seq.q_start) * params.o_row_stride;
 #pragma unroll
@@ -465,6 +822,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                 params.lse_ptr[work.batch * params.lse_batch_stride + work.head * params.lse_head_stride +
                                seq.q_start + row] = lse[half];
             }
+            if (o_by_copy) continue;
+            // From registers: each thread its pairs of output columns.
             Element* out_row = out + static_cast<int64_t>(row) * params.o_row_stride;
 #pragma unroll
             for (int j = 0; j < Traits::kNTilesO; ++j) {
@@ -476,6 +835,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             }
         }
     }
+    // The last bulk stores have read the output tile before the block's shared
+    // memory goes, and are complete.
+    if (o_staged && o_issuer) bulk_wait_group<0>();
     if (consumer == 0) before_issue();  // the second warpgroup's last arrival
 }
 

@@ -11,14 +11,29 @@
 
 namespace flash::sm90 {
 
+// key_copy: how paged keys are copied (dispatch.cu: key_copy_for); contiguous
+// keys are copied by TMA whatever it says.
 template <typename Element, int kHeadDim, bool Is_local, bool Has_softcap>
-cudaError_t run_fwd_(const FwdParams& params, cudaStream_t stream) {
+cudaError_t run_fwd_(const FwdParams& params, KeyCopy key_copy, cudaStream_t stream) {
     using Traits = FwdTraitsFor<kHeadDim, Element, Is_local>;
+    if (params.block_table == nullptr) key_copy = KeyCopy::kTma;
     CUtensorMap tma_q{}, tma_k{}, tma_v{};
-    const int box_rows_kv =
-        params.block_table != nullptr ? kv_box_rows(params.page_size, Traits::kBlockN) : Traits::kBlockN;
+    // Gathered keys need no map of k and v (box rows 0).
+    const int box_rows_kv = params.block_table == nullptr ? Traits::kBlockN
+                            : key_copy == KeyCopy::kTma   ? kv_box_rows(params.page_size, Traits::kBlockN)
+                                                          : 0;
+    if (key_copy == KeyCopy::kTma && box_rows_kv == 0) return cudaErrorInvalidValue;  // pages TMA cannot take
     cudaError_t err = make_fwd_tensor_maps(params, Traits::kBlockM, box_rows_kv, &tma_q, &tma_k, &tma_v);
     if (err != cudaSuccess) return err;
+    // O through shared memory and bulk stores where the config has the buffer
+    // for it (kernel_traits.h) and out the alignment a tensor map needs; from
+    // registers otherwise. Each consumer warpgroup stores its own rows.
+    CUtensorMap tma_o{};
+    const bool o_by_tma = Traits::kOStaged && o_tensor_map_fits(params);
+    if (o_by_tma) {
+        err = make_fwd_o_tensor_map(params, Traits::kWarpgroupRows, &tma_o);
+        if (err != cudaSuccess) return err;
+    }
     auto kernel = &fwd_kernel<Traits, Is_local, Has_softcap>;
     // Dynamic shared memory above 48 KB must be opted into per kernel.
     err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes);
@@ -26,20 +41,20 @@ cudaError_t run_fwd_(const FwdParams& params, cudaStream_t stream) {
     const int64_t tiles = static_cast<int64_t>((params.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM) *
                           params.num_heads * params.batch;
     if (tiles == 0) return cudaSuccess;
-    // Query tiles of equal work (no mask that cuts keys): persistent, one block
-    // per SM walking its share, the next tile's loads under this one's
-    // epilogue. Under a causal mask or a window the tiles' work differs, and a
-    // static share leaves some SMs idle at the end (the H100 A/B in NOTES.md):
-    // one block per tile, handed out by the hardware as SMs free up.
-    int blocks = static_cast<int>(tiles);
-    if (!Is_local) {
-        int device = 0, sms = 0;
-        err = cudaGetDevice(&device);
-        if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-        if (err != cudaSuccess) return err;
-        if (sms < blocks) blocks = sms;
-    }
-    kernel<<<blocks, Traits::kNThreads, Traits::kSmemBytes, stream>>>(params, tma_q, tma_k, tma_v);
+    // Persistent: one block per SM (or per tile, when there are fewer), each
+    // drawing query tiles until none is left, the next tile's loads under this
+    // one's epilogue. Tiles of equal work (no mask that cuts keys) are drawn
+    // statically; under a causal mask or a window their work differs, and a
+    // static share leaves SMs idle at the end (NOTES.md): they are drawn from
+    // the call's counter (fwd_counters), as blocks free up.
+    int device = 0, sms = 0;
+    err = cudaGetDevice(&device);
+    if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    if (err != cudaSuccess) return err;
+    const int blocks = static_cast<int>(tiles < sms ? tiles : sms);
+    WorkCounter* counter = Is_local ? reinterpret_cast<WorkCounter*>(params.fwd_counters) : nullptr;
+    kernel<<<blocks, Traits::kNThreads, Traits::kSmemBytes, stream>>>(params, tma_q, tma_k, tma_v, tma_o, o_by_tma,
+                                                                      counter, key_copy);
     return cudaGetLastError();
 }
 

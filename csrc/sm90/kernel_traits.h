@@ -18,9 +18,15 @@ constexpr int kSwizzleAtomBytes = 8 * kSwizzleBytes;
 // The shared memory a block may take on sm_90 (227 KB).
 constexpr int kMaxSmemPerBlock = 227 * 1024;
 
-// CTA: one producer warpgroup (one thread issues every copy; the rest of it
-// exits) and kConsumerWarpgroups consumer warpgroups of 64 query rows each
-// (the M of wgmma), which walk the same key tiles.
+// The registers an SM's 64K give each of kThreads threads at entry (the cap of
+// __launch_bounds__(kThreads, 1), rounded down to the allocation unit of 8):
+// what setmaxnreg redistributes among the warpgroups of a block.
+constexpr int registers_at_entry(int threads) { return 65536 / threads / 8 * 8; }
+
+// CTA: one producer warpgroup (one thread issues every bulk copy and the rest
+// of it exits; or, gathering paged keys, all 128 threads copy) and
+// kConsumerWarpgroups consumer warpgroups of 64 query rows each (the M of
+// wgmma), which walk the same key tiles.
 template <int kHeadDim_, int kBlockN_, typename Element_>
 struct FwdTraits {
     using Element = Element_;  // __half or __nv_bfloat16
@@ -32,7 +38,7 @@ struct FwdTraits {
     static constexpr int kStages = 2;                                     // K and V tiles in flight
     static constexpr int kNThreads = 128 * (1 + kConsumerWarpgroups);
     // setmaxnreg: the producer keeps the minimum, the consumers take the rest
-    // (the 65536 registers of an SM, one block per SM).
+    // of what the block holds at entry (one block per SM).
     static constexpr int kProducerRegs = 40;
     static constexpr int kConsumerRegs = 232;
 
@@ -53,22 +59,48 @@ struct FwdTraits {
     static constexpr int kQBytes = kColBlocks * kQBlockBytes;
     static constexpr int kKVBytes = kColBlocks * kKVBlockBytes;
 
-    // Q, then kStages K tiles, then kStages V tiles, then the mbarriers; the
-    // base is aligned up to an atom at run time (kSmemAlign spare bytes).
+    // O's way out of the block (issue 18). Where the output tile, [kBlockM, kTileCols] in Q's
+    // layout, fits beside Q and the stages (kOStaged), each consumer warpgroup writes its
+    // normalised rows into it (stmatrix, conflict-free in the 128-byte swizzle) and one of its
+    // threads stores them with the bulk tensor copy, a box of kWarpgroupRows x 64 columns per
+    // column block; the buffer is the warpgroup's own, so its epilogue still runs under the other
+    // warpgroup's GEMMs. Elsewhere the consumers store O from registers (the table under
+    // FwdConfig says which configs and why).
+    static constexpr int kOBlockBytes = kBlockM * kSwizzleBytes;
+    static constexpr int kOBytes = kColBlocks * kOBlockBytes;
+    static constexpr int kOGroupBoxBytes = kWarpgroupRows * kSwizzleBytes;  // a warpgroup's box of a column block
+
+    // Q, then kStages K tiles, then kStages V tiles, then (kOStaged) the output tile, then the
+    // mbarriers, the work slots and the addresses of the key rows being gathered (paged keys,
+    // KeyCopy::kGather: a K and a V address per row of a tile); the base is aligned up to an atom
+    // at run time (kSmemAlign spare bytes).
     static constexpr int kSmemQOffset = 0;
     static constexpr int kSmemKOffset = kSmemQOffset + kQBytes;
     static constexpr int kSmemVOffset = kSmemKOffset + kStages * kKVBytes;
-    static constexpr int kSmemBarrierOffset = kSmemVOffset + kStages * kKVBytes;
-    static constexpr int kBarriers = 2 + 4 * kStages;  // Q full and empty; K, V full and empty per stage
+    static constexpr int kSmemOOffset = kSmemVOffset + kStages * kKVBytes;
+    // Q full and empty; K, V full and empty per stage; the work exchange's full and empty per slot.
+    static constexpr int kWorkSlots = 2;  // query tiles handed from the producer to the consumers
+    static constexpr int kBarriers = 2 + 4 * kStages + 2 * kWorkSlots;
     static constexpr int kSmemAlign = kSwizzleAtomBytes;
-    static constexpr int kSmemBytes = kSmemBarrierOffset + 8 * kBarriers + kSmemAlign;
+    static constexpr int kGatherRowBytes = 16;  // a key row's K and V addresses
+    // Past the tiles: the barriers, the work slots (rounded up to 16 bytes), the gathered rows'
+    // addresses and the alignment's spare bytes.
+    static constexpr int kSmemTailBytes =
+        (8 * kBarriers + 4 * kWorkSlots + 15) / 16 * 16 + kBlockN * kGatherRowBytes + kSmemAlign;
+    static constexpr bool kOStaged = kSmemOOffset + kOBytes + kSmemTailBytes <= kMaxSmemPerBlock;
+    static constexpr int kSmemBarrierOffset = kSmemOOffset + (kOStaged ? kOBytes : 0);
+    static constexpr int kSmemWorkOffset = kSmemBarrierOffset + 8 * kBarriers;  // an int per work slot
+    static constexpr int kSmemGatherOffset = (kSmemWorkOffset + 4 * kWorkSlots + 15) / 16 * 16;
+    static constexpr int kSmemBytes = kSmemGatherOffset + kBlockN * kGatherRowBytes + kSmemAlign;
 
     static_assert(kHeadDim % 32 == 0 && kHeadDim <= 256, "head dims 64, 96, 128, 192, 256");
     static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "wgmma N and the k16 steps of P V");
-    static_assert(kQBlockBytes % kSwizzleAtomBytes == 0 && kKVBlockBytes % kSwizzleAtomBytes == 0,
-                  "every column block starts on a swizzle atom");
-    static_assert(kConsumerWarpgroups * 128 * kConsumerRegs + 128 * kProducerRegs <= 65536,
-                  "setmaxnreg: the warpgroups' registers must fit the SM's 64K");
+    static_assert(kQBlockBytes % kSwizzleAtomBytes == 0 && kKVBlockBytes % kSwizzleAtomBytes == 0 &&
+                      kOGroupBoxBytes % kSwizzleAtomBytes == 0,
+                  "every column block (and a warpgroup's box of O) starts on a swizzle atom");
+    static_assert(kConsumerWarpgroups * 128 * kConsumerRegs + 128 * kProducerRegs <=
+                      kNThreads * registers_at_entry(kNThreads),
+                  "setmaxnreg: the warpgroups' registers must fit what the block holds at entry");
     static_assert(kSmemBytes <= kMaxSmemPerBlock, "shared memory over the sm_90 per-block limit");
 };
 
@@ -82,15 +114,53 @@ template <bool Is_local> struct FwdConfig<128, Is_local> { static constexpr int 
 template <bool Is_local> struct FwdConfig<192, Is_local> { static constexpr int kBlockN = Is_local ? 96 : 112; };
 template <bool Is_local> struct FwdConfig<256, Is_local> { static constexpr int kBlockN = 80; };
 
-// Paged keys (block_table): a key tile is copied in boxes of kv_box_rows rows,
-// each inside one page, so that a box's rows are consecutive in memory: the
-// largest common divisor of the page size and the tile height. A tile starts at
-// a multiple of kBlockN, so every box starts at a multiple of the box height,
-// which divides the page size. A box must be whole swizzle atoms (8 rows of
-// 128 bytes), so that each lands on a 1024-byte boundary of the tile, as the
-// swizzle and the wgmma descriptors assume: otherwise 0, and such pages (a
-// size that is not a multiple of 8, e.g. 12 against 96-key tiles) stay with
-// the sm80 family.
+template <int kHeadDim, typename Element, bool Is_local>
+using FwdTraitsFor = FwdTraits<kHeadDim, FwdConfig<kHeadDim, Is_local>::kBlockN, Element>;
+
+// Which configs write O through shared memory (FwdTraits::kOStaged), in KB of
+// the 227 a block may take: Q + two K and two V stages (+ the 1 KB alignment
+// spare, the barriers and the gathered rows' addresses, 16 bytes a key of the
+// tile), and the output tile it would add ("local": a causal
+// mask or a window, Is_local).
+//   d64  (both):        16 + 4 x 16 = 81,  + 16 -> 97: staged
+//   d96  (both):        32 + 4 x 32 = 161, + 32 -> 193: staged (128 columns wide;
+//                       the store clips them at the head dim)
+//   d128 local (N 128): 32 + 4 x 32 = 161, + 32 -> 193: staged
+//   d128 (N 176):       32 + 4 x 44 = 209, + 32 -> 241: direct
+//   d192 local (N 96):  48 + 4 x 36 = 193, + 48 -> 241: direct
+//   d192 (N 112):       48 + 4 x 42 = 217, + 48 -> 265: direct
+//   d256 (N 80):        64 + 4 x 40 = 225, + 64 -> 289: direct
+// No other buffer is free at the epilogue without a cost: Q is the next query
+// tile's as soon as both warpgroups' last S = Q K^T are complete (q_empty), so
+// that its copy runs under this tile's last P V and epilogue (holding it for the
+// store would put that copy back in the open); the K and V stages are the next
+// tile's first keys, and the other warpgroup's last P V may still read the V
+// stage (reusing one takes a barrier across both warpgroups at the epilogue
+// and one more wait of the producer). Nor are the tiles cut for it: d128
+// non-local at 128 (or 160) keys would fit the tile (NOTES.md measured 176 and
+// 128 keys within noise of each other at d128 8k), an A/B left to a GPU run.
+static_assert(FwdTraitsFor<64, void, false>::kOStaged && FwdTraitsFor<64, void, true>::kOStaged &&
+                  FwdTraitsFor<96, void, false>::kOStaged && FwdTraitsFor<96, void, true>::kOStaged &&
+                  FwdTraitsFor<128, void, true>::kOStaged,
+              "the configs the table above stages O for");
+static_assert(!FwdTraitsFor<128, void, false>::kOStaged && !FwdTraitsFor<192, void, false>::kOStaged &&
+                  !FwdTraitsFor<192, void, true>::kOStaged && !FwdTraitsFor<256, void, false>::kOStaged &&
+                  !FwdTraitsFor<256, void, true>::kOStaged,
+              "the configs the table above stores O from registers for");
+
+// The zeroed counters a causal or windowed forward asks for (FwdParams::
+// fwd_counters): its blocks' tile counter (fwd_kernel.cuh: WorkCounter).
+constexpr int kWorkCounterInts = 2;
+
+// Paged keys (block_table) by the bulk tensor copy: a key tile is copied in
+// boxes of kv_box_rows rows, each inside one page, so that a box's rows are
+// consecutive in memory: the largest common divisor of the page size and the
+// tile height. A tile starts at a multiple of kBlockN, so every box starts at a
+// multiple of the box height, which divides the page size. A box must be whole
+// swizzle atoms (8 rows of 128 bytes), so that each lands on a 1024-byte
+// boundary of the tile, as the swizzle and the wgmma descriptors assume:
+// otherwise 0, and such pages (a size that is not a multiple of 8, e.g. 12
+// against 96-key tiles) can only be gathered (KeyCopy::kGather).
 constexpr int kv_box_rows(int page_size, int block_n) {
     int a = page_size, b = block_n;
     while (b != 0) {
@@ -105,7 +175,157 @@ static_assert(kv_box_rows(16, 128) == 16 && kv_box_rows(256, 128) == 128 && kv_b
                   kv_box_rows(4, 64) == 0,
               "boxes of whole swizzle atoms, each inside one page");
 
-template <int kHeadDim, typename Element, bool Is_local>
-using FwdTraitsFor = FwdTraits<kHeadDim, FwdConfig<kHeadDim, Is_local>::kBlockN, Element>;
+// How the forward's producer fills a stage of paged keys and values
+// (fwd_kernel.cuh): kTma, one thread issues a bulk tensor copy per box of
+// kv_box_rows rows (KeyTileSource); kGather, the whole producer warpgroup
+// copies the tile's rows in 16-byte chunks with cp.async, each row's page
+// looked up once per tile (KeyTileGather). Contiguous keys always take kTma
+// (one box per column block). Chosen per call by the host (dispatch.cu).
+enum class KeyCopy : int { kTma = 0, kGather = 1 };
+
+// The automatic choice: the bulk tensor copy where a tile is one box per column
+// block (pages whose size the tile height divides), gathered rows otherwise:
+// many small boxes a tile, each behind a block-table read that the one copying
+// thread waits for, left the consumers waiting for data (19-31% over contiguous
+// keys at pages of 16, NOTES.md), and pages that are not whole swizzle atoms
+// have no boxes at all.
+constexpr bool gathers_keys(int page_size, int block_n) { return kv_box_rows(page_size, block_n) < block_n; }
+static_assert(!gathers_keys(256, 128) && !gathers_keys(128, 128) && gathers_keys(16, 128) && gathers_keys(256, 176) &&
+                  gathers_keys(12, 96) && gathers_keys(1, 64),
+              "one box per column block, or gathered rows");
+
+// The sm90 backward's main kernel (bwd_kernel.cuh): a block owns kBlockN keys of
+// one KV head (64 per consumer warpgroup: the M of its S^T = K Q^T, dP^T = V dO^T,
+// dV += P^T dO and dK += dS^T Q) and walks query tiles of kBlockM rows, two
+// stages of Q and dO deep. dQ = dS K of a step, kBlockM x kHeadDim, belongs to
+// one consumer warpgroup (the dQ owner) as a single wgmma chain of N = 128, so
+// that no warpgroup runs a narrow SS GEMM for it: with kBlockM = 64 (d128) as
+// dQ itself (M = 64 queries, N = the head dim); with kHeadDim = 64 (d64) as its
+// transpose dQ^T = K^T dS^T (M = 64 head-dim columns, N = 128 queries).
+template <int kHeadDim_, int kBlockM_, typename Element_>
+struct BwdTraits {
+    using Element = Element_;  // __half or __nv_bfloat16
+    static constexpr int kHeadDim = kHeadDim_;
+    static constexpr int kBlockM = kBlockM_;  // queries per step
+    static constexpr int kWarpgroupKeys = 64;
+    static constexpr int kConsumerWarpgroups = 2;
+    static constexpr int kBlockN = kConsumerWarpgroups * kWarpgroupKeys;  // keys per block
+    static constexpr int kStages = 2;                                     // Q and dO tiles in flight
+    static constexpr int kNThreads = 128 * (1 + kConsumerWarpgroups);
+    static constexpr int kColBlocks = kHeadDim / kSwizzleCols;  // 64-column blocks of K, V, Q, dO
+    static constexpr int kTileCols = kColBlocks * kSwizzleCols;
+    static constexpr int kKStepsD = kHeadDim / 16;     // k16 steps of S^T and dP^T (over the head dim)
+    static constexpr int kKStepsM = kBlockM / 16;      // of dV and dK (over the step's queries)
+    static constexpr int kKStepsN = kBlockN / 16;      // of dQ (over the block's keys)
+    static constexpr int kNTilesS = kBlockM / 8;       // n8 blocks of a warp's S^T, dP^T fragment
+    static constexpr int kNTilesD = kTileCols / 8;     // of its dK, dV fragment
+    static constexpr int kQueryBlocks = kBlockM / kSwizzleCols;  // 64-query column blocks of dS^T
+
+    // dQ: the owner's accumulator is 64 x kDqN, dQ (rows: queries) or, when
+    // the step has more queries than the head dim has columns, dQ^T (rows:
+    // head-dim columns). It is staged in fp32 as the step's [kBlockM, kTileCols]
+    // tile in kDqBoxes boxes of 32 columns (128-byte rows, the swizzle's width)
+    // for the bulk reduce-add into dq_accum.
+    static constexpr bool kDqTransposed = kBlockM > kTileCols;
+    static constexpr int kDqN = kDqTransposed ? kBlockM : kTileCols;
+    static constexpr int kNTilesDq = kDqN / 8;
+    static constexpr int kDqRows = kBlockM;  // rows of a reduce box: the step's queries
+    static constexpr int kDqBoxCols = kSwizzleBytes / 4;
+    static constexpr int kDqBoxes = kTileCols / kDqBoxCols;
+    static constexpr int kDqBoxBytes = kDqRows * kSwizzleBytes;
+    // The smallest head dim a call runs this kernel at (dispatch.cu:
+    // bwd_head_dim, 33..64 on d64, 65..128 on d128): only a box from that
+    // column on can lie wholly past a call's head dim (dq_box_issued).
+    static constexpr int kMinHeadDim = kHeadDim / 2 + 1;
+
+    // setmaxnreg: the producer warp needs little; the consumers share the
+    // rest. Accumulator registers per thread at each consumer's peak: both
+    // hold dK and dV (kTileCols) and, in a step's scores, S^T and dP^T
+    // (kBlockM); the owner, when it issues dQ behind {dV, dK}, holds dK, dV,
+    // the P^T and dS^T A fragments (kBlockM / 2) and dQ (kDqN / 2): 224 at
+    // d128 against 192, 192 against 192 at d64. The owner takes that
+    // difference over an even split (d128: 256 and 224; d64: 240 each).
+    static constexpr int kDqOwner = 0;  // the consumer warpgroup (0 or 1) that computes dQ
+    static constexpr int kProducerRegs = 24;
+    static constexpr int kKeyPeakRegs = kTileCols + kBlockM;
+    static constexpr int kOwnerPeakRegs =
+        kTileCols + kBlockM / 2 + kDqN / 2 > kKeyPeakRegs ? kTileCols + kBlockM / 2 + kDqN / 2 : kKeyPeakRegs;
+    static constexpr int kConsumerRegsTotal = (1 + kConsumerWarpgroups) * registers_at_entry(kNThreads) - kProducerRegs;
+    static constexpr int kKeyRegs = (kConsumerRegsTotal - (kOwnerPeakRegs - kKeyPeakRegs)) / 2 / 8 * 8;
+    static constexpr int kDqOwnerRegs = kConsumerRegsTotal - kKeyRegs;  // the dQ owner's
+    // Softcap (bwd_kernel.cuh: softcap_chain): where the pass that takes dS^T's
+    // chain factor and P^T's exponents runs, at the end of a step's scores or
+    // at the head of its gradients. The same arithmetic on the same live
+    // registers either way; ptxas fits d64 (S^T and dP^T 64 registers each)
+    // without spills only in the first place (104-164 B of spills in the
+    // second) and d128 only in the second (8 B in the first: a value the
+    // epilogue reads, kept across the loop).
+    static constexpr bool kSoftcapChainInScores = kBlockM == 128;
+    // Deterministic kernels (bwd_kernel.cuh: finish_ds): whether dS^T =
+    // P^T (dP^T - D) is completed at the end of a step's scores rather than at
+    // the head of its gradients, where the default kernels complete it. At
+    // d64 the head of the gradients leaves the deterministic key warpgroup
+    // (240 registers) no margin: ptxas packs P^T for dV while dP^T, D and P^T
+    // are live and spills 12 B there (4 B at the loop's entry with local
+    // softcap); at the end of the scores, with no A fragment live, nothing.
+    // At d128 the end of the scores serialises the wgmma (C7512), the head
+    // of the gradients fits.
+    static constexpr bool kDetDsInScores = kBlockM == 128;
+
+    // Bytes of one column block and of a whole tile.
+    static constexpr int kKVBlockBytes = kBlockN * kSwizzleBytes;  // K, V: kBlockN rows
+    static constexpr int kKVBytes = kColBlocks * kKVBlockBytes;
+    static constexpr int kQBlockBytes = kBlockM * kSwizzleBytes;   // Q, dO: kBlockM rows
+    static constexpr int kQBytes = kColBlocks * kQBlockBytes;
+    static constexpr int kDsBlockBytes = kBlockN * kSwizzleBytes;  // dS^T: kBlockN key rows x 64 queries
+    static constexpr int kDsBytes = kQueryBlocks * kDsBlockBytes;
+    static constexpr int kDqBytes = kDqBoxes * kDqBoxBytes;        // the step's dQ tile, fp32
+
+    // K, V, then kStages Q and dO tiles, two dS^T buffers (a step's and the one
+    // before it, which the owner's dQ may still read), the dQ tile, the row
+    // stats (LSE in base 2 and D per stage), then the mbarriers: K/V full, and
+    // full, stats_full and empty per stage.
+    static constexpr int kDsBuffers = 2;
+    static constexpr int kSmemKOffset = 0;
+    static constexpr int kSmemVOffset = kSmemKOffset + kKVBytes;
+    static constexpr int kSmemQOffset = kSmemVOffset + kKVBytes;
+    static constexpr int kSmemDoOffset = kSmemQOffset + kStages * kQBytes;
+    static constexpr int kSmemDsOffset = kSmemDoOffset + kStages * kQBytes;
+    static constexpr int kSmemDqOffset = kSmemDsOffset + kDsBuffers * kDsBytes;
+    static constexpr int kSmemRowStatsOffset = kSmemDqOffset + kDqBytes;
+    static constexpr int kRowStatsBytes = 2 * kBlockM * 4;  // lse_log2 and D of one stage
+    static constexpr int kSmemBarrierOffset = kSmemRowStatsOffset + kStages * kRowStatsBytes;
+    static constexpr int kBarriers = 1 + 3 * kStages;  // kv_full; per stage full (copies), stats_full, empty
+    static constexpr int kSmemAlign = kSwizzleAtomBytes;
+    static constexpr int kSmemBytes = kSmemBarrierOffset + 8 * kBarriers + kSmemAlign;
+
+    static_assert(kHeadDim == 64 || kHeadDim == 128, "head dims 64 and 128 (the rest up to 128 run padded on them)");
+    static_assert(kBlockM == 64 || kBlockM == 128, "whole 64-query column blocks of dS^T, wgmma N <= 256");
+    static_assert((kDqTransposed ? kTileCols : kBlockM) == 64 && kDqN % 16 == 0 && kDqN <= 256,
+                  "dQ (or dQ^T) is one warpgroup's M = 64 rows by a wgmma N");
+    static_assert(kDqRows <= 256, "a reduce box is at most 256 rows");
+    static_assert(kKVBlockBytes % kSwizzleAtomBytes == 0 && kQBlockBytes % kSwizzleAtomBytes == 0 &&
+                      kDsBlockBytes % kSwizzleAtomBytes == 0 && kDqBoxBytes % kSwizzleAtomBytes == 0 &&
+                      kSmemRowStatsOffset % kSwizzleAtomBytes == 0,
+                  "every swizzled block starts on an atom");
+    static_assert(kConsumerWarpgroups == 2 && (kDqOwner == 0 || kDqOwner == 1),
+                  "one dQ owner and one other consumer warpgroup");
+    static_assert(128 * (kProducerRegs + kDqOwnerRegs + kKeyRegs) <= kNThreads * registers_at_entry(kNThreads) &&
+                      kDqOwnerRegs <= 256 && kDqOwnerRegs % 8 == 0,
+                  "setmaxnreg: the warpgroups' registers must fit what the block holds at entry, 256 at most each");
+    static_assert(kSmemBytes <= kMaxSmemPerBlock, "shared memory over the sm_90 per-block limit");
+};
+
+// Queries per step for each head dim the sm90 backward compiles (BwdTraits);
+// a call's head dim runs on the next one up (dispatch.cu: bwd_head_dim).
+template <int kHeadDim> struct BwdConfig;
+template <> struct BwdConfig<64> { static constexpr int kBlockM = 128; };
+template <> struct BwdConfig<128> { static constexpr int kBlockM = 64; };
+
+template <int kHeadDim, typename Element>
+using BwdTraitsFor = BwdTraits<kHeadDim, BwdConfig<kHeadDim>::kBlockM, Element>;
+static_assert(BwdTraitsFor<128, void>::kDqOwnerRegs == 256 && BwdTraitsFor<128, void>::kKeyRegs == 224 &&
+                  BwdTraitsFor<64, void>::kDqOwnerRegs == 240 && BwdTraitsFor<64, void>::kKeyRegs == 240,
+              "the register split ptxas was checked with (no spills, no C75)");
 
 }  // namespace flash::sm90

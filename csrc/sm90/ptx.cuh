@@ -1,7 +1,7 @@
 // Tiny named wrappers around the Hopper (sm_90a) instructions the sm90 family
-// uses: mbarriers, the bulk tensor copy (TMA), warpgroup MMA (wgmma), register
-// reallocation and the shared-memory matrix descriptors. One PTX instruction
-// (or one fixed idiom) each; the note above each says which.
+// uses: mbarriers, the bulk tensor copy (TMA), per-thread cp.async, warpgroup
+// MMA (wgmma), register reallocation and the shared-memory matrix descriptors.
+// One PTX instruction (or one fixed idiom) each; the note above each says which.
 #pragma once
 
 #include <cuda.h>  // CUtensorMap (a type only: nothing here calls the driver)
@@ -73,6 +73,109 @@ __device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map
         : "memory");
 }
 
+// cp.async.bulk.tensor.4d (shared -> global, tile mode): copies the box at `src`
+// into the tensor of `map` at coordinates (c0 innermost .. c3); elements outside
+// the tensor are not written. Completes in the issuing thread's bulk
+// async-group (commit below).
+__device__ __forceinline__ void tma_store_4d(const CUtensorMap* map, uint32_t src, int c0, int c1, int c2, int c3) {
+    asm volatile(
+        "cp.async.bulk.tensor.4d.global.shared::cta.tile.bulk_group"
+        " [%0, {%1, %2, %3, %4}], [%5];\n" ::"l"(reinterpret_cast<uint64_t>(map)),
+        "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(src)
+        : "memory");
+}
+
+// cp.reduce.async.bulk.tensor.4d (shared -> global, tile mode, add): adds the
+// box at `src` element-wise into the tensor of `map` at coordinates (c0
+// innermost .. c3), atomically per element; elements outside the tensor are
+// skipped. Completes in the issuing thread's bulk async-group (commit below).
+__device__ __forceinline__ void tma_reduce_add_4d(const CUtensorMap* map, uint32_t src, int c0, int c1, int c2,
+                                                  int c3) {
+    asm volatile(
+        "cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group"
+        " [%0, {%1, %2, %3, %4}], [%5];\n" ::"l"(reinterpret_cast<uint64_t>(map)),
+        "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(src)
+        : "memory");
+}
+
+// cp.async.bulk.commit_group: closes this thread's group of bulk copies issued
+// since the last commit.
+__device__ __forceinline__ void bulk_commit_group() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+
+// cp.async.bulk.wait_group.read: waits until at most kPending of this thread's
+// committed groups still read their shared-memory source (it may be rewritten).
+template <int kPending>
+__device__ __forceinline__ void bulk_wait_group_read() {
+    asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(kPending) : "memory");
+}
+
+// cp.async.bulk.wait_group: waits until at most kPending of this thread's
+// committed groups are incomplete (their writes done).
+template <int kPending>
+__device__ __forceinline__ void bulk_wait_group() {
+    asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
+// fence.proxy.async.global: orders this thread's earlier generic-proxy view of
+// global memory (what an acquire made visible to it) before its later bulk
+// copies (async proxy), which would otherwise not be ordered by the acquire.
+__device__ __forceinline__ void fence_proxy_async_global() {
+    asm volatile("fence.proxy.async.global;\n" ::: "memory");
+}
+
+// ---- counters that order blocks (global memory) -------------------------------
+
+// ld.acquire.gpu in a loop, with nanosleep between tries: returns once
+// *counter == value; the writes released before that value was stored are
+// visible to this thread. The back-off starts at kMinNs and doubles up to
+// kMaxNs, which bounds the lag it adds after the release.
+template <int kMinNs = 32, int kMaxNs = 256>
+__device__ __forceinline__ void wait_until_equal(const int* counter, int value) {
+    int ns = kMinNs;
+    while (true) {
+        int seen;
+        asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(seen) : "l"(counter) : "memory");
+        if (seen == value) return;
+        __nanosleep(ns);
+        ns = ns < kMaxNs ? 2 * ns : kMaxNs;
+    }
+}
+
+// red.release.gpu.global.add.s32: adds `value` once this thread's earlier
+// writes (and those it has observed) are visible at GPU scope.
+__device__ __forceinline__ void red_release_add(int* counter, int value) {
+    asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(counter), "r"(value) : "memory");
+}
+
+// st.relaxed.gpu.global.b32: a plain store to a counter that no thread waits on
+// any more (a reset for the next kernel, which the launch boundary orders).
+__device__ __forceinline__ void store_relaxed(int* counter, int value) {
+    asm volatile("st.relaxed.gpu.global.b32 [%0], %1;\n" ::"l"(counter), "r"(value) : "memory");
+}
+
+// ---- per-thread asynchronous copies (cp.async) ---------------------------------
+// wgmma (the async proxy) reads what they write to shared memory only after the
+// issuing thread's cp_async_wait_group, then fence_proxy_async_shared (as for
+// its plain stores), then the barrier that hands the tile over.
+
+// cp.async.cg.shared.global (16 bytes, cached in L2 only): copies 16 bytes from
+// `src` to `dst`, or, with fill_zeros, reads nothing and writes 16 zero bytes
+// (src-size 0).
+__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool fill_zeros) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(fill_zeros ? 0 : 16)
+                 : "memory");
+}
+
+// cp.async.commit_group: closes this thread's group of cp.async issued since the last commit.
+__device__ __forceinline__ void cp_async_commit_group() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+
+// cp.async.wait_group: waits until at most kPending of this thread's committed
+// groups are incomplete (the others' writes are done and visible to it).
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait_group() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
 // ---- warp specialisation ------------------------------------------------------
 
 // setmaxnreg.dec / .inc: hand registers back to the pool (the producer) or take
@@ -95,12 +198,13 @@ __device__ __forceinline__ void claim_registers() {
 // must start 1024-byte aligned (base offset 0). Fields: start address >> 4
 // (bits 0-13), leading byte offset >> 4 (16-29), stride byte offset >> 4
 // (32-45), swizzle mode 1 = 128 B (62-63).
-//   K-major operand (Q, K): the stride offset steps 8 rows (1024 B); the
-//   leading offset is unused (the k16 slice lies within one 128-byte row:
-//   kUnusedLeadingBytes).
-//   MN-major operand (V read transposed): the stride offset steps 8 rows of
-//   the K dimension (1024 B), the leading offset steps 64 columns of the MN
-//   dimension (from one 128-byte-wide column block to the next).
+//   K-major operand (Q, K; the backward's K, V, Q, dO of S^T and dP^T): the
+//   stride offset steps 8 rows (1024 B); the leading offset is unused (the
+//   k16 slice lies within one 128-byte row: kUnusedLeadingBytes).
+//   MN-major operand (V read transposed; the backward's dO, Q, K and its dS^T
+//   tile): the stride offset steps 8 rows of the K dimension (1024 B), the
+//   leading offset steps 64 columns of the MN dimension (from one
+//   128-byte-wide column block to the next); the next k16 step is 16 rows on.
 constexpr uint32_t kUnusedLeadingBytes = 16;
 
 __device__ __forceinline__ uint64_t smem_descriptor_sw128(uint32_t addr, uint32_t leading_bytes,
@@ -130,6 +234,13 @@ __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
 }
 
+// The accumulator fragment of one warp, [1][n8 blocks][4], seen as the flat
+// register list a wgmma of N = 8 * kNTiles columns takes.
+template <int kNTiles>
+__device__ __forceinline__ float (&flat(float (&frag)[1][kNTiles][4]))[kNTiles * 4] {
+    return reinterpret_cast<float(&)[kNTiles * 4]>(frag);
+}
+
 // Pins registers at this point of the program: the compiler may neither read
 // an accumulator before the wgmma_wait that completes it nor move a write after
 // the wgmma that reads it (the asynchronous MMA is invisible to it otherwise).
@@ -149,11 +260,58 @@ __device__ __forceinline__ void pin_registers(uint32_t (&r)[kRows][4]) {
         for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(r[i][j])::"memory");
 }
 
+// The value, through an empty asm: what is derived from it (the descriptors of
+// a GEMM's k16 steps) is computed again at each use rather than hoisted out of
+// a loop and held in registers across it, where registers are scarcer than
+// the few integer adds.
+__device__ __forceinline__ uint64_t recompute_per_use(uint64_t v) {
+    asm volatile("" : "+l"(v));
+    return v;
+}
+
 // ---- generic writes that the async proxy reads ------------------------------
 
 // st.shared.v4 of 16 zero bytes at a shared-memory address.
 __device__ __forceinline__ void store_zero_16(uint32_t addr) {
     asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(addr), "r"(0) : "memory");
+}
+
+// st.shared.b32 / st.shared.f32 / st.shared.v2.f32 at a shared-memory address.
+__device__ __forceinline__ void store_shared_b32(uint32_t addr, uint32_t v) {
+    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+}
+__device__ __forceinline__ void store_shared_f32(uint32_t addr, float v) {
+    asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(addr), "f"(v) : "memory");
+}
+__device__ __forceinline__ void store_shared_f32x2(uint32_t addr, float lo, float hi) {
+    asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(lo), "f"(hi) : "memory");
+}
+
+// st.shared.v2.b64 / ld.shared.b64 at a shared-memory address (16- / 8-byte aligned).
+__device__ __forceinline__ void store_shared_u64x2(uint32_t addr, uint64_t lo, uint64_t hi) {
+    asm volatile("st.shared.v2.b64 [%0], {%1, %2};\n" ::"r"(addr), "l"(lo), "l"(hi) : "memory");
+}
+__device__ __forceinline__ uint64_t load_shared_u64(uint32_t addr) {
+    uint64_t v;
+    asm volatile("ld.shared.b64 %0, [%1];\n" : "=l"(v) : "r"(addr) : "memory");
+    return v;
+}
+
+// ld.shared.v2.f32 at a shared-memory address (8-byte aligned).
+__device__ __forceinline__ float2 load_shared_f32x2(uint32_t addr) {
+    float2 v;
+    asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(addr) : "memory");
+    return v;
+}
+
+// stmatrix.sync.aligned.m8n8.x4.shared.b16: the warp stores four 8 x 8 matrices
+// of 16-bit elements. In matrix j (register rj) lane i holds row i / 4, elements
+// 2 (i % 4) and 2 (i % 4) + 1 (an mma.m16n8 accumulator's pairs, packed);
+// lanes 8j .. 8j + 7 give the shared addresses of matrix j's rows (16 bytes each).
+__device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r0), "r"(r1),
+                 "r"(r2), "r"(r3)
+                 : "memory");
 }
 
 // fence.proxy.async: this thread's earlier shared-memory writes become visible
@@ -171,6 +329,17 @@ __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
+// barrier.sync without .aligned: the same wait, for a barrier whose blocking
+// participants reach it through different barrier instructions (roles
+// compiled apart, e.g. the backward's two consumer warpgroups: bwd_consumer
+// instantiated per role). bar.sync is barrier.sync.aligned, which promises
+// that all of a generation's blocking threads execute the same instruction;
+// compute-sanitizer's synccheck reports "Divergent thread(s) in block" where
+// they do not.
+__device__ __forceinline__ void named_barrier_sync_unaligned(int id, int threads) {
+    asm volatile("barrier.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
 // bar.arrive: counts this warp's arrival at barrier `id` without waiting.
 __device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
     asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
@@ -181,7 +350,8 @@ __device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
 // accumulators, n8 block j at d[4j..4j+3]). `ss`: A and B from shared memory
 // (descriptors), both K-major. `rs`: A from registers (4 x 32 bits: the
 // m16k16 A fragment of mma.m16n8k16), B from shared memory MN-major (the
-// transpose bit). scale_d = 0 overwrites d, 1 accumulates.
+// transpose bit). `ss_mn`: A and B from shared memory, both MN-major (both
+// transpose bits; 16-bit types only). scale_d = 0 overwrites d, 1 accumulates.
 template <int N>
 struct Wgmma;
 
@@ -219,10 +389,10 @@ struct Wgmma;
 
 // SS: the operands after the accumulators are %R (desc_a), %R+1 (desc_b),
 // %R+2 (scale_d); RS: %R..%R+3 (a), %R+4 (desc_b), %R+5 (scale_d); R = N / 2.
-#define FLASH_WGMMA_SS_ASM(N, TYPE, R0, R1, R2)                                                              \
+#define FLASH_WGMMA_SS_ASM(N, TYPE, TRANSPOSE, R0, R1, R2)                                                   \
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" R2 ", 0;\n"                                          \
                  "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TYPE "." TYPE " {" FLASH_ACC_OPERANDS_##N \
-                 "}, %" R0 ", %" R1 ", p, 1, 1, 0, 0;\n}\n"                                                \
+                 "}, %" R0 ", %" R1 ", p, 1, 1, " TRANSPOSE ";\n}\n"                                         \
                  : FLASH_ACC_CONSTRAINTS_##N                                                                \
                  : "l"(desc_a), "l"(desc_b), "r"(scale_d))
 #define FLASH_WGMMA_RS_ASM(N, TYPE, R0, R1, R2, R3, R4, R5)                                                  \
@@ -238,9 +408,18 @@ struct Wgmma;
         __device__ __forceinline__ static void ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b,        \
                                                   int scale_d) {                                              \
             if constexpr (std::is_same_v<Element, __nv_bfloat16>) {                                           \
-                FLASH_WGMMA_SS_ASM(N, "bf16", R0, R1, R2);                                                    \
+                FLASH_WGMMA_SS_ASM(N, "bf16", "0, 0", R0, R1, R2);                                            \
             } else {                                                                                          \
-                FLASH_WGMMA_SS_ASM(N, "f16", R0, R1, R2);                                                     \
+                FLASH_WGMMA_SS_ASM(N, "f16", "0, 0", R0, R1, R2);                                             \
+            }                                                                                                 \
+        }                                                                                                     \
+        template <typename Element>                                                                           \
+        __device__ __forceinline__ static void ss_mn(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b,     \
+                                                     int scale_d) {                                           \
+            if constexpr (std::is_same_v<Element, __nv_bfloat16>) {                                           \
+                FLASH_WGMMA_SS_ASM(N, "bf16", "1, 1", R0, R1, R2);                                            \
+            } else {                                                                                          \
+                FLASH_WGMMA_SS_ASM(N, "f16", "1, 1", R0, R1, R2);                                             \
             }                                                                                                 \
         }                                                                                                     \
         template <typename Element>                                                                           \

@@ -1,8 +1,8 @@
 // The sm90 family's entry points: the Hopper kernels (wgmma, TMA, warp
 // specialisation; sm_90a only). The same table as sm80.h, which the binding
 // calls through api/family.h. What the family's kernels do not serve (serves()
-// below; the backward, the KV cache) runs on the sm80 family on the same GPU:
-// these entry points delegate to flash::sm80::.
+// and serves_bwd() below; the KV cache) runs on the sm80 family on the same
+// GPU: these entry points delegate to flash::sm80::.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -13,16 +13,33 @@ namespace flash::sm90 {
 
 // Whether the sm90 forward kernels serve a call: fp16/bf16, a head dim that
 // rounds to 64, 96, 128, 192 or 256, causal, windowed, softcap, GQA/MQA, any
-// strides the tensor maps can describe, variable lengths. Not: ALiBi, dropout,
-// head dims up to 32, a shared-memory limit under what the kernels need
+// strides the tensor maps can describe, variable lengths, paged keys of any
+// page size (gathered where TMA boxes do not fit; FLASHATTN_SM90_PAGED_COPY=tma
+// sends pages TMA cannot take to sm80, dispatch.cu). Not: ALiBi, dropout, head
+// dims up to 32, a shared-memory limit under what the kernels need
 // (FLASHATTN_MAX_SMEM_PER_BLOCK), broadcast (stride 0) views.
 bool serves(const FwdParams& params);
 
 cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream);
+
+// Whether the sm90 backward serves a call: fp16/bf16, head dims 33..128 (on
+// its d64 and d128 kernels, padded), causal, windowed, softcap, GQA/MQA,
+// deterministic=True, padded batches and variable lengths (cu_seqlens,
+// seqused_q/k, leftpad_k) with strides the tensor maps can describe, in any
+// combination. Not (the sm80 family runs them): ALiBi, dropout (softcap with
+// either included), head dims up to 32 and over 128.
+bool serves_bwd(const BwdParams& params);
 cudaError_t run_bwd(const BwdParams& params, cudaStream_t stream);
+// The scratch a backward call needs (flash.h: BwdWorkspace): dq_accum, and
+// with deterministic=True the semaphores that order the dQ adds; sm80's
+// where the call runs there.
+BwdWorkspace bwd_workspace(const BwdParams& params);
 KvcacheWorkspace plan_kvcache(FwdParams& params, int64_t requested_splits);
 cudaError_t run_kvcache_append(const AppendParams& params, cudaStream_t stream);
 cudaError_t run_fwd_kvcache(const FwdParams& params, cudaStream_t stream);
 int kernel_head_dim(int head_dim);
+// The zeroed counters a forward call needs (FwdParams::fwd_counters): the tile
+// counter of a causal or windowed forward (its blocks draw tiles dynamically).
+int fwd_counters(const FwdParams& params);
 
 }  // namespace flash::sm90

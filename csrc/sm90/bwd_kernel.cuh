@@ -1,0 +1,860 @@
+// The sm90 backward's main kernel: one block per (key tile of kBlockN keys, KV
+// head, batch), warp-specialised. It recomputes each tile's probabilities from
+// Q, K and the forward's LSE and folds them into the gradients (sm80's
+// bwd_kernel.cuh states the algebra):
+//   S^T = K Q^T,  P^T = exp2(S^T * scale_log2 - lse_log2),  dV += P^T dO,
+//   dP^T = V dO^T,  dS^T = P^T * (dP^T - D),  dK += dS^T Q,  dQ += dS K,
+// with D = rowsum(dO * O) from the preprocess; dK takes the softmax scale at
+// the end, dQ in the conversion after this kernel. With softcap (Has_softcap)
+// the scores are the forward's, S^T = tanh(K Q^T * softcap_inner_scale) in the
+// score unit of flash.h, and dS^T takes the cap's chain factor 1 - S^T^2, as
+// in the sm80 backward.
+//
+//   producer warpgroup: one warp stays. Lane 0 copies K and V once, then each
+//     step's Q and dO tiles into kStages stages (TMA, 128-byte swizzle); the
+//     32 lanes load the step's LSE (in base 2) and D into the stage's row-stat
+//     slots. A stage's "full" mbarrier takes the copies' bytes, its
+//     "stats_full" one the 32 lanes' arrivals, its "empty" one an arrival from
+//     every consumer thread.
+//   consumer warpgroups: 64 keys each (the M of wgmma). Per step: S^T and dP^T
+//     (SS wgmma, both operands K-major); P^T and dS^T in registers, re-packed
+//     into A fragments, so that dV and dK are RS wgmma reading dO and Q
+//     MN-major (the transpose bit); dS^T to shared memory. After a barrier of
+//     both warpgroups, one of them (the dQ owner, kernel_traits.h: BwdTraits)
+//     computes the step's whole dQ = dS K from both dS^T halves as one SS
+//     wgmma chain of N = 128 (dQ at d128, dQ^T = K^T dS^T at d64), stages it
+//     in fp32 in shared memory, and one of its threads adds it into dq_accum
+//     by a bulk reduce-add, waited for a step later. The other warpgroup goes
+//     on to the next step's scores meanwhile; the owner takes more registers.
+//
+// The steps are the query tiles that see a key of the block's tile
+// (mask.cuh: query_tile_range), for every query head of the KV head's group:
+// dK and dV of the group sum in registers.
+//
+// Variable-length batches (cu_seqlens_q/k, seqused_q/k, leftpad_k) run on the
+// same blocks: the grid spans the longest sequence's key tiles, and a block
+// whose tile starts past its sequence's keys has no step (no copy, no write).
+// A sequence's rows are packed (its lengths, query tiles and causal diagonal
+// its own: BwdWork), and the rows a tile reads past its sequence are zeroed in
+// shared memory before any wgmma reads them (BwdWork: zeroes_query_rows).
+//
+// Deterministic (Is_deterministic): the adds into a dQ tile happen in a fixed
+// order of key tiles, so that its fp32 sums round the same way on every run. A
+// second warp of the producer warpgroup, the dQ writer, takes over the add from
+// the owner: the owner stages each step's tile and hands it over through two
+// named barriers; the writer waits for the tile's turn on its semaphore in
+// global memory (one per batch, query head and query tile: how many key tiles
+// have added), adds the tile, waits for the add to complete and counts it
+// (bwd_dq_writer). The turn waited for costs the owner nothing while the
+// writer is less than a step behind.
+//
+// A head dim below the kernel's (33..63 on d64, 65..127 on d128) runs padded:
+// the copies read zeros past it (the tensor maps' inner extent is the call's
+// head dim), so the padding adds nothing to the scores, and the padding
+// columns of dK, dV and dQ, zeros, are not written (the epilogue's bound, the
+// reduce-add's tensor map).
+#pragma once
+
+#include <cuda.h>
+
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#include "common/flash.h"
+#include "common/mask.cuh"
+#include "common/ptx.cuh"
+#include "common/softmax.cuh"
+#include "sm90/kernel_traits.h"
+#include "sm90/pipeline.cuh"
+#include "sm90/ptx.cuh"
+
+namespace flash::sm90 {
+
+// The shared-memory addresses of the backward block's tiles and barriers.
+template <typename Traits>
+struct BwdSmem {
+    uint32_t base;  // aligned to a swizzle atom
+
+    __device__ __forceinline__ explicit BwdSmem(const char* smem) {
+        base = aligned_smem_base<Traits::kSmemAlign>(smem);
+    }
+    __device__ __forceinline__ uint32_t k() const { return base + Traits::kSmemKOffset; }
+    __device__ __forceinline__ uint32_t v() const { return base + Traits::kSmemVOffset; }
+    __device__ __forceinline__ uint32_t q(int stage) const { return base + Traits::kSmemQOffset + stage * Traits::kQBytes; }
+    __device__ __forceinline__ uint32_t dout(int stage) const {
+        return base + Traits::kSmemDoOffset + stage * Traits::kQBytes;
+    }
+    __device__ __forceinline__ uint32_t ds(int buffer) const {
+        return base + Traits::kSmemDsOffset + buffer * Traits::kDsBytes;
+    }
+    __device__ __forceinline__ uint32_t dq() const { return base + Traits::kSmemDqOffset; }
+    // float lse_log2[kBlockM], then float dsum[kBlockM], per stage.
+    __device__ __forceinline__ uint32_t lse_log2(int stage) const {
+        return base + Traits::kSmemRowStatsOffset + stage * Traits::kRowStatsBytes;
+    }
+    __device__ __forceinline__ uint32_t dsum(int stage) const { return lse_log2(stage) + Traits::kBlockM * 4; }
+    __device__ __forceinline__ uint32_t barrier(int i) const { return base + Traits::kSmemBarrierOffset + 8 * i; }
+    __device__ __forceinline__ uint32_t kv_full() const { return barrier(0); }
+    __device__ __forceinline__ uint32_t full(int stage) const { return barrier(1 + stage); }
+    __device__ __forceinline__ uint32_t empty(int stage) const { return barrier(1 + Traits::kStages + stage); }
+    __device__ __forceinline__ uint32_t stats_full(int stage) const { return barrier(1 + 2 * Traits::kStages + stage); }
+};
+
+// The byte address of byte `byte_in_row` of row `row` of a block stored in the
+// 128-byte swizzle (the layout TMA writes and wgmma reads, ptx.cuh): rows of
+// 128 bytes whose 16-byte chunks are XOR-permuted by the row's place in its
+// 8-row atom. `block` is atom-aligned.
+__device__ __forceinline__ uint32_t swizzled_address(uint32_t block, int row, int byte_in_row) {
+    return block + row * kSwizzleBytes + ((((byte_in_row >> 4) ^ (row & 7)) << 4) | (byte_in_row & 15));
+}
+
+// Zeroes rows [first_row, kRows) of two tiles (a and b) of Traits::kColBlocks
+// column blocks of kRows rows (block_bytes apart), `threads` threads from
+// `thread`: whole 128-byte rows, which the swizzle only permutes within.
+template <typename Traits, int kRows>
+__device__ __forceinline__ void zero_rows(uint32_t a, uint32_t b, int block_bytes, int first_row, int thread,
+                                          int threads) {
+    constexpr int kChunksPerRow = kSwizzleBytes / 16;
+#pragma unroll 1
+    for (int c = first_row * kChunksPerRow + thread; c < kRows * kChunksPerRow; c += threads) {
+#pragma unroll
+        for (int cb = 0; cb < Traits::kColBlocks; ++cb) {
+            store_zero_16(a + cb * block_bytes + 16 * c);
+            store_zero_16(b + cb * block_bytes + 16 * c);
+        }
+    }
+}
+
+// apply_mask_transposed (mask.cuh) on one warp's S^T fragment [1][kNTiles][4],
+// first key key0 and first query query0, written as compares of a single
+// key-minus-query difference against immediates: the same visibility with a
+// few live registers instead of a bound per column (the d64 tile's 128 score
+// registers leave no room for those).
+template <bool Is_local, int kNTiles>
+__device__ __forceinline__ void mask_transposed(float (&s)[1][kNTiles][4], int key0, int query0, const Window& window,
+                                                int lane) {
+    const int key = key0 + lane / 4;                    // of elements e = 0, 1; e = 2, 3: key + 8
+    const int diff = key - (query0 + (lane % 4) * 2);   // key - query of element [j = 0][e = 0]
+    const int from_begin = diff - window.begin_offset;  // visible iff >= 0 ...
+    const int to_end = window.end_offset - diff;        // ... and > 0 (with the element's offset)
+#pragma unroll
+    for (int j = 0; j < kNTiles; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int offset = (e / 2) * 8 - j * 8 - e % 2;  // the element's key - query, minus diff
+            const bool hidden = key + (e / 2) * 8 >= window.seqlen_k ||
+                                (Is_local && (from_begin + offset < 0 || to_end - offset <= 0));
+            if (hidden) s[0][j][e] = -INFINITY;
+        }
+    }
+}
+
+// The work of a block: its key tile, and the steps (query head, query tile)
+// that the producer and the consumers walk in the same order. A
+// variable-length batch's rows are packed: its tensor maps have one batch
+// entry, the sequence's rows start at q_start / k_start, and the lengths are
+// the sequence's own (seqused_q/k and leftpad_k applied: mask.cuh,
+// varlen_sequence_of), as are the query tiles and the causal diagonal.
+// Deterministic: the grid's x takes the key tiles from the last one, the order
+// in which the dQ of a query tile is added (bwd_dq_writer).
+template <typename Traits, bool Is_local, bool Is_deterministic>
+struct BwdWork {
+    int n_block, head_k, batch;
+    Sequence seq;
+    Window window;
+    QueryTileRange query_tiles;
+    int m_tiles;  // query tiles per query head
+    int steps;    // m_tiles for each of the group's query heads; 0: dK = dV = 0
+
+    __device__ __forceinline__ BwdWork(const BwdParams& params) {
+        n_block = Is_deterministic ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+        head_k = blockIdx.y;
+        batch = blockIdx.z;
+        seq = sequence_of<false>(params, batch);
+        window = window_of(params, seq.seqlen_q, seq.seqlen_k);
+        const int n0 = n_block * Traits::kBlockN;
+        query_tiles = n0 < seq.seqlen_k ? query_tile_range<Traits::kBlockM, Traits::kBlockN>(n0, seq.seqlen_q, window)
+                                        : QueryTileRange{0, 0};
+        m_tiles = query_tiles.m_end - query_tiles.m_begin;
+        steps = params.heads_per_kv_head * m_tiles;
+    }
+    __device__ __forceinline__ int head_of(const BwdParams& params, int t) const {
+        return head_k * params.heads_per_kv_head + t / m_tiles;
+    }
+    __device__ __forceinline__ int m0_of(int t) const { return (query_tiles.m_begin + t % m_tiles) * Traits::kBlockM; }
+    // The batch coordinate in the tensor maps of q, dout and dq_accum (q_batch)
+    // and of k and v (k_batch): 0 for packed rows. These and the tests below
+    // read params where used (a constant load), holding no register across
+    // the main loop.
+    __device__ __forceinline__ int q_batch(const BwdParams& params) const {
+        return params.cu_seqlens_q == nullptr ? batch : 0;
+    }
+    __device__ __forceinline__ int k_batch(const BwdParams& params) const {
+        return params.cu_seqlens_k == nullptr ? batch : 0;
+    }
+    // Rows past a packed sequence are the next sequence's or rows no sequence
+    // uses (past seqused_q/k, past cu_seqlens[-1]), which may hold anything
+    // (NaN, Inf), where the padded layout has the tensor map's zeros. A P^T or
+    // dS^T of 0 does not cancel them in dV += P^T dO, dK += dS^T Q or dQ = dS K
+    // (0 * NaN is NaN), so a tile that reaches past its packed sequence has
+    // those rows zeroed in shared memory before any wgmma reads it: step t's
+    // Q and dO tiles (by the producer), the block's K and V tiles (by the
+    // consumers). Their S^T and dP^T are then 0, P^T is 0 (keys: masked;
+    // queries: lse_log2 = +inf), dS^T = P^T (dP^T - D) is 0, and so are the
+    // rows of the dQ tile past the sequence, which the bulk reduce adds into
+    // the next sequence's rows of dq_accum (an add of zeros: harmless).
+    __device__ __forceinline__ bool zeroes_query_rows(const BwdParams& params, int t) const {
+        return params.cu_seqlens_q != nullptr && m0_of(t) + Traits::kBlockM > seq.seqlen_q;
+    }
+    __device__ __forceinline__ bool zeroes_key_rows(const BwdParams& params) const {
+        return params.cu_seqlens_k != nullptr && (n_block + 1) * Traits::kBlockN > seq.seqlen_k;
+    }
+};
+
+// Whether dQ's reduce box b (kDqBoxCols columns from b * kDqBoxCols) is
+// issued: the copy engine adds nothing outside dq_accum (columns past the
+// head dim, rows past the sequence), and a box wholly past the call's head
+// dim (d65..96 on the d128 kernel) is not issued at all. A box that starts
+// below kMinHeadDim holds a column of every call: no test in the code (b is a
+// constant of the unrolled loop).
+template <typename Traits>
+__device__ __forceinline__ bool dq_box_issued(int b, int head_dim) {
+    return b * Traits::kDqBoxCols < Traits::kMinHeadDim || b * Traits::kDqBoxCols < head_dim;
+}
+
+// Named barriers of the deterministic dQ hand-off between the owner's 128
+// threads and the dQ writer warp (0 is __syncthreads', 1 and 2 are
+// bwd_consumer's): kDqFullBarrier, the step's dQ tile is staged;
+// kDqEmptyBarrier, the writer's add has read it (the owner may restage).
+constexpr int kDqFullBarrier = 3;
+constexpr int kDqEmptyBarrier = 4;
+constexpr int kDqHandoffThreads = 128 + 32;
+
+// The deterministic backward's dQ writer: one warp, whose lane 0 issues. The
+// key tiles that see a query tile add their dQ into it from the last to the
+// first (BwdWork: the grid's order): under a causal mask a larger key tile
+// reaches each of its query tiles after fewer steps (its first query tile
+// comes later), so that this order keeps blocks that run at the same pace
+// from waiting for each other; without a mask every key tile reaches a query
+// tile at the same step, and any order chains them alike.
+// A block's turn is its rank in that order among the key tiles that see the
+// query tile (mask.cuh: key_tile_range, which names exactly the key tiles
+// whose query_tile_range holds it): the count its semaphore must reach.
+//
+// Memory ordering, from one block's add to the next one's: the add completes
+// (bulk wait_group without .read: its writes are done; the PTX ISA follows the
+// completion of a bulk copy with an implicit generic-async proxy fence, so
+// they are visible to the issuing thread) before the release-add on the
+// semaphore; the next block's acquire-load that reads the count makes them
+// visible to its issuing thread, whose async-proxy fence orders them before its
+// own bulk add. The last key tile resets the semaphore to zero instead (no
+// block waits on it any more; the next call is ordered after this kernel).
+//
+// No deadlock: a block waits only for blocks of its (KV head, batch) with
+// larger key tiles, which have smaller blockIdx.x. CUDA dispatches the blocks
+// of a grid in increasing linear index in practice (it does not promise it;
+// FlashAttention-3's deterministic backward relies on the same), so every
+// block waited for is running or done; the block of the last key tile that
+// sees a query tile waits for none, and by induction every wait ends.
+template <typename Traits, bool Is_local>
+__device__ __forceinline__ void bwd_dq_writer(const BwdParams& params, const BwdSmem<Traits>& layout,
+                                              const CUtensorMap* tma_dq_accum) {
+    constexpr int kBlockM = Traits::kBlockM;
+    const BwdWork<Traits, Is_local, /*Is_deterministic=*/true> work(params);
+    if (work.steps == 0) return;
+    const bool issuer = threadIdx.x % 32 == 0;
+    const int m_blocks = (params.seqlen_q + kBlockM - 1) / kBlockM;  // the semaphores' last dimension
+    const int first_head = work.head_of(params, 0);
+    const int end_head = first_head + params.heads_per_kv_head;
+    // The steps in the consumers' order (BwdWork): query heads, then query tiles.
+    for (int head = first_head; head < end_head; ++head) {
+        int* semaphores = params.dq_semaphore + (static_cast<int64_t>(work.batch) * params.num_heads + head) * m_blocks;
+        for (int m_block = work.query_tiles.m_begin; m_block < work.query_tiles.m_end; ++m_block) {
+            const KeyTileRange adders =
+                key_tile_range<kBlockM, Traits::kBlockN>(m_block * kBlockM, work.seq.seqlen_q, work.window);
+            // The turn first, while the owner still computes the tile.
+            if (issuer) {
+                wait_until_equal(semaphores + m_block, adders.n_end - 1 - work.n_block);
+                fence_proxy_async_global();
+            }
+            named_barrier_sync(kDqFullBarrier, kDqHandoffThreads);
+            if (issuer) {
+#pragma unroll
+                for (int b = 0; b < Traits::kDqBoxes; ++b) {
+                    if (!dq_box_issued<Traits>(b, params.head_dim)) break;
+                    tma_reduce_add_4d(tma_dq_accum, layout.dq() + b * Traits::kDqBoxBytes, b * Traits::kDqBoxCols,
+                                      work.seq.q_start + m_block * kBlockM, head, work.q_batch(params));
+                }
+                bulk_commit_group();
+                bulk_wait_group_read<0>();
+            }
+            // No arrival after the last step: the owner stages no tile after it.
+            if (head + 1 < end_head || m_block + 1 < work.query_tiles.m_end) {
+                named_barrier_arrive(kDqEmptyBarrier, kDqHandoffThreads);
+            }
+            if (issuer) {
+                bulk_wait_group<0>();
+                if (work.n_block == adders.n_begin) {
+                    store_relaxed(semaphores + m_block, 0);
+                } else {
+                    red_release_add(semaphores + m_block, 1);
+                }
+            }
+        }
+    }
+}
+
+// A consumer warpgroup's whole work: its 64 keys' S^T, dP^T, dV and dK over
+// every step and, for the dQ owner (kOwnsDq), each step's whole dQ = dS K from
+// both warpgroups' dS^T, which it stages in fp32 and adds into dq_accum by the
+// copy engine (deterministic: hands to the dQ writer). Its place among the
+// consumers (its keys in the block's tile) follows from the role, at compile
+// time: the descriptors and addresses derived from it are then warp-uniform,
+// and can live in uniform registers.
+template <typename Traits, bool Is_local, bool Has_softcap, bool Is_deterministic, bool kOwnsDq>
+__device__ __forceinline__ void bwd_consumer(const BwdParams& params, const BwdSmem<Traits>& layout,
+                                             const CUtensorMap* tma_dq_accum) {
+    using Element = typename Traits::Element;
+    constexpr int kBlockM = Traits::kBlockM;
+    constexpr int kBlockN = Traits::kBlockN;
+    constexpr int consumer = kOwnsDq ? Traits::kDqOwner : 1 - Traits::kDqOwner;
+
+    const BwdWork<Traits, Is_local, Is_deterministic> work(params);
+    const int n0 = work.n_block * kBlockN;
+    const int thread_in_group = threadIdx.x % 128;
+    const int lane = threadIdx.x % 32;
+    const int warp_in_group = thread_in_group / 32;
+    const int warp_key0 = consumer * Traits::kWarpgroupKeys + warp_in_group * 16;  // this warp's first key in the tile
+    // Named barriers: 0 is __syncthreads'. kDsBarrier: both consumer
+    // warpgroups' dS^T are in shared memory (the owner's dQ reads both; the
+    // other warpgroup's next dS^T store waits for the owner's dQ of two steps
+    // ago through it). kDqBarrier: the owner's dQ tile is staged for the bulk
+    // reduce. kKeyRowsBarrier: the K and V rows past a packed sequence are
+    // zeroed (BwdWork), once per block.
+    constexpr int kDsBarrier = 1;
+    constexpr int kDqBarrier = 2;
+    constexpr int kKeyRowsBarrier = 5;  // after the deterministic hand-off's 3 and 4
+    constexpr int kConsumerThreads = Traits::kConsumerWarpgroups * 128;
+    // Where dS^T is completed: the head of the gradients, or the end of the
+    // scores (kernel_traits.h: kDetDsInScores).
+    constexpr bool kDsInScores = Is_deterministic && Traits::kDetDsInScores;
+
+    float dk[1][Traits::kNTilesD][4];
+    float dv[1][Traits::kNTilesD][4];
+#pragma unroll
+    for (int j = 0; j < Traits::kNTilesD; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dk[0][j][e] = dv[0][j][e] = 0.f;
+
+    // Descriptors that do not move with the stage. S^T and dP^T: this
+    // warpgroup's 64 rows of K and V (K-major). dQ: all of K read MN-major
+    // (keys are the K dimension), its 64-column blocks kKVBlockBytes apart.
+    const uint64_t k_desc = smem_descriptor_sw128(layout.k() + consumer * Traits::kWarpgroupKeys * kSwizzleBytes,
+                                                  kUnusedLeadingBytes, kSwizzleAtomBytes);
+    const uint64_t v_desc = smem_descriptor_sw128(layout.v() + consumer * Traits::kWarpgroupKeys * kSwizzleBytes,
+                                                  kUnusedLeadingBytes, kSwizzleAtomBytes);
+    const uint64_t k_mn_desc = smem_descriptor_sw128(layout.k(), Traits::kKVBlockBytes, kSwizzleAtomBytes);
+
+    // The steps of one query tile, named.
+    // A transposed score tile, one wgmma group: acc = X Y^T for this
+    // warpgroup's 64 rows of X (K or V: x_desc) and the stage's tile of Y (Q or
+    // dO at y_tile), both K-major over the head dim. S^T = K Q^T, dP^T = V dO^T.
+    auto issue_scores = [&](float (&acc)[1][Traits::kNTilesS][4], uint64_t x_desc, uint32_t y_tile) {
+        const uint64_t y_desc = smem_descriptor_sw128(y_tile, kUnusedLeadingBytes, kSwizzleAtomBytes);
+        x_desc = recompute_per_use(x_desc);
+        wgmma_fence();
+#pragma unroll
+        for (int k = 0; k < Traits::kKStepsD; ++k) {
+            // k16 step k: 32 bytes into a 128-byte row, column block k / 4.
+            const uint32_t offset_x = (k / 4) * Traits::kKVBlockBytes + (k % 4) * 32;
+            const uint32_t offset_y = (k / 4) * Traits::kQBlockBytes + (k % 4) * 32;
+            Wgmma<kBlockM>::template ss<Element>(flat(acc), advance_descriptor(x_desc, offset_x),
+                                                 advance_descriptor(y_desc, offset_y), /*scale_d=*/k > 0);
+        }
+        wgmma_commit();
+    };
+    // A fragment of a transposed score tile (rows: keys, columns: queries)
+    // re-packed into the A fragments of the k16 steps over the queries: step k
+    // holds n8 blocks 2k and 2k + 1.
+    auto pack = [&](uint32_t (&a)[Traits::kKStepsM][4], const float (&frag)[1][Traits::kNTilesS][4]) {
+#pragma unroll
+        for (int k = 0; k < Traits::kKStepsM; ++k) {
+            a[k][0] = pack2<Element>(frag[0][2 * k][0], frag[0][2 * k][1]);
+            a[k][1] = pack2<Element>(frag[0][2 * k][2], frag[0][2 * k][3]);
+            a[k][2] = pack2<Element>(frag[0][2 * k + 1][0], frag[0][2 * k + 1][1]);
+            a[k][3] = pack2<Element>(frag[0][2 * k + 1][2], frag[0][2 * k + 1][3]);
+        }
+    };
+    // dS^T into shared memory for dQ: rows are the tile's keys, 128-byte rows of
+    // 64 queries per column block (the layout wgmma reads MN-major). A fragment
+    // register holds the pair of queries (2 * (lane % 4)) + {0, 1} of n8 block j,
+    // for key row lane / 4 (+ 8).
+    auto store_ds = [&](const uint32_t (&a)[Traits::kKStepsM][4], uint32_t ds_smem) {
+#pragma unroll
+        for (int k = 0; k < Traits::kKStepsM; ++k) {
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+                const int key = warp_key0 + lane / 4 + (r % 2) * 8;
+                const int query = (2 * k + r / 2) * 8 + (lane % 4) * 2;
+                const uint32_t block = ds_smem + (query / kSwizzleCols) * Traits::kDsBlockBytes;
+                store_shared_b32(swizzled_address(block, key, (query % kSwizzleCols) * 2), a[k][r]);
+            }
+        }
+    };
+    // The step's dQ, one wgmma group over the block's 128 keys, both operands
+    // MN-major: dQ = dS K (A: dS^T read transposed, B: K read transposed) or,
+    // with more queries than head-dim columns, dQ^T = K^T dS^T (A: K, B: dS^T),
+    // so that N is 128 either way.
+    auto issue_dq = [&](float (&dq)[1][Traits::kNTilesDq][4], uint32_t ds_smem) {
+        const uint64_t ds_mn_desc = smem_descriptor_sw128(ds_smem, Traits::kDsBlockBytes, kSwizzleAtomBytes);
+        const uint64_t k_mn = recompute_per_use(k_mn_desc);
+        wgmma_fence();
+#pragma unroll
+        for (int k = 0; k < Traits::kKStepsN; ++k) {
+            const uint64_t ds_k = advance_descriptor(ds_mn_desc, k * 16 * kSwizzleBytes);
+            const uint64_t k_k = advance_descriptor(k_mn, k * 16 * kSwizzleBytes);
+            const uint64_t a_k = Traits::kDqTransposed ? k_k : ds_k;
+            const uint64_t b_k = Traits::kDqTransposed ? ds_k : k_k;
+            Wgmma<Traits::kDqN>::template ss_mn<Element>(flat(dq), a_k, b_k, /*scale_d=*/k > 0);
+        }
+        wgmma_commit();
+    };
+    // The dQ tile into shared memory as the step's [kBlockM, kTileCols] rows,
+    // kDqBoxes boxes of 32 fp32 columns, each in the 128-byte swizzle (the box
+    // the tensor map reduces). A thread's accumulator rows are 16 * warp +
+    // lane / 4 (+ 8), its columns j * 8 + 2 * (lane % 4) + {0, 1}: queries and
+    // head-dim columns, pairs of one row stored together; for dQ^T the other
+    // way round, each element alone (its pair lies in two rows of the tile).
+    auto store_dq = [&](const float (&dq)[1][Traits::kNTilesDq][4]) {
+        const uint32_t tile = layout.dq();
+#pragma unroll
+        for (int j = 0; j < Traits::kNTilesDq; ++j) {
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+                const int acc_row = warp_in_group * 16 + lane / 4 + half * 8;
+                const int acc_col = j * 8 + (lane % 4) * 2;
+                if constexpr (Traits::kDqTransposed) {
+                    const uint32_t box = tile + (acc_row / Traits::kDqBoxCols) * Traits::kDqBoxBytes;
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        store_shared_f32(swizzled_address(box, acc_col + e, (acc_row % Traits::kDqBoxCols) * 4),
+                                         dq[0][j][2 * half + e]);
+                    }
+                } else {
+                    const uint32_t box = tile + (acc_col / Traits::kDqBoxCols) * Traits::kDqBoxBytes;
+                    store_shared_f32x2(swizzled_address(box, acc_row, (acc_col % Traits::kDqBoxCols) * 4),
+                                       dq[0][j][2 * half], dq[0][j][2 * half + 1]);
+                }
+            }
+        }
+    };
+    // Softcap: the scores in the score unit, tanh(q.k * softcap_inner_scale),
+    // as the forward caps them (extras.cuh: apply_score_extras).
+    auto cap_scores = [&](float (&s)[1][Traits::kNTilesS][4]) {
+#pragma unroll
+        for (int j = 0; j < Traits::kNTilesS; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[0][j][e] = tanhf(s[0][j][e] * params.softcap_inner_scale);
+    };
+    // Softcap, once dP^T is complete: dP^T - D times the cap's 1 - tanh^2
+    // (sm80's chain factor, taken before P^T rather than after it), and the
+    // capped scores turned into P^T's exponents, s * scale_log2 - lse_log2,
+    // both in place: a score's exponential and its factor are never live
+    // together, nor is a second fragment (kBlockM / 2 registers a thread).
+    // gradients() finishes with p = exp2 and dS^T *= p. A masked score is
+    // -inf: its exponent -inf (p = 0) and its factor, -inf unclamped (0 * -inf
+    // = NaN), 0; every other |tanh| <= 1 leaves the clamp exact.
+    auto softcap_chain = [&](int stage, float (&s)[1][Traits::kNTilesS][4], float (&dp)[1][Traits::kNTilesS][4]) {
+        const uint32_t dsum_row = layout.dsum(stage) + 8 * (lane % 4);
+        const uint32_t lse_row = layout.lse_log2(stage) + 8 * (lane % 4);
+#pragma unroll
+        for (int j = 0; j < Traits::kNTilesS; ++j) {
+            const float2 d = load_shared_f32x2(dsum_row + 32 * j);
+            const float2 lse = load_shared_f32x2(lse_row + 32 * j);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const float capped = s[0][j][e];
+                dp[0][j][e] = (dp[0][j][e] - (e % 2 ? d.y : d.x)) * fmaxf(fmaf(-capped, capped, 1.f), 0.f);
+                s[0][j][e] = fmaf(capped, params.softmax_scale_log2, -(e % 2 ? lse.y : lse.x));
+            }
+        }
+    };
+    // dS^T = P^T * (dP^T - D), in place of dP^T, and P^T in place of S^T
+    // (softcap: from the exponents softcap_chain left in S^T, and dS^T = P^T
+    // times what it left in dP^T).
+    auto finish_ds = [&](int stage, float (&s)[1][Traits::kNTilesS][4], float (&dp)[1][Traits::kNTilesS][4]) {
+        if constexpr (Has_softcap) {
+#pragma unroll
+            for (int i = 0; i < Traits::kNTilesS * 4; ++i) {
+                flat(s)[i] = exp2_approx(flat(s)[i]);
+                flat(dp)[i] *= flat(s)[i];
+            }
+        } else {
+            const uint32_t dsum_row = layout.dsum(stage) + 8 * (lane % 4);
+#pragma unroll
+            for (int j = 0; j < Traits::kNTilesS; ++j) {
+                const float2 d = load_shared_f32x2(dsum_row + 32 * j);
+#pragma unroll
+                for (int e = 0; e < 4; ++e) dp[0][j][e] = s[0][j][e] * (dp[0][j][e] - (e % 2 ? d.y : d.x));
+            }
+        }
+    };
+    // Every thread arrives for its own reads of the stage (the row stats by
+    // plain loads; its warp's wgmma reads are complete by then). One arrival
+    // per warp after __syncwarp orders the lanes' reads as well under the PTX
+    // memory model, but compute-sanitizer's racecheck does not follow that
+    // chain and reports each later store of the producer as a hazard (NOTES.md).
+    auto release = [&](uint32_t empty) { mbarrier_arrive(empty); };
+
+    // Step t's P^T and dP^T, entered with its S^T and dP^T in flight (the only
+    // wgmma groups pending) and left with both complete, no wgmma pending
+    // (kDsInScores: dS^T complete in place of dP^T).
+    auto scores = [&](int t, float (&s)[1][Traits::kNTilesS][4], float (&dp)[1][Traits::kNTilesS][4]) {
+        const StageOf<Traits> st(t);
+        const int m0 = work.m0_of(t);
+        // P^T = exp2(S^T * scale_log2 - lse_log2) while dP^T runs. Masked only
+        // where some query of the tile misses some key (the causal diagonal,
+        // window edges, the sequence's last key tile): the mask's keys and the
+        // keys past the sequence (whose zero rows would score 0, and exp2(0 -
+        // lse) can overflow 16 bits) are hidden; queries past it have lse_log2
+        // = +inf, so p = 0. The branch holds element-wise work on completed
+        // registers only, no wgmma issue or wait. A thread's columns are the
+        // queries j * 8 + 2 * (lane % 4) + {0, 1}. Softcap: the scores are
+        // capped before the mask (as in the forward) and left capped while
+        // dP^T runs (softcap_chain takes P^T from them later, with dS^T's
+        // chain factor).
+        wgmma_wait<1>();
+        pin_registers(flat(s));
+        if constexpr (Has_softcap) cap_scores(s);
+        mbarrier_wait(layout.stats_full(st.stage), st.phase);
+        if (!tile_is_full<kBlockM, kBlockN>(m0, n0, work.seq.seqlen_q, work.window)) {
+            mask_transposed<Is_local>(s, n0 + warp_key0, m0, work.window, lane);
+        }
+        if constexpr (!Has_softcap) {
+            const uint32_t lse_row = layout.lse_log2(st.stage) + 8 * (lane % 4);
+#pragma unroll
+            for (int j = 0; j < Traits::kNTilesS; ++j) {
+                const float2 lse = load_shared_f32x2(lse_row + 32 * j);
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    s[0][j][e] = exp2_approx(fmaf(s[0][j][e], params.softmax_scale_log2, -(e % 2 ? lse.y : lse.x)));
+                }
+            }
+        }
+        wgmma_wait<0>();
+        pin_registers(flat(dp));
+        if constexpr (Has_softcap && Traits::kSoftcapChainInScores) softcap_chain(st.stage, s, dp);
+        if constexpr (kDsInScores) finish_ds(st.stage, s, dp);
+    };
+
+    // Step t from its P^T and dP^T up to {dV, dK} and the dS barrier, entered
+    // with no wgmma pending and left with {dV, dK} in flight (the owner issues
+    // dQ behind them). The A fragments are the caller's: they must stay
+    // unchanged until {dV, dK} completes.
+    auto gradients = [&](int t, float (&s)[1][Traits::kNTilesS][4], float (&dp)[1][Traits::kNTilesS][4],
+                         uint32_t (&p_frag)[Traits::kKStepsM][4], uint32_t (&ds_frag)[Traits::kKStepsM][4]) {
+        const StageOf<Traits> st(t);
+        const uint32_t ds_smem = layout.ds(t % Traits::kDsBuffers);
+        // dS^T (finish_ds, unless the scores completed it: kDsInScores); then
+        // P^T and dS^T are re-packed for dV and dK (P^T only now: its fp32
+        // values and its fragments are not live together).
+        if constexpr (Has_softcap && !Traits::kSoftcapChainInScores) softcap_chain(st.stage, s, dp);
+        if constexpr (!kDsInScores) finish_ds(st.stage, s, dp);
+        pack(p_frag, s);
+        pack(ds_frag, dp);
+
+        // dV += P^T dO, then dK += dS^T Q (queries are the K dimension: dO and
+        // Q read MN-major, 16 rows per k16 step). dS^T goes to shared memory
+        // while dV runs, before dK is issued: the registers of an A fragment
+        // may not be read while a wgmma that takes them is in flight.
+        const uint64_t do_mn_desc = recompute_per_use(
+            smem_descriptor_sw128(layout.dout(st.stage), Traits::kQBlockBytes, kSwizzleAtomBytes));
+        const uint64_t q_mn_desc =
+            recompute_per_use(smem_descriptor_sw128(layout.q(st.stage), Traits::kQBlockBytes, kSwizzleAtomBytes));
+        wgmma_fence();
+#pragma unroll
+        for (int k = 0; k < Traits::kKStepsM; ++k) {
+            Wgmma<Traits::kTileCols>::template rs<Element>(
+                flat(dv), p_frag[k], advance_descriptor(do_mn_desc, k * 16 * kSwizzleBytes), /*scale_d=*/1);
+        }
+        // The owner's previous dQ reduce has read the staged tile (its issuer
+        // waits before the barrier that all the warpgroup passes before
+        // restaging it). dS^T is written where the dQ GEMM of two steps ago
+        // read: the owner waited for it before the previous step's barrier.
+        // Deterministic: the owner issues no bulk copy, so this wait returns
+        // at once, and reduce_dq waits for the dQ writer's read instead; the
+        // wait stays because ptxas, without this branch, spills the d64
+        // owner (20 bytes).
+        if constexpr (kOwnsDq) {
+            if (thread_in_group == 0) bulk_wait_group_read<0>();
+        }
+        store_ds(ds_frag, ds_smem);
+        wgmma_fence();
+#pragma unroll
+        for (int k = 0; k < Traits::kKStepsM; ++k) {
+            Wgmma<Traits::kTileCols>::template rs<Element>(
+                flat(dk), ds_frag[k], advance_descriptor(q_mn_desc, k * 16 * kSwizzleBytes), /*scale_d=*/1);
+        }
+        wgmma_commit();
+        fence_proxy_async_shared();  // the stores are read by wgmma (async proxy) after the barrier
+        named_barrier_sync_unaligned(kDsBarrier, kConsumerThreads);
+    };
+
+    // dV and dK of step t are complete: the stage's Q and dO (and its row
+    // stats, read above) are free, and so are the fragments.
+    auto gradients_done = [&](int t, uint32_t (&p_frag)[Traits::kKStepsM][4], uint32_t (&ds_frag)[Traits::kKStepsM][4]) {
+        pin_registers(flat(dv));
+        pin_registers(flat(dk));
+        pin_registers(p_frag);
+        pin_registers(ds_frag);
+        release(layout.empty(StageOf<Traits>(t).stage));
+    };
+
+    // Step t's dQ into dq_accum, once its GEMM is complete: the owner stages
+    // the tile (store_dq) and one thread adds it by the copy engine
+    // (deterministic: the dQ writer adds it, once the previous tile is read).
+    auto reduce_dq = [&](int t, float (&dq)[1][Traits::kNTilesDq][4]) {
+        pin_registers(flat(dq));
+        if constexpr (Is_deterministic) {
+            if (t > 0) named_barrier_sync(kDqEmptyBarrier, kDqHandoffThreads);
+        }
+        store_dq(dq);
+        fence_proxy_async_shared();  // the stores are read by the bulk reduce (async proxy)
+        if constexpr (Is_deterministic) {
+            named_barrier_arrive(kDqFullBarrier, kDqHandoffThreads);
+            return;
+        }
+        named_barrier_sync(kDqBarrier, 128);
+        if (thread_in_group == 0) {
+#pragma unroll
+            for (int b = 0; b < Traits::kDqBoxes; ++b) {
+                if (!dq_box_issued<Traits>(b, params.head_dim)) break;
+                tma_reduce_add_4d(tma_dq_accum, layout.dq() + b * Traits::kDqBoxBytes, b * Traits::kDqBoxCols,
+                                  work.seq.q_start + work.m0_of(t), work.head_of(params, t), work.q_batch(params));
+            }
+            bulk_commit_group();
+        }
+    };
+
+    // Step t's Q and dO tiles are in shared memory: the copies have landed
+    // and, for packed rows, the producer's zeros past the sequence too
+    // (BwdWork), which it stores before its arrival on stats_full. Every
+    // packed step waits for stats_full, not just those it zeroes: the test
+    // stays a constant's (no division by m_tiles before the issue), and the
+    // row stats are stored a stage ahead.
+    auto wait_tiles = [&](int t) {
+        const StageOf<Traits> st(t);
+        mbarrier_wait(layout.full(st.stage), st.phase);
+        if (params.cu_seqlens_q != nullptr) mbarrier_wait(layout.stats_full(st.stage), st.phase);
+    };
+
+    // Software pipeline across steps, per warpgroup: the owner's dQ GEMM goes
+    // in behind {dV, dK}, so that its tensor cores have queued work while it
+    // waits for them and releases the stage; the next step's S^T and dP^T go in
+    // once the registers of this step's are free: after {dV, dK} (the other
+    // warpgroup), after dQ is staged (the owner). Earlier, dK, dV, the A
+    // fragments or dQ, and S^T do not fit together (ptxas serialises the wgmma
+    // at d128: C7512; spills at d64). The two warpgroups overlap each other
+    // instead: while the owner runs dQ and stages it, the other computes the
+    // next step's scores. The loop turns where nothing is in flight (the next
+    // step's P^T and dP^T complete): with wgmma groups pending across the back
+    // edge, ptxas serialises them (C7514). The first step's scores and the last
+    // step's gradients (no next scores) are peeled, so every wgmma issued meets
+    // its wait on every path.
+    if (work.steps > 0) {
+        float s[1][Traits::kNTilesS][4];   // S^T, then P^T
+        float dp[1][Traits::kNTilesS][4];  // dP^T, then dS^T
+        float dq[1][Traits::kNTilesDq][4];  // the owner's dQ (or dQ^T); unused by the other
+        mbarrier_wait(layout.kv_full(), 0);
+        if (work.zeroes_key_rows(params)) {  // uniform across both consumer warpgroups
+            const int first_row = work.seq.seqlen_k - n0;
+            const int thread = threadIdx.x - 128;
+            zero_rows<Traits, kBlockN>(layout.k(), layout.v(), Traits::kKVBlockBytes, first_row, thread,
+                                       kConsumerThreads);
+            fence_proxy_async_shared();  // the zeros are read by wgmma (async proxy) after the barrier
+            named_barrier_sync_unaligned(kKeyRowsBarrier, kConsumerThreads);
+        }
+        wait_tiles(0);
+        issue_scores(s, k_desc, layout.q(0));
+        issue_scores(dp, v_desc, layout.dout(0));
+        scores(0, s, dp);
+        // Step t from P^T and dP^T to {dV, dK} complete (the stage released)
+        // and, for the owner, its dQ GEMM in flight.
+        auto step_gradients = [&](int t) {
+            uint32_t p_frag[Traits::kKStepsM][4];
+            uint32_t ds_frag[Traits::kKStepsM][4];
+            gradients(t, s, dp, p_frag, ds_frag);
+            if constexpr (kOwnsDq) {
+                issue_dq(dq, layout.ds(t % Traits::kDsBuffers));
+                wgmma_wait<1>();  // {dV, dK}; dQ runs on
+            } else {
+                wgmma_wait<0>();
+            }
+            gradients_done(t, p_frag, ds_frag);
+        };
+        for (int t = 0; t + 1 < work.steps; ++t) {
+            const StageOf<Traits> next(t + 1);
+            step_gradients(t);
+            wait_tiles(t + 1);
+            if constexpr (kOwnsDq) {
+                wgmma_wait<0>();
+                reduce_dq(t, dq);
+            }
+            issue_scores(s, k_desc, layout.q(next.stage));
+            issue_scores(dp, v_desc, layout.dout(next.stage));
+            scores(t + 1, s, dp);
+        }
+        step_gradients(work.steps - 1);
+        if constexpr (kOwnsDq) {
+            wgmma_wait<0>();
+            reduce_dq(work.steps - 1, dq);
+            // The last reduce is complete before the block (and its shared
+            // memory) is gone (deterministic: the writer waits for its own).
+            if (!Is_deterministic && thread_in_group == 0) bulk_wait_group<0>();
+        }
+    }
+
+    // Epilogue: dK takes the softmax scale; each thread writes its pairs of
+    // columns of its two key rows (rows past the sequence, columns past the
+    // head dim stay unwritten).
+    Element* dk_out = static_cast<Element*>(params.dk_ptr) + work.batch * params.dk_batch_stride +
+                      work.head_k * params.dk_head_stride;
+    Element* dv_out = static_cast<Element*>(params.dv_ptr) + work.batch * params.dv_batch_stride +
+                      work.head_k * params.dv_head_stride;
+    // This thread's first key in the tile, recomputed from the thread index
+    // here rather than held across the main loop.
+    const int epilogue_thread = opaque(static_cast<int>(threadIdx.x)) % 128;
+    const int epilogue_key0 =
+        consumer * Traits::kWarpgroupKeys + epilogue_thread / 32 * 16 + epilogue_thread % 32 / 4;
+    // Softcap: the sequence (its k_start and seqlen_k: for packed rows, loads
+    // of cu_seqlens_k, seqused_k, leftpad_k) and the thread's column pair are
+    // derived again here too. Held across the main loop, they tip the d128
+    // key warpgroup (224 registers) into spills in the last step's softcap
+    // pass (ptxas: 8-12 B). Without softcap they stay held: no spill, and no
+    // second read of the sequence's bounds.
+    const Sequence seq = Has_softcap ? sequence_of<false>(params, opaque(work.batch)) : work.seq;
+    const int column_lane = Has_softcap ? epilogue_thread : lane;  // the pair is (column_lane % 4) * 2 + {0, 1}
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        const int key = n0 + epilogue_key0 + half * 8;
+        if (key >= seq.seqlen_k) continue;
+        Element* dk_row = dk_out + static_cast<int64_t>(seq.k_start + key) * params.dk_row_stride;
+        Element* dv_row = dv_out + static_cast<int64_t>(seq.k_start + key) * params.dv_row_stride;
+#pragma unroll
+        for (int j = 0; j < Traits::kNTilesD; ++j) {
+            const int col = j * 8 + (column_lane % 4) * 2;
+            if (col < params.head_dim) {
+                *reinterpret_cast<uint32_t*>(dk_row + col) =
+                    pack2<Element>(dk[0][j][2 * half] * params.softmax_scale, dk[0][j][2 * half + 1] * params.softmax_scale);
+                *reinterpret_cast<uint32_t*>(dv_row + col) = pack2<Element>(dv[0][j][2 * half], dv[0][j][2 * half + 1]);
+            }
+        }
+    }
+}
+
+template <typename Traits, bool Is_local, bool Has_softcap, bool Is_deterministic>
+__global__ void __launch_bounds__(Traits::kNThreads, 1)
+    bwd_kernel(const __grid_constant__ BwdParams params, const __grid_constant__ CUtensorMap tma_q,
+               const __grid_constant__ CUtensorMap tma_k, const __grid_constant__ CUtensorMap tma_v,
+               const __grid_constant__ CUtensorMap tma_do, const __grid_constant__ CUtensorMap tma_dq_accum) {
+    constexpr int kBlockM = Traits::kBlockM;
+    constexpr int kBlockN = Traits::kBlockN;
+    constexpr int kStages = Traits::kStages;
+
+    extern __shared__ char smem[];
+    const BwdSmem<Traits> layout(smem);
+
+    if (threadIdx.x == 0) {
+        mbarrier_init(layout.kv_full(), 1);  // the producer's arrive.expect_tx
+        for (int stage = 0; stage < kStages; ++stage) {
+            mbarrier_init(layout.full(stage), 1);         // lane 0's arrive.expect_tx: Q and dO's bytes
+            mbarrier_init(layout.stats_full(stage), 32);  // every producer lane, once its row stats are stored
+            // One arrival per consumer thread, once its reads of the stage (the
+            // wgmma of dV and dK, the row stats) are complete.
+            mbarrier_init(layout.empty(stage), Traits::kConsumerWarpgroups * 128);
+        }
+        fence_barrier_init();
+    }
+    __syncthreads();  // the barriers exist before anyone waits on them; the last block-wide barrier
+
+    const int warpgroup = threadIdx.x / 128;
+    if (warpgroup == 0) {
+        // Producer: warp 0 stays (and, deterministic, warp 1: the dQ writer),
+        // the rest of the warpgroup exits. Nothing is copied for a block
+        // without steps (its consumers write zeros and exit: no copy may land
+        // in a block that is gone).
+        release_registers<Traits::kProducerRegs>();
+        if constexpr (Is_deterministic) {
+            // The warp index broadcast from lane 0: ptxas then sees a
+            // warp-uniform branch and keeps both roles' work in uniform
+            // registers (on threadIdx.x itself it spills at 24 registers).
+            if (__shfl_sync(0xffffffff, threadIdx.x / 32, 0) == 1) {
+                bwd_dq_writer<Traits, Is_local>(params, layout, &tma_dq_accum);
+                return;
+            }
+        }
+        // Each role derives its work after setmaxnreg: a value live across it is kept in local memory.
+        const BwdWork<Traits, Is_local, Is_deterministic> work(params);
+        const int n0 = work.n_block * kBlockN;
+        if (threadIdx.x >= 32 || work.steps == 0) return;
+        const int lane = threadIdx.x;
+        if (lane == 0) {
+            prefetch_tensor_map(&tma_q);
+            prefetch_tensor_map(&tma_do);
+            mbarrier_arrive_expect_tx(layout.kv_full(), 2 * Traits::kKVBytes);
+            load_tile<Traits>(layout.k(), &tma_k, layout.kv_full(), work.seq.k_start + n0, work.head_k,
+                              work.k_batch(params), Traits::kKVBlockBytes);
+            load_tile<Traits>(layout.v(), &tma_v, layout.kv_full(), work.seq.k_start + n0, work.head_k,
+                              work.k_batch(params), Traits::kKVBlockBytes);
+        }
+        for (int t = 0; t < work.steps; ++t) {
+            const StageOf<Traits> s(t);
+            const int head = work.head_of(params, t);
+            const int m0 = work.m0_of(t);
+            // A stage's first use needs no release; its u-th waits for release u - 1.
+            if (t >= kStages) mbarrier_wait(layout.empty(s.stage), s.phase ^ 1);
+            // Q and dO first (their own barrier, completed by the copies' bytes),
+            // then the row stats (rows past the sequence get lse_log2 = +inf, so
+            // p = 0, and D = 0) on a barrier of thread arrivals only: each lane's
+            // arrival releases its own stores (and, for a tile that reaches past
+            // a packed sequence, the zeros of its rows there, BwdWork: the
+            // consumers wait for stats_full before their wgmma read that tile).
+            if (lane == 0) {
+                mbarrier_arrive_expect_tx(layout.full(s.stage), 2 * Traits::kQBytes);
+                load_tile<Traits>(layout.q(s.stage), &tma_q, layout.full(s.stage), work.seq.q_start + m0, head,
+                                  work.q_batch(params), Traits::kQBlockBytes);
+                load_tile<Traits>(layout.dout(s.stage), &tma_do, layout.full(s.stage), work.seq.q_start + m0, head,
+                                  work.q_batch(params), Traits::kQBlockBytes);
+            }
+            const int64_t stats = work.batch * params.lse_batch_stride + head * params.lse_head_stride +
+                                  work.seq.q_start + m0;
+            for (int r = lane; r < kBlockM; r += 32) {
+                const bool valid = m0 + r < work.seq.seqlen_q;
+                store_shared_f32(layout.lse_log2(s.stage) + 4 * r,
+                                 lse_to_log2(valid ? params.lse_ptr[stats + r] : -INFINITY));
+                store_shared_f32(layout.dsum(s.stage) + 4 * r, valid ? params.dsum_ptr[stats + r] : 0.f);
+            }
+            if (work.zeroes_query_rows(params, t)) {
+                mbarrier_wait(layout.full(s.stage), s.phase);  // the copies' rows are there to overwrite
+                const int first_row = work.seq.seqlen_q - m0;
+                zero_rows<Traits, kBlockM>(layout.q(s.stage), layout.dout(s.stage), Traits::kQBlockBytes, first_row,
+                                           lane, 32);
+                fence_proxy_async_shared();  // the zeros are read by wgmma (async proxy) after the arrival
+            }
+            mbarrier_arrive(layout.stats_full(s.stage));
+        }
+        return;
+    }
+
+    // Consumers: warpgroup 1 + kDqOwner owns dQ and takes the registers for it.
+    if (warpgroup - 1 == Traits::kDqOwner) {
+        claim_registers<Traits::kDqOwnerRegs>();
+        bwd_consumer<Traits, Is_local, Has_softcap, Is_deterministic, /*kOwnsDq=*/true>(params, layout, &tma_dq_accum);
+    } else {
+        claim_registers<Traits::kKeyRegs>();
+        bwd_consumer<Traits, Is_local, Has_softcap, Is_deterministic, /*kOwnsDq=*/false>(params, layout, &tma_dq_accum);
+    }
+}
+
+}  // namespace flash::sm90

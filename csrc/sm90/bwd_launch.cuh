@@ -1,0 +1,47 @@
+// Launches the sm90 backward for one (dtype, head dim, local, softcap,
+// deterministic) instantiation (instantiations/sm90_bwd_*.cu): the sm80
+// family's preprocess (D into dsum_ptr), the main kernel (dK, dV; dQ added into
+// the zeroed dq_accum, deterministic: in an order that dq_semaphore keeps), and
+// the sm80 family's dQ conversion.
+#pragma once
+
+#include <cuda.h>
+
+#include "common/flash.h"
+#include "sm80/sm80.h"
+#include "sm90/bwd_kernel.cuh"
+#include "sm90/kernel_traits.h"
+#include "sm90/tensor_map.h"
+
+namespace flash::sm90 {
+
+template <typename Element, int kHeadDim, bool Is_local, bool Has_softcap, bool Is_deterministic>
+cudaError_t run_bwd_(const BwdParams& params, cudaStream_t stream) {
+    using Traits = BwdTraitsFor<kHeadDim, Element>;
+    CUtensorMap tma_q{}, tma_k{}, tma_v{}, tma_do{}, tma_dq_accum{};
+    cudaError_t err = make_fwd_tensor_maps(params, Traits::kBlockM, Traits::kBlockN, &tma_q, &tma_k, &tma_v);
+    if (err == cudaSuccess) err = make_bwd_tensor_maps(params, Traits::kBlockM, Traits::kDqRows, &tma_do, &tma_dq_accum);
+    if (err != cudaSuccess) return err;
+    auto kernel = &bwd_kernel<Traits, Is_local, Has_softcap, Is_deterministic>;
+    // Dynamic shared memory above 48 KB must be opted into per kernel.
+    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes);
+    if (err != cudaSuccess) return err;
+
+    err = sm80::run_bwd_preprocess(params, stream);
+    if (err != cudaSuccess) return err;
+    // One block per key tile: under a causal mask the first key tiles, which
+    // the most query tiles see, start first; deterministic, the last ones
+    // (bwd_kernel.cuh: BwdWork, bwd_dq_writer). Variable lengths: the longest
+    // sequence's tiles (params.seqlen_k is max_seqlen_k), none where every
+    // sequence is empty of keys (dq stays 0).
+    const dim3 grid((params.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN, params.num_heads_k, params.batch);
+    if (grid.x > 0) {
+        kernel<<<grid, Traits::kNThreads, Traits::kSmemBytes, stream>>>(params, tma_q, tma_k, tma_v, tma_do,
+                                                                         tma_dq_accum);
+        err = cudaGetLastError();
+        if (err != cudaSuccess) return err;
+    }
+    return sm80::run_bwd_convert_dq(params, stream);
+}
+
+}  // namespace flash::sm90
