@@ -116,6 +116,17 @@ struct FwdParams {
     // softcap, ALiBi or dropout is on: selects the kernels that implement them.
     bool has_extras;
 
+    // Learnable sinks (FlashAttention-4's learnable_sink): per query head h, a
+    // logit learnable_sink[h] (fp32, natural log, used as given: no
+    // softmax_scale, softcap or ALiBi) that joins every row's softmax
+    // denominator without a value: lse_i = log(sum_j exp(s_ij) + exp(sink_h)),
+    // out_i = sum_j exp(s_ij - lse_i) v_j. A row that sees no key gets out 0 and
+    // lse = sink_h. [H] (the call's query heads: with pack_gqa, the group's
+    // rows index it, common/sink.cuh), or nullptr: none; a sink of -inf is none.
+    // The forward reads it once per row, when it normalises (a split-KV
+    // partial result leaves it to the merge of the splits).
+    const float* __restrict__ learnable_sink;
+
     // Keys read through a cache's indexing (the Is_kvcache kernels). For
     // flash_attn_with_kvcache (cache_seqlens set): batch b's keys are rows
     // [k_start, cache_seqlens[b] + seqlen_knew) of k/v's batch kv_batch_idx[b]

@@ -7,7 +7,8 @@
 //
 // Every merge in the library uses this one type: split-KV partial results,
 // the decoding kernel's warps, and the splits merged by the decoding kernel's
-// last block or by the merge kernel. Sums are taken against a reference, the
+// last block or by the merge kernel. A learnable sink is a part with no value
+// (add_sink), added once per row by whichever merge finishes it. Sums are taken against a reference, the
 // largest lse_s so far, so no exp overflows; raising the reference rescales
 // what was summed against the old one, as the online softmax does.
 #pragma once
@@ -34,6 +35,17 @@ struct LseMerge {
         const float weight = lse_s == -INFINITY ? 0.f : expf(lse_s - max_lse);
         sum += weight;
         return weight;
+    }
+
+    // A learnable sink (flash.h): one more part, lse_s = sink, with no value
+    // (its out_s is 0), added once after every real part. Returns the factor by
+    // which what was summed against the old reference must be multiplied (1
+    // without a sink: sink = -inf).
+    __device__ __forceinline__ float add_sink(float sink) {
+        if (sink == -INFINITY) return 1.f;
+        const float factor = raise_max(fmaxf(max_lse, sink));
+        add(sink);
+        return factor;
     }
 
     // What sum_s weight_s * out_s is multiplied by to give out.

@@ -142,8 +142,15 @@ struct OnlineSoftmax {
     // log-sum-exp of the scaled scores in lse[]. A row that saw no key gets
     // output 0 and lse = -inf (the log of an empty sum); a NaN score makes the
     // sum, hence the row's output and lse, NaN (the max ignores NaN: fmaxf).
+    //
+    // sink_log2[r]: row r's learnable sink in the base-2 domain (sink.cuh), -inf
+    // for none. The sink is one more column of the row, with no value: the max
+    // becomes m' = max(m, sink), the sum l' = l * 2^(m - m') + 2^(sink - m'),
+    // the output is scaled by 2^(m - m') / l', and the LSE is m' + log2(l'). A
+    // row that saw no key gets output 0 and lse = sink.
     template <int kNTilesO>
-    __device__ __forceinline__ void finalize(float (&o)[kMTiles][kNTilesO][4], float (&lse)[kRows]) {
+    __device__ __forceinline__ void finalize(float (&o)[kMTiles][kNTilesO][4], float (&lse)[kRows],
+                                             const float (&sink_log2)[kRows]) {
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
@@ -152,11 +159,23 @@ struct OnlineSoftmax {
                 float sum = row_sum[r];
                 sum += __shfl_xor_sync(0xffffffffu, sum, 1);
                 sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-                const bool empty = sum == 0.f;
-                const float inv_sum = empty ? 0.f : 1.f / sum;
                 // Every p was exp2(score * scale_log2 - row_offset): the LSE in base 2 is
                 // row_offset + log2(sum), with no rounding of row_max * scale_log2 between.
-                lse[r] = empty ? -INFINITY : (row_offset[r] + log2_approx(sum)) * kLn2;
+                float offset = row_offset[r];
+                float o_scale = 1.f;
+                const float sink = sink_log2[r];
+                if (sink != -INFINITY) {
+                    // A row that saw no key has nothing to rescale (and its offset is
+                    // not a max): its sum is the sink's 2^0 = 1 alone.
+                    const bool saw_key = sum != 0.f;
+                    const float new_offset = saw_key ? fmaxf(offset, sink) : sink;
+                    o_scale = saw_key ? exp2_approx(offset - new_offset) : 0.f;
+                    sum = sum * o_scale + exp2_approx(sink - new_offset);
+                    offset = new_offset;
+                }
+                const bool empty = sum == 0.f;
+                const float inv_sum = empty ? 0.f : o_scale / sum;
+                lse[r] = empty ? -INFINITY : (offset + log2_approx(sum)) * kLn2;
 #pragma unroll
                 for (int j = 0; j < kNTilesO; ++j) {
                     o[mt][j][2 * half] *= inv_sum;
@@ -164,6 +183,15 @@ struct OnlineSoftmax {
                 }
             }
         }
+    }
+
+    // finalize without a sink.
+    template <int kNTilesO>
+    __device__ __forceinline__ void finalize(float (&o)[kMTiles][kNTilesO][4], float (&lse)[kRows]) {
+        float no_sink[kRows];
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) no_sink[r] = -INFINITY;
+        finalize(o, lse, no_sink);
     }
 };
 

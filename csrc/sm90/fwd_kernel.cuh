@@ -42,6 +42,7 @@
 #include "common/index_check.cuh"
 #include "common/mask.cuh"
 #include "common/ptx.cuh"
+#include "common/sink.cuh"
 #include "common/softmax.cuh"
 #include "sm90/kernel_traits.h"
 #include "sm90/pipeline.cuh"
@@ -771,10 +772,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             tile_count += num_tiles;
         }
 
-        // Epilogue: normalise, write this warpgroup's rows of out, then their LSE
-        // (rows past the sequence and columns past the head dim stay unwritten).
+        // Epilogue: normalise (a learnable sink joins the row sums here, read
+        // only now so that it holds no register in the loop), write this
+        // warpgroup's rows of out, then their LSE (rows past the sequence and
+        // columns past the head dim stay unwritten).
         float lse[2];
-        softmax.finalize(o, lse);
+        const float sink_log2 = learnable_sink_log2_of</*May_pack=*/false>(params, work.head, 0);
+        softmax.finalize(o, lse, {sink_log2, sink_log2});
         const int group_row0 = work.m_block * kBlockM + consumer * Traits::kWarpgroupRows;
         const int group_rows = seq.seqlen_q - group_row0;  // > 0: the warpgroup has min(this, 64) rows to write
         // The bulk store clips a box only at the tensor map's edges: exact for a

@@ -19,6 +19,7 @@
 #include "common/lse_merge.cuh"
 #include "common/mask.cuh"
 #include "common/ptx.cuh"
+#include "common/sink.cuh"
 #include "common/softmax.cuh"
 #include "sm80/gemm.cuh"
 #include "sm80/kvcache/kvcache_traits.h"
@@ -128,9 +129,13 @@ struct PageLookup {
 // Q tile, the fp32 rows through the stage buffers (both free once every warp
 // is past the loop); row_lse (shared) receives the block's LSEs, and the
 // returned pointer the merged rows for the caller to sum over the warps.
+// with_sink: the block's rows are final (one split), so the learnable sink
+// of each row of `head` joins the merge (a split's part leaves it to the
+// merge of the splits).
 template <typename Traits>
 __device__ __forceinline__ const float* merge_warps(char* smem, const float (&o)[1][Traits::kNTilesO][4],
-                                                    const float (&lse)[2], int tid) {
+                                                    const float (&lse)[2], int tid, const FwdParams& params,
+                                                    int head, bool with_sink) {
     constexpr int kRows = Traits::kRows;
     const int lane = tid % 32, warp = tid / 32;
     float* warp_lse = reinterpret_cast<float*>(smem);                              // [warp][row]
@@ -149,6 +154,7 @@ __device__ __forceinline__ const float* merge_warps(char* smem, const float (&o)
         merge.raise_max(max_lse);
 #pragma unroll
         for (int w = 0; w < Traits::kNWarps; ++w) merge.add(warp_lse[w * kRows + tid]);
+        if (with_sink) merge.add_sink(learnable_sink_of</*May_pack=*/true>(params, head, tid));
         row_lse[tid] = merge.lse();
     }
     __syncthreads();
@@ -300,12 +306,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) de
     softmax.finalize(o, lse);
     cp_async_wait<0>();
     __syncthreads();
-    const float* warp_out = merge_warps<Traits>(smem, o, lse, tid);
-    const float* row_lse = reinterpret_cast<const float*>(smem) + Traits::kNWarps * kRows;
-
     // Sum the warps' rows and store: out and lse with one split, otherwise the
     // split's fp32 partial rows, then the last split merges them all.
     const bool partial = params.num_splits > 1;
+    const float* warp_out = merge_warps<Traits>(smem, o, lse, tid, params, head, /*with_sink=*/!partial);
+    const float* row_lse = reinterpret_cast<const float*>(smem) + Traits::kNWarps * kRows;
+
     const int64_t group_row0 = (static_cast<int64_t>(batch) * params.num_heads + head) * seqlen_q;
     const int64_t split_rows = static_cast<int64_t>(params.batch) * params.num_heads * seqlen_q;
     const int64_t accum_row0 = split * split_rows + group_row0;
@@ -339,7 +345,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) de
         const int row = idx / kQuads, col = (idx % kQuads) * 4;
         if (row >= seqlen_q) break;  // rows ascend with idx
         merge_split_columns<kBatch>(params, group_row0 + row, split_rows, col, out + row * params.o_row_stride,
-                                    out_lse + row);
+                                    out_lse + row, learnable_sink_of</*May_pack=*/true>(params, head, row));
     }
 }
 
