@@ -201,6 +201,19 @@ struct BwdParams : FwdParams {
     // after it; the sm90 family's are [B, H, query tiles].
     int* __restrict__ dq_semaphore;
 
+    // The gradient of lse (fp32, in lse's layout and contiguous), or nullptr:
+    // d lse_i / d s_ij = P_ij, so it folds into D: the preprocess writes
+    // D_i - dlse_i into dsum_ptr (rows with lse -inf drop their dlse), and
+    // every backward kernel reads that as D.
+    const float* __restrict__ dlse_ptr;
+    // With learnable_sink: its gradient, dsink [H] fp32 = -sum over the rows
+    // of head h of exp(sink_h - lse_i) * (D_i - dlse_i) (the sink is a column
+    // with no value: its dP is 0), summed in a fixed order (bitwise
+    // reproducible): per head kDsinkPartials partial sums into
+    // dsink_partial_ptr ([H, kDsinkPartials] fp32 scratch), then their sum.
+    float* __restrict__ dsink_ptr;
+    float* __restrict__ dsink_partial_ptr;
+
     int64_t do_batch_stride, do_row_stride, do_head_stride;
     int64_t dq_batch_stride, dq_row_stride, dq_head_stride;
     int64_t dk_batch_stride, dk_row_stride, dk_head_stride;
@@ -250,6 +263,10 @@ struct AppendParams {
 // Head dims the kernels serve: q/k/v head dims up to this (the families pad
 // smaller ones up to a compiled head dim).
 constexpr int kMaxHeadDim = 256;
+
+// The partial sums per head of the sink's gradient (BwdParams::dsink_partial_ptr):
+// each head's rows are cut into this many ranges, one thread block each.
+constexpr int kDsinkPartials = 32;
 
 // The KV-cache forward's scratch, sized by a family's plan_kvcache and
 // allocated by the binding: fp32 partial results of the splits (o_accum_ptr,

@@ -2,7 +2,11 @@
 // the probabilities of one tile from Q, K and the forward's log-sum-exp,
 // P = exp(S * scale - lse), and folds the tile into its gradients:
 //   dV = P^T dO,  dP = dO V^T,  dS = P * (dP - D),  dK = scale * dS^T Q,  dQ = scale * dS K,
-// with D = rowsum(dO * O) from the preprocess kernel. The dK/dV kernel owns a
+// with D = rowsum(dO * O) from the preprocess kernel (minus the LSE's gradient
+// where one is given: d lse_i / d s_ij = P_ij). A learnable sink needs nothing
+// here: the forward's lse includes it, so P is recomputed as the forward
+// normalised it, and the sink's own gradient comes from the preprocess's
+// rows (bwd_rows.cu). The dK/dV kernel owns a
 // tile of keys and walks the query tiles. dQ either comes out of that same
 // walk, each block adding its share with fp32 atomics into a zeroed buffer
 // (five GEMMs per tile, like FlashAttention-2; the order of the additions,
@@ -31,9 +35,12 @@ __device__ __forceinline__ float lse_log2_of_row(const float* lse_row, int row, 
     return lse_to_log2(row < seqlen_q ? lse_row[row] : -INFINITY);
 }
 
-// D[b, h, i] = sum_d dO[b, i, h, d] * O[b, i, h, d] in fp32: one warp per row.
-// A variable-length batch runs as one sequence of total_q rows, which writes
-// D in lse's [H, total_q] layout.
+// D[b, h, i] = sum_d dO[b, i, h, d] * O[b, i, h, d] - dlse[b, h, i] in fp32:
+// one warp per row (the LSE's gradient, where there is one, folds into D:
+// flash.h, BwdParams::dlse_ptr; a row whose lse is -inf saw no key and drops
+// its dlse, NaN or not). A variable-length batch runs as one sequence of
+// total_q rows, which writes D in lse's [H, total_q] layout; lse and dlse are
+// contiguous in that layout too.
 template <typename Element>
 __global__ void __launch_bounds__(128) bwd_dot_do_o_kernel(const BwdParams params) {
     const int64_t row = static_cast<int64_t>(blockIdx.x) * 4 + threadIdx.x / 32;  // (b * H + h) * Sq + i
@@ -63,7 +70,10 @@ __global__ void __launch_bounds__(128) bwd_dot_do_o_kernel(const BwdParams param
     }
 #pragma unroll
     for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-    if (lane == 0) params.dsum_ptr[row] = sum;
+    if (lane == 0) {
+        if (params.dlse_ptr != nullptr && params.lse_ptr[row] != -INFINITY) sum -= params.dlse_ptr[row];
+        params.dsum_ptr[row] = sum;
+    }
 }
 
 // p = exp2(s * scale_log2 - lse_log2) in place on a transposed score fragment

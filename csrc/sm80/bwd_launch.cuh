@@ -4,6 +4,7 @@
 #include "sm80/bwd_kernel.cuh"
 #include "common/flash.h"
 #include "sm80/kernel_traits.h"
+#include "sm80/sm80.h"
 
 namespace flash::sm80 {
 
@@ -31,14 +32,18 @@ inline BwdParams flat_rows(const BwdParams& params) {
     return flat;
 }
 
-// The preprocess: D = rowsum(dout * out) into dsum_ptr, one warp per row.
+// The preprocess: D = rowsum(dout * out) - dlse into dsum_ptr, one warp per
+// row; then, with a learnable sink, its gradient from D and lse (bwd_rows.cu).
 template <typename Element>
 cudaError_t launch_dot_do_o(const BwdParams& params, cudaStream_t stream) {
     const BwdParams flat = flat_rows(params);
     const int64_t rows = static_cast<int64_t>(flat.batch) * flat.num_heads * flat.seqlen_q;
-    if (rows == 0) return cudaSuccess;
-    bwd_dot_do_o_kernel<Element><<<static_cast<unsigned>((rows + 3) / 4), 128, 0, stream>>>(flat);
-    return cudaGetLastError();
+    if (rows > 0) {
+        bwd_dot_do_o_kernel<Element><<<static_cast<unsigned>((rows + 3) / 4), 128, 0, stream>>>(flat);
+        const cudaError_t err = cudaGetLastError();
+        if (err != cudaSuccess) return err;
+    }
+    return params.learnable_sink == nullptr ? cudaSuccess : run_bwd_dsink(flat, stream);
 }
 
 // The postprocess of the atomic dQ: dq = softmax_scale * dq_accum in Element.

@@ -20,10 +20,15 @@ cudaError_t run_fwd_unwritten_rows(const FwdParams& params, cudaStream_t stream)
 
 // The backward's row-wise passes, for a family whose main backward kernel keeps
 // the sm80 layouts of its scratch (dsum_ptr, dq_accum_ptr): the preprocess
-// D = rowsum(dout * out) into dsum_ptr, and the dQ conversion dq =
-// softmax_scale * dq_accum in the input dtype and dq's layout.
+// D = rowsum(dout * out) - dlse into dsum_ptr (and the sink's gradient), and
+// the dQ conversion dq = softmax_scale * dq_accum in the input dtype and dq's
+// layout.
 cudaError_t run_bwd_preprocess(const BwdParams& params, cudaStream_t stream);
 cudaError_t run_bwd_convert_dq(const BwdParams& params, cudaStream_t stream);
+// The learnable sink's gradient into dsink_ptr (flash.h: BwdParams), from the
+// preprocess's D and the forward's lse; the preprocess runs it (params as the
+// row-wise passes see them: a variable-length batch as one sequence).
+cudaError_t run_bwd_dsink(const BwdParams& params, cudaStream_t stream);
 
 // The KV cache (sm80/kvcache/). plan_kvcache completes the plan fields of
 // `params` (pack_gqa, num_splits, decode_wide) for a call that asks for
