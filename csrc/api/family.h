@@ -39,6 +39,7 @@ struct Family {
     int (*kernel_head_dim)(int);
     int (*fwd_counters)(const flash::FwdParams&);  // FwdParams::fwd_counters' length, 0: none
     flash::BwdWorkspace (*bwd_workspace)(const flash::BwdParams&);  // the scratch a backward asks for
+    cudaError_t (*run_combine)(const flash::CombineParams&, cudaStream_t);
     int max_major = INT_MAX;  // the newest compute capability (major) it runs on (sm_90a code runs on 9.x only)
 };
 
@@ -51,7 +52,8 @@ inline constexpr Family kSm80{"sm80",
                               &flash::sm80::run_fwd_kvcache,
                               &flash::sm80::kernel_head_dim,
                               &flash::sm80::fwd_counters,
-                              &flash::sm80::bwd_workspace};
+                              &flash::sm80::bwd_workspace,
+                              &flash::sm80::run_combine};
 
 #ifdef FLASHATTN_HAS_SM90
 inline constexpr Family kSm90{"sm90",
@@ -64,6 +66,7 @@ inline constexpr Family kSm90{"sm90",
                               &flash::sm90::kernel_head_dim,
                               &flash::sm90::fwd_counters,
                               &flash::sm90::bwd_workspace,
+                              &flash::sm90::run_combine,
                               9};
 #endif
 

@@ -260,6 +260,28 @@ struct AppendParams {
     DType dtype;
 };
 
+// flash_attn_combine: attention computed over disjoint sets of keys, merged by
+// the parts' log-sum-exps (lse_merge.cuh): out = sum_s exp(lse_s - lse) out_s,
+// lse = log sum_s exp(lse_s); a row whose every part is -inf gets out 0 and
+// lse -inf. out_partial fp32 [splits, B, S, H, D] and lse_partial fp32
+// [splits, B, S, H], any strides but out_partial's last (1); out [B, S, H, D]
+// in out_dtype (last stride 1), lse fp32 [B, S, H] contiguous. vectorized:
+// head_dim, the strides of out_partial and out, and their starts allow 4
+// columns per load and store.
+struct CombineParams {
+    enum class OutType : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
+    const float* __restrict__ out_partial_ptr;
+    const float* __restrict__ lse_partial_ptr;
+    void* __restrict__ out_ptr;
+    float* __restrict__ lse_ptr;
+    int64_t op_split_stride, op_batch_stride, op_row_stride, op_head_stride;
+    int64_t lp_split_stride, lp_batch_stride, lp_row_stride, lp_head_stride;
+    int64_t o_batch_stride, o_row_stride, o_head_stride;
+    int num_splits, batch, seqlen, num_heads, head_dim;
+    OutType out_type;
+    bool vectorized;
+};
+
 // Head dims the kernels serve: q/k/v head dims up to this (the families pad
 // smaller ones up to a compiled head dim).
 constexpr int kMaxHeadDim = 256;

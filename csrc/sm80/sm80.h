@@ -40,6 +40,9 @@ KvcacheWorkspace plan_kvcache(FwdParams& params, int64_t requested_splits);
 cudaError_t run_kvcache_append(const AppendParams& params, cudaStream_t stream);
 cudaError_t run_fwd_kvcache(const FwdParams& params, cudaStream_t stream);
 
+// flash_attn_combine (flash.h: CombineParams): one warp per (b, s, h) row.
+cudaError_t run_combine(const CombineParams& params, cudaStream_t stream);
+
 // The compiled head dim that serves `head_dim` (for error messages).
 int kernel_head_dim(int head_dim);
 

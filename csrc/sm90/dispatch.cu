@@ -198,4 +198,6 @@ int fwd_counters(const FwdParams& params) { return serves(params) && params.is_l
 // The sm90 forward kernels round head dims as the sm80 ones do (32 is sm80's alone).
 int kernel_head_dim(int head_dim) { return sm80::kernel_head_dim(head_dim); }
 
+cudaError_t run_combine(const CombineParams& params, cudaStream_t stream) { return sm80::run_combine(params, stream); }
+
 }  // namespace flash::sm90
