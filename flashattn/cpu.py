@@ -18,8 +18,8 @@ from torch import Tensor
 
 from .philox import dropout_keep_mask
 
-__all__ = ["CPU_DTYPES", "CUDA_DTYPES", "MAX_HEAD_DIM", "attention_probs", "bwd", "bwd_ext", "check_bwd",
-           "check_dlse", "check_fwd", "check_learnable_sink", "combine", "fwd", "s_dmask_block_n"]
+__all__ = ["CPU_DTYPES", "CUDA_DTYPES", "MAX_HEAD_DIM", "attention_probs", "bwd", "check_bwd",
+           "check_combine", "check_dlse", "check_fwd", "check_learnable_sink", "combine", "fwd", "s_dmask_block_n"]
 
 MAX_HEAD_DIM = 256
 CUDA_DTYPES = (torch.float16, torch.bfloat16)  # the kernels' tensor-core types
@@ -610,7 +610,7 @@ def fwd(
     block table), written into the packed outputs; rows that no sequence uses
     (past cu_seqlens_q[-1] or a sequence's seqused_q) get out 0, lse -inf.
     `deterministic` is for the backward; this forward always is. A learnable_sink
-    (fp32 [H], flashattn::fwd_ext's) joins each row's softmax as a column without a
+    (fp32 [H]) joins each row's softmax as a column without a
     value (_OnlineSoftmax); the LSE includes it.
     """
     check_fwd(q, k, v, alibi_slopes, dropout_p, rng_state, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
@@ -761,36 +761,6 @@ def bwd(
     seqused_q: Tensor | None = None,
     seqused_k: Tensor | None = None,
     leftpad_k: Tensor | None = None,
-) -> tuple[Tensor, Tensor, Tensor]:
-    """flashattn::bwd: bwd_ext without a sink or an LSE gradient."""
-    return bwd_ext(dout, q, k, v, out, softmax_lse, softmax_scale, causal, deterministic, window_left, window_right,
-                   softcap, alibi_slopes, dropout_p, rng_state, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                   max_seqlen_k, seqused_q, seqused_k, leftpad_k)[:3]
-
-
-def bwd_ext(
-    dout: Tensor,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    out: Tensor,
-    softmax_lse: Tensor,
-    softmax_scale: float,
-    causal: bool,
-    deterministic: bool,
-    window_left: int = -1,
-    window_right: int = -1,
-    softcap: float = 0.0,
-    alibi_slopes: Tensor | None = None,
-    dropout_p: float = 0.0,
-    rng_state: Tensor | None = None,
-    cu_seqlens_q: Tensor | None = None,
-    cu_seqlens_k: Tensor | None = None,
-    max_seqlen_q: int = 0,
-    max_seqlen_k: int = 0,
-    seqused_q: Tensor | None = None,
-    seqused_k: Tensor | None = None,
-    leftpad_k: Tensor | None = None,
     learnable_sink: Tensor | None = None,
     dlse: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -805,10 +775,10 @@ def bwd_ext(
     whatever `deterministic` says. A variable-length batch runs each sequence
     as a batch of one; rows and keys that no sequence uses get zero gradients.
 
-    flashattn::bwd_ext's two more arguments: learnable_sink (fp32 [H], the
-    forward's), whose gradient comes back as the fourth result (fp32 [H]; an
-    empty (0,) tensor without a sink), and dlse, the gradient of softmax_lse
-    (its shape, fp32), which flows into dq and dk (no Sq x Sk tensor).
+    learnable_sink (fp32 [H], the forward's) has its gradient come back as the
+    fourth result (fp32 [H]; an empty (0,) tensor without a sink); dlse, the
+    gradient of softmax_lse (its shape, fp32), flows into dq and dk (no Sq x Sk
+    tensor).
     """
     check_bwd(dout, q, k, v, out, softmax_lse, alibi_slopes, dropout_p, rng_state, cu_seqlens_q, cu_seqlens_k,
               seqused_q, seqused_k, leftpad_k)
@@ -891,6 +861,31 @@ def attention_probs(
     if opts.dropout_p > 0:
         probs = torch.where(_block_keep(rows, keys, batch, num_heads_k, group, opts), probs, -probs)
     return probs.flatten(1, 2).to(q.dtype)
+
+
+def check_combine(out_partial: Tensor, lse_partial: Tensor, out_dtype: torch.dtype | None) -> None:
+    """flashattn::combine's tensors (csrc/api/checks.h makes the same checks of CUDA tensors, and
+    requires out_partial's last dimension contiguous): out_partial fp32 (num_splits >= 1, batch,
+    seqlen, nheads, headdim), lse_partial fp32 (num_splits, batch, seqlen, nheads) on its device;
+    out_dtype None (float32), float32, float16 or bfloat16."""
+    if out_partial.dim() != 5:
+        raise ValueError("flashattn: out_partial must be 5-D (num_splits, batch, seqlen, nheads, headdim), "
+                         f"got shape {_shape(out_partial)}")
+    if out_partial.shape[0] == 0:
+        raise ValueError("flashattn: out_partial must hold at least one split, got num_splits = 0")
+    lse_shape = tuple(out_partial.shape[:-1])
+    if tuple(lse_partial.shape) != lse_shape:
+        raise ValueError(f"flashattn: lse_partial must have shape (num_splits, batch, seqlen, nheads) = {lse_shape}, "
+                         f"got {_shape(lse_partial)}")
+    for name, t in (("out_partial", out_partial), ("lse_partial", lse_partial)):
+        if t.dtype != torch.float32:
+            raise TypeError(f"flashattn: {name} must be float32, got {t.dtype}")
+    if lse_partial.device != out_partial.device:
+        raise RuntimeError(f"flashattn: lse_partial is on {lse_partial.device} but out_partial is on "
+                           f"{out_partial.device}; they must be on one device")
+    accepted = (torch.float32, torch.float16, torch.bfloat16)
+    if out_dtype is not None and out_dtype not in accepted:
+        raise TypeError(f"flashattn: out_dtype must be one of {', '.join(map(str, accepted))}, got {out_dtype}")
 
 
 def combine(out_partial: Tensor, lse_partial: Tensor) -> tuple[Tensor, Tensor]:

@@ -183,7 +183,7 @@ def _backward(dout, q, k, v, out, softmax_lse, dropout_p, softmax_scale, causal,
     if pad:
         dout, q, k, v, out = (F.pad(t, (0, pad)) for t in (dout, q, k, v, out))
     grads = torch.ops.flashattn.bwd(dout, q, k, v, out, softmax_lse, softmax_scale, causal, deterministic, left,
-                                    right, *options)
+                                    right, *options)[:3]  # no sink: the fourth is an empty dsink
     return tuple(grad[..., : grad.shape[-1] - pad] for grad in grads)
 
 

@@ -386,46 +386,27 @@ def flash_attn_combine(
         FlashAttention-3 returns them (its lse a (batch, nheads, seqlen) tensor seen transposed). A
         row that no split saw a key of gets out 0 and lse -inf.
 
-    CPU tensors only for now (PyTorch arithmetic, flashattn.cpu.combine); CUDA tensors raise
-    NotImplementedError until the combine kernel exists. Bad inputs raise errors naming the argument.
+    On CUDA a kernel (one warp per row, bound by reading out_partial; the backward in PyTorch
+    operations), on CPU PyTorch arithmetic (flashattn.cpu.combine): flashattn::combine. With out=,
+    the result is computed, then copied into out. Bad inputs raise errors naming the argument.
     """
     _check_tensors(out_partial=out_partial, lse_partial=lse_partial)
     _check_tensors(out=out, optional=True)
-    if out_partial.dim() != 5:
-        raise ValueError("flashattn: out_partial must be 5-D (num_splits, batch, seqlen, nheads, headdim), "
-                         f"got shape {tuple(out_partial.shape)}")
-    splits, batch, seqlen, num_heads, head_dim = out_partial.shape
-    if splits == 0:
-        raise ValueError("flashattn: out_partial must hold at least one split, got num_splits = 0")
-    lse_shape = (splits, batch, seqlen, num_heads)
-    if tuple(lse_partial.shape) != lse_shape:
-        raise ValueError(f"flashattn: lse_partial must have shape (num_splits, batch, seqlen, nheads) = {lse_shape}, "
-                         f"got {tuple(lse_partial.shape)}")
-    for name, t in (("out_partial", out_partial), ("lse_partial", lse_partial)):
-        if t.dtype != torch.float32:
-            raise TypeError(f"flashattn: {name} must be float32, got {t.dtype}")
-    if lse_partial.device != out_partial.device:
-        raise RuntimeError(f"flashattn: lse_partial is on {lse_partial.device} but out_partial is on "
-                           f"{out_partial.device}; they must be on one device")
-    out_dtype = out_partial.dtype if out_dtype is None else out_dtype
-    accepted_dtypes = (torch.float32, torch.float16, torch.bfloat16)
-    if out_dtype not in accepted_dtypes:
-        raise TypeError(f"flashattn: out_dtype must be one of {', '.join(map(str, accepted_dtypes))}, got {out_dtype}")
+    if out_dtype is not None and not isinstance(out_dtype, torch.dtype):
+        raise TypeError(f"flashattn: out_dtype must be a torch.dtype or None, got {out_dtype!r}")
     if out is not None:
-        if tuple(out.shape) != (batch, seqlen, num_heads, head_dim) or out.dtype != out_dtype:
-            want = (batch, seqlen, num_heads, head_dim)
-            raise ValueError(f"flashattn: out must be a {out_dtype} tensor of shape {want}, got {out.dtype} of shape "
-                             f"{tuple(out.shape)}")
+        out_dtype = out_dtype or out.dtype
+        want = (*out_partial.shape[1:],) if out_partial.dim() == 5 else None
+        if tuple(out.shape) != want or out.dtype != out_dtype:
+            raise ValueError(f"flashattn: out must be a {out_dtype} tensor of shape {want} (out_partial's without "
+                             f"num_splits), got {out.dtype} of shape {tuple(out.shape)}")
         if out.device != out_partial.device:
             raise RuntimeError(f"flashattn: out is on {out.device} but out_partial is on {out_partial.device}")
-    if out_partial.device.type != "cpu":
-        raise NotImplementedError(
-            f"flashattn: flash_attn_combine runs on CPU tensors only for now, got out_partial on {out_partial.device} "
-            "(the CUDA combine kernel comes with issue 21)"
-        )
-    combined, softmax_lse = cpu.combine(out_partial, lse_partial)
+    if out_partial.is_cuda:
+        _check_cuda_ready(out_partial.device)
+    combined, softmax_lse = torch.ops.flashattn.combine(out_partial, lse_partial, out_dtype or out_partial.dtype)
     if out is None:
-        return combined.to(out_dtype), softmax_lse
+        return combined, softmax_lse
     out.copy_(combined)
     return out, softmax_lse
 
@@ -537,9 +518,8 @@ def _flash_attn_forward(
     The forward of every public function; tests call it to see the LSE and to
     pass their own rng_state (dropout_p > 0 needs one). On CUDA it pads the
     head dim as flash_attn_func describes (the binding copies rows the kernels
-    cannot read in place). out is differentiable in q, k and v; `deterministic`
-    picks the backward's path. With learnable_sink the operator is
-    flashattn::fwd_ext (differentiable in the sink too), else flashattn::fwd.
+    cannot read in place). out and softmax_lse are differentiable in q, k, v
+    and learnable_sink; `deterministic` picks the backward's path.
     """
     left, right = _window_sides(window_size)
     if alibi_slopes is not None:
@@ -548,18 +528,15 @@ def _flash_attn_forward(
         cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
     options = (softcap, alibi_slopes, dropout_p, rng_state, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                seqused_q, seqused_k, leftpad_k, block_table)
-    if learnable_sink is None:
-        operator = ops.fwd
-    else:
-        operator = torch.ops.flashattn.fwd_ext
+    if learnable_sink is not None:
         options = (*options, learnable_sink)
     pad = _head_dim_padding(q, k, v)
     if not pad:
-        return operator(q, k, v, softmax_scale, causal, deterministic, left, right, *options)
+        return ops.fwd(q, k, v, softmax_scale, causal, deterministic, left, right, *options)
     head_dim = q.shape[-1]
     # A fresh tensor: zero columns change neither q @ k^T nor any other column of the output or the gradients.
     q, k, v = (F.pad(t, (0, pad)) for t in (q, k, v))
-    out, softmax_lse = operator(q, k, v, softmax_scale, causal, deterministic, left, right, *options)
+    out, softmax_lse = ops.fwd(q, k, v, softmax_scale, causal, deterministic, left, right, *options)
     return out[..., :head_dim], softmax_lse
 
 

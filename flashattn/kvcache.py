@@ -18,7 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .cpu import MAX_HEAD_DIM, check_alibi_slopes, check_index_tensor, check_same_device, check_tensor
+from .cpu import MAX_HEAD_DIM, check_alibi_slopes, check_index_tensor, check_learnable_sink, check_same_device
+from .cpu import check_tensor
 from .interface import _check_bool, _check_implementation, _check_softcap, _check_tensors
 from .interface import _head_dim_padding, _resolve_softmax_scale, _window_sides
 from .ops import KVCACHE_SCHEMA
@@ -84,6 +85,8 @@ def flash_attn_with_kvcache(
     alibi_slopes: Tensor | None = None,
     num_splits: int = 0,
     return_softmax_lse: bool = False,
+    *,
+    learnable_sink: Tensor | None = None,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Attention of q over a KV cache, after appending k and v to it in place (FlashAttention-2's function).
 
@@ -113,6 +116,9 @@ def flash_attn_with_kvcache(
         num_splits: split each sequence's keys across this many thread blocks, merged by log-sum-exp;
             0 picks a number that fills the GPU (decoding with a small batch needs it).
         return_softmax_lse: also return the LSE (batch, nheads, seqlen_q), fp32.
+        learnable_sink: keyword-only; fp32 (nheads,) on q's device, or None: as flash_attn_func's
+            (a per-head logit in every row's softmax denominator, without a value; the LSE includes
+            it). Split-KV partial results leave it out; their merge adds it once.
 
     Returns out (batch, seqlen_q, nheads, headdim), or (out, softmax_lse). Not differentiable
     (inference). The cache tensors are modified in place when k and v are given. Runs on CUDA
@@ -132,7 +138,7 @@ def flash_attn_with_kvcache(
     _check_tensors(q=q, k_cache=k_cache, v_cache=v_cache)
     _check_tensors(optional=True, k=k, v=v, rotary_cos=rotary_cos, rotary_sin=rotary_sin,
                    cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad, block_table=block_table,
-                   alibi_slopes=alibi_slopes)
+                   alibi_slopes=alibi_slopes, learnable_sink=learnable_sink)
     _check_implementation(q, "q")
     _check_bool(causal=causal, rotary_interleaved=rotary_interleaved)
     window_left, window_right = _window_sides(window_size)
@@ -143,7 +149,7 @@ def flash_attn_with_kvcache(
     cache_seqlens = _seqlens_tensor(cache_seqlens, q, k_cache, block_table)
     arguments = [q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
                  block_table, scale, bool(causal), window_left, window_right, float(softcap),
-                 bool(rotary_interleaved), alibi_slopes, int(num_splits)]  # fmt: skip
+                 bool(rotary_interleaved), alibi_slopes, int(num_splits), learnable_sink]  # fmt: skip
     pad = _head_dim_padding(q, k_cache, v_cache, k, v)
     if not pad:
         out, lse = torch.ops.flashattn.fwd_kvcache(*arguments)
@@ -205,7 +211,7 @@ def _seqlens_tensor(cache_seqlens: object, q: Tensor, k_cache: Tensor, block_tab
 
 
 def _check_kvcache_tensors(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
-                           cache_leftpad, block_table, alibi_slopes) -> None:
+                           cache_leftpad, block_table, alibi_slopes, learnable_sink=None) -> None:
     """The tensors of flashattn::fwd_kvcache, checked as the binding checks them (csrc/api/flash_api.cpp)."""
     check_tensor("q", q, q, 4, "(batch, seqlen_q, nheads, headdim)")
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
@@ -251,6 +257,7 @@ def _check_kvcache_tensors(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, ca
                              f"rotary_dim <= headdim ({head_dim}), got {tuple(rotary_cos.shape)} and "
                              f"{tuple(rotary_sin.shape)}")
     check_alibi_slopes(alibi_slopes, q, batch)
+    check_learnable_sink(learnable_sink, q)
 
 
 def _check_kvcache_values(k_cache, k, cache_seqlens, cache_batch_idx, cache_leftpad, block_table, rotary_cos, q,
@@ -295,11 +302,11 @@ def _cache_rows(cache: Tensor, b: int, rows: Tensor, cache_batch_idx: Tensor | N
 
 def _fwd_kvcache_cpu(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
                      cache_leftpad, block_table, softmax_scale, causal, window_left, window_right, softcap,
-                     rotary_interleaved, alibi_slopes, num_splits):
+                     rotary_interleaved, alibi_slopes, num_splits, learnable_sink=None):
     """The semantics in plain PyTorch, one sequence at a time, on the blockwise CPU forward; the
     tensors and the index values checked first."""
     _check_kvcache_tensors(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
-                           cache_leftpad, block_table, alibi_slopes)
+                           cache_leftpad, block_table, alibi_slopes, learnable_sink)
     positions_per_row = causal or window_left >= 0 or window_right >= 0
     _check_kvcache_values(k_cache, k, cache_seqlens, cache_batch_idx, cache_leftpad, block_table, rotary_cos, q,
                           positions_per_row)
@@ -331,7 +338,8 @@ def _fwd_kvcache_cpu(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_se
         if alibi_slopes is not None:
             slopes = alibi_slopes[b] if alibi_slopes.dim() == 2 else alibi_slopes
         o_b, lse_b = torch.ops.flashattn.fwd(
-            q_b, keys, values, softmax_scale, causal, False, window_left, window_right, softcap, slopes
+            q_b, keys, values, softmax_scale, causal, False, window_left, window_right, softcap, slopes,
+            learnable_sink=learnable_sink,
         )
         out[b] = o_b[0]
         lse[b] = lse_b[0]

@@ -2,7 +2,8 @@
 
 ``torch.ops.flashattn.fwd(q, k, v, softmax_scale, causal, deterministic=False, window_left=-1,
 window_right=-1, softcap=0.0, alibi_slopes=None, dropout_p=0.0, rng_state=None, cu_seqlens_q=None,
-cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0) -> (out, softmax_lse)``
+cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0, seqused_q=None, seqused_k=None, leftpad_k=None,
+block_table=None, learnable_sink=None) -> (out, softmax_lse)``
   Two layouts. Padded (cu_seqlens_q None): q [B, Sq, H, D], k and v
   [B, Sk, Hk, D]; out [B, Sq, H, D], softmax_lse [B, H, Sq]. Variable-length
   (cu_seqlens_q and cu_seqlens_k, int32 [B + 1], nondecreasing from 0): q
@@ -31,50 +32,53 @@ cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0) -> (out, softmax_lse)``
   - softmax_lse is the natural-log log-sum-exp of the visible scores. A row
     that sees no key gets out = 0, lse = -inf; a row whose scores hold a NaN
     gets out = NaN, lse = NaN.
+  - learnable_sink, fp32 [H] or None (FlashAttention-4's): per head h a logit
+    that joins every row's softmax denominator and has no value, as given (not
+    scaled by softmax_scale, not capped, no ALiBi). P_ij = exp(s_ij - lse_i),
+    lse_i = log(sum_j exp(s_ij) + exp(sink_h)) (softmax_lse includes it); a row
+    that sees no key gets out 0 and lse = sink_h. A sink of -inf is none.
   - dropout_p > 0 (needs rng_state, int64 [2] on q's device: Philox seed and
     offset): out_i = sum_j P_ij * keep_ij / (1 - dropout_p) * v_j with P the
     undropped probabilities and keep the mask of flashattn.philox; the LSE is
     the undropped one.
-  The op is differentiable in q, k and v, through out and through softmax_lse:
-  its backward runs bwd below with the same arguments, or bwd_ext when a
-  gradient reaches softmax_lse (d lse_i / d s_ij = P_ij). `deterministic` is
-  the backward's; the forward is deterministic either way.
+  The op is differentiable in q, k, v and learnable_sink, through out and
+  through softmax_lse (d lse_i / d s_ij = P_ij): its backward runs bwd below
+  with the same arguments. `deterministic` is the backward's; the forward is
+  deterministic either way.
 
 ``torch.ops.flashattn.bwd(dout, q, k, v, out, softmax_lse, softmax_scale, causal, deterministic,
-<fwd's options from window_left on, without block_table>) -> (dq, dk, dv)``
-  The gradients of fwd's out, given dout shaped like q and fwd's out and
-  softmax_lse on the same inputs and options; any strides. dq, dk and dv have
-  the shapes of q, k and v, their dtype, and are contiguous. dk and dv of KV
-  head j sum over the query heads that share it (h // (H // Hk) == j). A query
-  row that saw no key (lse = -inf) gets dq = 0 and adds nothing to dk, dv.
-  With dropout: dV = (P * keep / (1 - p))^T dO, dP = (dO V^T) * keep / (1 - p),
-  dS = P * (dP - rowsum(dO * O)); softcap multiplies dS by 1 - tanh^2.
-  deterministic=True promises bitwise-identical results run after run.
+<fwd's options from window_left on, without block_table>, learnable_sink=None, dlse=None)
+-> (dq, dk, dv, dsink)``
+  The gradients of fwd's out (and softmax_lse), given dout shaped like q and
+  fwd's out and softmax_lse on the same inputs and options; any strides. dq,
+  dk and dv have the shapes of q, k and v, their dtype, and are contiguous. dk
+  and dv of KV head j sum over the query heads that share it (h // (H // Hk) ==
+  j). A query row that saw no key (lse = -inf) gets dq = 0 and adds nothing to
+  dk, dv. With dropout: dV = (P * keep / (1 - p))^T dO, dP = (dO V^T) * keep /
+  (1 - p), dS = P * (dP - D) with D = rowsum(dO * O); softcap multiplies dS by
+  1 - tanh^2. dlse, fp32 shaped like softmax_lse, or None: the gradient of
+  softmax_lse, folded in as D - dlse for D (rows with lse -inf drop it).
+  learnable_sink: fwd's; dsink (fp32 [H]) = -sum over rows of exp(sink_h -
+  lse_i) * (D_i - dlse_i), an empty (0,) tensor without a sink.
+  deterministic=True promises bitwise-identical results run after run (dsink
+  always is).
   fwd's autograd runs it on paged k and v by gathering each sequence's pages
   into a packed batch and summing the gradients back into the pages
   (_paged_backward).
 
-``torch.ops.flashattn.fwd_ext(<fwd's arguments>, learnable_sink=None) -> (out, softmax_lse)``
-``torch.ops.flashattn.bwd_ext(<bwd's arguments>, learnable_sink=None, dlse=None) -> (dq, dk, dv, dsink)``
-  fwd and bwd with issue 21's arguments, until the CUDA kernels take them (then
-  they join FWD_SCHEMA and BWD_SCHEMA: the binding's typed m.impl would refuse
-  schemas its C++ signatures do not match, so they cannot join before):
-  - learnable_sink, fp32 [H] or None: per head h a logit that joins every row's
-    softmax denominator and has no value, as given (not scaled by softmax_scale,
-    not capped, no ALiBi: FlashAttention-4's learnable_sink). P_ij = exp(s_ij -
-    lse_i), lse_i = log(sum_j exp(s_ij) + exp(sink_h)) (softmax_lse includes
-    it); a row that sees no key gets out 0 and lse = sink_h. bwd_ext's dsink
-    (fp32 [H]) = -sum over rows of exp(sink_h - lse_i) * (rowsum(dO_i * O_i) -
-    dlse_i); an empty (0,) tensor without a sink.
-  - dlse, fp32 shaped like softmax_lse, or None: the gradient of softmax_lse,
-    folded into the softmax's backward as dS = P * (dP - (rowsum(dO * O) - dlse)).
-  fwd_ext is differentiable in q, k, v and learnable_sink. On CUDA both raise
-  NotImplementedError for a sink, and bwd_ext for a non-zero dlse (read on the
-  host: a sync, on that path only); otherwise they run fwd and bwd.
-
 ``torch.ops.flashattn.fwd_kvcache(...)`` (KVCACHE_SCHEMA)
   flashattn.kvcache.flash_attn_with_kvcache's operator: appends k and v to the
   cache in place, then attends from q over it (see that function).
+
+``torch.ops.flashattn.combine(out_partial, lse_partial, out_dtype=None) -> (out, softmax_lse)``
+  flashattn.flash_attn_combine's operator (FlashAttention-3's semantics): fp32
+  partial results over disjoint sets of keys, out_partial [splits, B, S, H, D]
+  and lse_partial [splits, B, S, H] (any strides; CUDA: out_partial's last
+  stride 1), merged: out [B, S, H, D] = sum_s exp(lse_s - lse) out_s in out_dtype
+  (float32 by default, float16, bfloat16), softmax_lse [B, S, H] fp32 = log sum_s
+  exp(lse_s), both contiguous; a row whose every part is -inf gets out 0 and lse
+  -inf. Differentiable in out_partial and lse_partial (the backward in PyTorch
+  operations, _combine_backward).
 
 The schemas are defined here and only here, for every device: the compiled
 extension (csrc/api/flash_api.cpp) registers CUDA implementations of them
@@ -86,39 +90,25 @@ messages); the public functions check the Python arguments (README.md, "Where
 each argument is checked").
 """
 
-import inspect
+import math
 
 import torch
 from torch import Tensor
 
 from . import cpu
 
-__all__ = ["BWD_EXT_SCHEMA", "BWD_SCHEMA", "FWD_EXT_SCHEMA", "FWD_SCHEMA", "KVCACHE_SCHEMA", "fwd"]
+__all__ = ["BWD_SCHEMA", "COMBINE_SCHEMA", "FWD_SCHEMA", "KVCACHE_SCHEMA", "fwd"]
 
 FWD_SCHEMA = (
     "fwd(Tensor q, Tensor k, Tensor v, float softmax_scale, bool causal, bool deterministic=False, "
     "int window_left=-1, int window_right=-1, float softcap=0.0, Tensor? alibi_slopes=None, "
     "float dropout_p=0.0, Tensor? rng_state=None, Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, "
     "int max_seqlen_q=0, int max_seqlen_k=0, Tensor? seqused_q=None, Tensor? seqused_k=None, "
-    "Tensor? leftpad_k=None, Tensor? block_table=None) -> (Tensor out, Tensor softmax_lse)"
-)
-BWD_SCHEMA = (
-    "bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, float softmax_scale, "
-    "bool causal, bool deterministic, int window_left=-1, int window_right=-1, float softcap=0.0, "
-    "Tensor? alibi_slopes=None, float dropout_p=0.0, Tensor? rng_state=None, Tensor? cu_seqlens_q=None, "
-    "Tensor? cu_seqlens_k=None, int max_seqlen_q=0, int max_seqlen_k=0, Tensor? seqused_q=None, "
-    "Tensor? seqused_k=None, Tensor? leftpad_k=None) -> (Tensor dq, Tensor dk, Tensor dv)"
-)
-FWD_EXT_SCHEMA = (
-    "fwd_ext(Tensor q, Tensor k, Tensor v, float softmax_scale, bool causal, bool deterministic=False, "
-    "int window_left=-1, int window_right=-1, float softcap=0.0, Tensor? alibi_slopes=None, "
-    "float dropout_p=0.0, Tensor? rng_state=None, Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, "
-    "int max_seqlen_q=0, int max_seqlen_k=0, Tensor? seqused_q=None, Tensor? seqused_k=None, "
     "Tensor? leftpad_k=None, Tensor? block_table=None, Tensor? learnable_sink=None) "
     "-> (Tensor out, Tensor softmax_lse)"
 )
-BWD_EXT_SCHEMA = (
-    "bwd_ext(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, float softmax_scale, "
+BWD_SCHEMA = (
+    "bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, float softmax_scale, "
     "bool causal, bool deterministic, int window_left=-1, int window_right=-1, float softcap=0.0, "
     "Tensor? alibi_slopes=None, float dropout_p=0.0, Tensor? rng_state=None, Tensor? cu_seqlens_q=None, "
     "Tensor? cu_seqlens_k=None, int max_seqlen_q=0, int max_seqlen_k=0, Tensor? seqused_q=None, "
@@ -129,11 +119,16 @@ KVCACHE_SCHEMA = (
     "fwd_kvcache(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor? k, Tensor? v, Tensor? rotary_cos, "
     "Tensor? rotary_sin, Tensor cache_seqlens, Tensor? cache_batch_idx, Tensor? cache_leftpad, "
     "Tensor? block_table, float softmax_scale, bool causal, int window_left, int window_right, float softcap, "
-    "bool rotary_interleaved, Tensor? alibi_slopes, int num_splits) -> (Tensor out, Tensor softmax_lse)"
+    "bool rotary_interleaved, Tensor? alibi_slopes, int num_splits, Tensor? learnable_sink=None) "
+    "-> (Tensor out, Tensor softmax_lse)"
+)
+
+COMBINE_SCHEMA = (
+    "combine(Tensor out_partial, Tensor lse_partial, ScalarType? out_dtype=None) -> (Tensor out, Tensor softmax_lse)"
 )
 
 _lib = torch.library.Library("flashattn", "DEF")
-for _schema in (FWD_SCHEMA, BWD_SCHEMA, KVCACHE_SCHEMA, FWD_EXT_SCHEMA, BWD_EXT_SCHEMA):
+for _schema in (FWD_SCHEMA, BWD_SCHEMA, KVCACHE_SCHEMA, COMBINE_SCHEMA):
     _lib.define(_schema)
 
 
@@ -158,11 +153,13 @@ def _fwd_fake(
     seqused_k: Tensor | None = None,
     leftpad_k: Tensor | None = None,
     block_table: Tensor | None = None,
+    learnable_sink: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Output shapes and dtypes without computing: what torch.compile traces with (and what meta
     tensors get). It checks the tensors as the implementations do, so tracing stops where eager would."""
     cpu.check_fwd(q, k, v, alibi_slopes, dropout_p, rng_state, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
                   leftpad_k, block_table)
+    cpu.check_learnable_sink(learnable_sink, q)
     out = q.new_empty(q.shape)  # [B, Sq, H, D] or [total_q, H, D]
     if cu_seqlens_q is None:
         batch, seqlen_q, num_heads, _ = q.shape
@@ -196,134 +193,121 @@ def _bwd_fake(
     seqused_q: Tensor | None = None,
     seqused_k: Tensor | None = None,
     leftpad_k: Tensor | None = None,
-) -> tuple[Tensor, Tensor, Tensor]:
+    learnable_sink: Tensor | None = None,
+    dlse: Tensor | None = None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Gradient shapes and dtypes without computing: what torch.compile traces the backward with."""
     cpu.check_bwd(dout, q, k, v, out, softmax_lse, alibi_slopes, dropout_p, rng_state, cu_seqlens_q, cu_seqlens_k,
                   seqused_q, seqused_k, leftpad_k)
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
-
-
-def _fwd_ext_fake(*args, **kwargs) -> tuple[Tensor, Tensor]:
-    """fwd's fake, and the sink checked (cpu.fwd takes fwd_ext's arguments)."""
-    arguments = _bind(cpu.fwd, args, kwargs)
-    learnable_sink = arguments.pop("learnable_sink")
-    cpu.check_learnable_sink(learnable_sink, arguments["q"])
-    return _fwd_fake(**arguments)
-
-
-def _bwd_ext_fake(*args, **kwargs) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """bwd's fake, the sink and dlse checked, and dsink: fp32 [H], or (0,) without a sink."""
-    arguments = _bind(cpu.bwd_ext, args, kwargs)
-    learnable_sink, dlse = arguments.pop("learnable_sink"), arguments.pop("dlse")
-    q = arguments["q"]
     cpu.check_learnable_sink(learnable_sink, q)
-    cpu.check_dlse(dlse, arguments["softmax_lse"])
+    cpu.check_dlse(dlse, softmax_lse)
     dsink = q.new_empty((0,) if learnable_sink is None else learnable_sink.shape, dtype=torch.float32)
-    return (*_bwd_fake(**arguments), dsink)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dsink
 
 
-def _bind(function, args: tuple, kwargs: dict) -> dict:
-    """The arguments of an operator call by parameter name, defaults filled in: the dispatcher leaves
-    out trailing arguments that equal their defaults, and the CPU functions share the schemas' names."""
-    bound = inspect.signature(function).bind(*args, **kwargs)
-    bound.apply_defaults()
-    return dict(bound.arguments)
-
-
-def _fwd_ext_cuda(*args, **kwargs) -> tuple[Tensor, Tensor]:
-    """fwd_ext on CUDA: fwd, until the kernels take a sink."""
-    arguments = _bind(cpu.fwd, args, kwargs)
-    if arguments.pop("learnable_sink") is not None:
-        raise NotImplementedError(
-            "flashattn: learnable_sink is not supported on CUDA tensors yet (the kernels do not take it; "
-            "issue 21); it runs on CPU tensors"
-        )
-    return torch.ops.flashattn.fwd(**arguments)
-
-
-def _bwd_ext_cuda(*args, **kwargs) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """bwd_ext on CUDA: bwd, until the kernels take a sink and dlse. Whether dlse is zero is read on
-    the host (a sync): only on this path, which otherwise raises."""
-    arguments = _bind(cpu.bwd_ext, args, kwargs)
-    learnable_sink, dlse = arguments.pop("learnable_sink"), arguments.pop("dlse")
-    if learnable_sink is not None:
-        raise NotImplementedError(
-            "flashattn: learnable_sink is not supported on CUDA tensors yet (the kernels do not take it; "
-            "issue 21); it runs on CPU tensors"
-        )
-    if dlse is not None and bool(dlse.any()):
-        raise NotImplementedError(
-            "flashattn: a gradient through softmax_lse (dlse) is not supported on CUDA tensors yet (the backward "
-            "kernels do not take it; issue 21); it runs on CPU tensors"
-        )
-    q = arguments["q"]
-    return (*torch.ops.flashattn.bwd(**arguments), q.new_empty((0,), dtype=torch.float32))
-
-
-def _fwd_kvcache_fake(q: Tensor, k_cache: Tensor, v_cache: Tensor, *args) -> tuple[Tensor, Tensor]:
+def _fwd_kvcache_fake(q: Tensor, k_cache: Tensor, v_cache: Tensor, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                      cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal, window_left, window_right,
+                      softcap, rotary_interleaved, alibi_slopes, num_splits,
+                      learnable_sink: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    cpu.check_learnable_sink(learnable_sink, q)
     batch, seqlen_q, num_heads, _ = q.shape
     return q.new_empty(q.shape), q.new_empty((batch, num_heads, seqlen_q), dtype=torch.float32)
 
 
+def _combine_fake(out_partial: Tensor, lse_partial: Tensor,
+                  out_dtype: torch.dtype | None = None) -> tuple[Tensor, Tensor]:
+    cpu.check_combine(out_partial, lse_partial, out_dtype)
+    return (out_partial.new_empty(out_partial.shape[1:], dtype=out_dtype or torch.float32),
+            lse_partial.new_empty(lse_partial.shape[1:]))
+
+
+def _combine_cpu(out_partial: Tensor, lse_partial: Tensor,
+                 out_dtype: torch.dtype | None = None) -> tuple[Tensor, Tensor]:
+    cpu.check_combine(out_partial, lse_partial, out_dtype)
+    out, lse = cpu.combine(out_partial, lse_partial)
+    return out.to(out_dtype or torch.float32), lse
+
+
+def _combine_setup_context(ctx, inputs: tuple, output: tuple[Tensor, Tensor]) -> None:
+    out_partial, lse_partial, _ = inputs
+    ctx.save_for_backward(out_partial, lse_partial, output[1])
+    ctx.set_materialize_grads(False)
+
+
+def _combine_backward(ctx, dout: Tensor | None, dlse: Tensor | None) -> tuple:
+    """combine's gradients, in PyTorch operations (memory-bound; no kernel of its own). With w_s =
+    exp(lse_s - lse): d out_s = w_s dout, and d lse_s = w_s (dout . out_s - dout . out + dlse),
+    dout . out = sum_s w_s dout . out_s. A part that saw no key (lse_s -inf), and every part of a
+    row that none saw, has w_s = 0: zero gradients, never NaN."""
+    out_partial, lse_partial, lse = ctx.saved_tensors
+    seen = lse != -math.inf  # [B, S, H]
+    weights = torch.exp(lse_partial - torch.where(seen, lse, 0.0)).masked_fill(~seen, 0.0)  # [splits, B, S, H]
+    dot = 0.0 if dlse is None else dlse.float()
+    d_out_partial = None
+    if dout is not None:
+        dout = dout.float()
+        d_out_partial = weights.unsqueeze(-1) * dout  # [splits, B, S, H, D]
+        part_dots = (out_partial * dout).sum(-1)  # dout . out_s, [splits, B, S, H]
+        dot = dot + part_dots - (weights * part_dots).sum(0)
+    d_lse_partial = weights * dot if dout is not None or dlse is not None else None
+    return d_out_partial, d_lse_partial, None
+
+
 def _fwd_setup_context(ctx, inputs: tuple, output: tuple[Tensor, Tensor]) -> None:
     """Saves what the backward recomputes the probabilities from: q, k, v, out and the LSE (and
-    the options' tensors; fwd_ext's sink), nothing of size Sq x Sk, so training memory stays linear
+    the options' tensors, the sink), nothing of size Sq x Sk, so training memory stays linear
     in the sequence length. Gradients that do not arrive stay None (no materialised zeros): the
     backward tells "nothing reached softmax_lse" from a gradient without reading it."""
     (q, k, v, softmax_scale, causal, deterministic, window_left, window_right, softcap, alibi_slopes,
      dropout_p, rng_state, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k,
-     leftpad_k, block_table, *sink_input) = inputs  # fmt: skip
+     leftpad_k, block_table, learnable_sink) = inputs  # fmt: skip
     out, softmax_lse = output
-    learnable_sink = sink_input[0] if sink_input else None
     ctx.save_for_backward(q, k, v, out, softmax_lse, alibi_slopes, rng_state, cu_seqlens_q, cu_seqlens_k,
                           seqused_q, seqused_k, leftpad_k, block_table, learnable_sink)
     ctx.options = (softmax_scale, causal, deterministic, window_left, window_right, softcap)
     ctx.dropout_p = dropout_p
     ctx.max_seqlens = (max_seqlen_q, max_seqlen_k)
-    ctx.takes_sink = bool(sink_input)  # fwd_ext: one more input to return a gradient for
     ctx.set_materialize_grads(False)
 
 
 def _fwd_backward(ctx, dout: Tensor | None, dlse: Tensor | None) -> tuple:
-    """fwd's (fwd_ext's) gradients in q, k and v (and learnable_sink): flashattn::bwd on the saved
-    tensors with the forward's arguments, or bwd_ext when there is a sink or a gradient reached
-    softmax_lse (through _paged_backward for paged k and v). None for every other input: the options,
-    alibi_slopes, rng_state and the sequence tensors are not differentiated. dout comes in whatever
-    layout the consumer of out produced; bwd accepts any; None when only softmax_lse was used."""
+    """fwd's gradients in q, k, v and learnable_sink: flashattn::bwd on the saved tensors with the
+    forward's arguments and the gradient that reached softmax_lse, if any (through _paged_backward
+    for paged k and v). None for every other input: the options, alibi_slopes, rng_state and the
+    sequence tensors are not differentiated. dout comes in whatever layout the consumer of out
+    produced (bwd accepts any); None when only softmax_lse was used. dlse is made contiguous here:
+    the binding reads it in the LSE's layout."""
     (q, k, v, out, softmax_lse, alibi_slopes, rng_state, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
      leftpad_k, block_table, learnable_sink) = ctx.saved_tensors  # fmt: skip
     if dout is None:
         dout = torch.zeros_like(out)
+    if dlse is not None:
+        dlse = dlse.contiguous()
     options = (*ctx.options, alibi_slopes, ctx.dropout_p, rng_state)
-    ext = (learnable_sink, dlse) if learnable_sink is not None or dlse is not None else None
+    ext = (learnable_sink, dlse)
     if block_table is not None:
         dq, dk, dv, dsink = _paged_backward(dout, q, k, v, out, softmax_lse, options, cu_seqlens_q, cu_seqlens_k,
                                             ctx.max_seqlens[0], seqused_q, seqused_k, block_table, ext)
     else:
-        arguments = (dout, q, k, v, out, softmax_lse, *options, cu_seqlens_q, cu_seqlens_k, *ctx.max_seqlens,
-                     seqused_q, seqused_k, leftpad_k)  # fmt: skip
-        if ext is None:
-            (dq, dk, dv), dsink = torch.ops.flashattn.bwd(*arguments), None
-        else:
-            dq, dk, dv, dsink = torch.ops.flashattn.bwd_ext(*arguments, *ext)
-    grads = (dq, dk, dv) + (None,) * 17
-    if ctx.takes_sink:
-        grads += (dsink if learnable_sink is not None else None,)
-    return grads
+        dq, dk, dv, dsink = torch.ops.flashattn.bwd(
+            dout, q, k, v, out, softmax_lse, *options, cu_seqlens_q, cu_seqlens_k, *ctx.max_seqlens, seqused_q,
+            seqused_k, leftpad_k, *ext,
+        )  # fmt: skip
+    return (dq, dk, dv) + (None,) * 17 + (dsink if learnable_sink is not None else None,)
 
 
 def _paged_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, softmax_lse: Tensor, options: tuple,
                     cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, max_seqlen_q: int, seqused_q: Tensor | None,
                     seqused_k: Tensor | None, block_table: Tensor,
-                    ext: tuple[Tensor | None, Tensor | None] | None = None,
-                    ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+                    ext: tuple[Tensor | None, Tensor | None] = (None, None),
+                    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """The gradients of a paged forward: each sequence's block-table row gathered into a packed batch
     (sequence b at rows b * capacity, its length in seqused_k), bwd on it, then each page's share summed
     back into a page-shaped dk and dv, in fp32 (pages shared by sequences add up; the order of those
     additions is the device's, so pages listed more than once are exempt from `deterministic`). Block-table
     entries past a sequence's length are not read; lengths and entries out of range are clamped as the
-    forward's kernels clamp them (the forward has raised or recorded them). ext: bwd_ext's
-    (learnable_sink, dlse), or None for bwd; the fourth result is bwd_ext's dsink (None for bwd)."""
+    forward's kernels clamp them (the forward has raised or recorded them). ext: bwd's
+    (learnable_sink, dlse); the fourth result is bwd's dsink."""
     batch, blocks = block_table.shape
     num_pages, page_size = k.shape[0], k.shape[1]
     capacity = blocks * page_size
@@ -334,12 +318,10 @@ def _paged_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, 
     k_packed, v_packed = (t[pages].flatten(0, 1) for t in (k, v))  # [B * capacity, Hk, D]
     cu_seqlens_packed = torch.arange(batch + 1, device=k.device, dtype=torch.int32) * capacity
     # Each packed range is `capacity` rows long (the blocks past a sequence's length exit at once).
-    arguments = (dout, q, k_packed, v_packed, out, softmax_lse, *options, cu_seqlens_q, cu_seqlens_packed,
-                 max_seqlen_q, capacity, seqused_q, lengths.to(torch.int32), None)  # fmt: skip
-    if ext is None:
-        (dq, dk_packed, dv_packed), dsink = torch.ops.flashattn.bwd(*arguments), None
-    else:
-        dq, dk_packed, dv_packed, dsink = torch.ops.flashattn.bwd_ext(*arguments, *ext)
+    dq, dk_packed, dv_packed, dsink = torch.ops.flashattn.bwd(
+        dout, q, k_packed, v_packed, out, softmax_lse, *options, cu_seqlens_q, cu_seqlens_packed, max_seqlen_q,
+        capacity, seqused_q, lengths.to(torch.int32), None, *ext,
+    )  # fmt: skip
     # Rows past a sequence's length have zero gradients: the unused entries' page 0 gains nothing.
     dk, dv = (
         torch.zeros(t.shape, dtype=torch.float32, device=t.device)
@@ -357,7 +339,7 @@ torch.library.register_autograd("flashattn::fwd", _fwd_backward, setup_context=_
 
 class _FwdAutograd(torch.autograd.Function):
     """fwd's autograd in eager mode: the same setup_context and backward as its registration above.
-    On every call with a gradient, the registration's wrapper fills the operator's 20 schema
+    On every call with a gradient, the registration's wrapper fills the operator's 21 schema
     defaults back in, ~230 us of host time per call with torch 2.11 (more than the whole kernel
     of a causal S = 2k call: benchmarks/NOTES.md, fifth session); here the operator runs with grad
     off, which its registration passes straight through."""
@@ -377,19 +359,18 @@ _FWD_DEFAULTS = tuple(argument.default_value for argument in torch.ops.flashattn
 
 def fwd(*inputs) -> tuple[Tensor, Tensor]:
     """torch.ops.flashattn.fwd(*inputs) (positional arguments, the trailing ones optional) with its
-    gradient: through _FwdAutograd in eager mode when q, k or v needs one, through the operator
+    gradient: through _FwdAutograd in eager mode when q, k, v or the sink needs one, through the operator
     itself otherwise and under torch.compile (which traces the operator and its registered autograd)."""
+    differentiable = (*inputs[:3], *inputs[20:21])  # q, k, v and learnable_sink
     if (torch.is_grad_enabled() and not torch.compiler.is_compiling()
-            and any(t.requires_grad for t in inputs[:3])):
+            and any(t is not None and t.requires_grad for t in differentiable)):
         return _FwdAutograd.apply(*inputs, *_FWD_DEFAULTS[len(inputs):])
     return torch.ops.flashattn.fwd(*inputs)
+
+
 torch.library.register_fake("flashattn::bwd", _bwd_fake)
 torch.library.impl("flashattn::bwd", "cpu", cpu.bwd)
 torch.library.register_fake("flashattn::fwd_kvcache", _fwd_kvcache_fake)
-torch.library.register_fake("flashattn::fwd_ext", _fwd_ext_fake)
-torch.library.impl("flashattn::fwd_ext", "cpu", cpu.fwd)
-torch.library.impl("flashattn::fwd_ext", "cuda", _fwd_ext_cuda)
-torch.library.register_autograd("flashattn::fwd_ext", _fwd_backward, setup_context=_fwd_setup_context)
-torch.library.register_fake("flashattn::bwd_ext", _bwd_ext_fake)
-torch.library.impl("flashattn::bwd_ext", "cpu", cpu.bwd_ext)
-torch.library.impl("flashattn::bwd_ext", "cuda", _bwd_ext_cuda)
+torch.library.register_fake("flashattn::combine", _combine_fake)
+torch.library.impl("flashattn::combine", "cpu", _combine_cpu)
+torch.library.register_autograd("flashattn::combine", _combine_backward, setup_context=_combine_setup_context)

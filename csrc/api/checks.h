@@ -20,6 +20,7 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "common/flash.h"
 
@@ -255,6 +256,61 @@ void check_options(const at::Tensor& q, int64_t batch, int64_t window_left, int6
                     str(rng_state->scalar_type()), " of shape ", str(rng_state->sizes()), " on ",
                     rng_state->device().str());
     }
+}
+
+// learnable_sink: float32 (nheads,) on q's device (the binding passes the
+// kernels a contiguous copy where it is strided).
+void check_learnable_sink(const std::optional<at::Tensor>& learnable_sink, const at::Tensor& q) {
+    if (!learnable_sink.has_value()) return;
+    const at::Tensor& sink = *learnable_sink;
+    const int64_t num_heads = q.size(-2);
+    const std::string accepted = "a float32 tensor of shape (nheads,) = (" + str(num_heads) + ",)";
+    TORCH_CHECK_TYPE(sink.scalar_type() == at::kFloat, "flashattn: learnable_sink must be ", accepted,
+                     ", got dtype ", str(sink.scalar_type()));
+    TORCH_CHECK_VALUE(sink.dim() == 1 && sink.size(0) == num_heads, "flashattn: learnable_sink must be ", accepted,
+                      ", got shape ", str(sink.sizes()));
+    check_same_device(sink, "learnable_sink", q);
+}
+
+// dlse, the gradient of softmax_lse: float32 of its shape on its device (the
+// binding passes the kernels a contiguous copy where it is strided).
+void check_dlse(const std::optional<at::Tensor>& dlse, const at::Tensor& lse) {
+    if (!dlse.has_value()) return;
+    TORCH_CHECK(dlse->scalar_type() == at::kFloat && dlse->sizes() == lse.sizes() && dlse->device() == lse.device(),
+                "flashattn: dlse must be a float32 tensor of softmax_lse's shape ", str(lse.sizes()), " on ",
+                lse.device().str(), ", got ", str(dlse->sizes()), " ", str(dlse->scalar_type()), " on ",
+                dlse->device().str());
+}
+
+// flash_attn_combine's partial results: out_partial fp32 (num_splits, batch,
+// seqlen, nheads, headdim) with a contiguous last dimension, lse_partial fp32
+// (num_splits, batch, seqlen, nheads), on one CUDA device; out_dtype float32,
+// float16 or bfloat16 (the same messages as flashattn/cpu.py's check_combine).
+void check_combine(const at::Tensor& out_partial, const at::Tensor& lse_partial, at::ScalarType out_dtype) {
+    TORCH_CHECK_VALUE(out_partial.dim() == 5, "flashattn: out_partial must be 5-D (num_splits, batch, seqlen, "
+                      "nheads, headdim), got shape ", str(out_partial.sizes()));
+    TORCH_CHECK_VALUE(out_partial.size(0) > 0, "flashattn: out_partial must hold at least one split, got "
+                      "num_splits = 0");
+    const std::vector<int64_t> lse_shape(out_partial.sizes().begin(), out_partial.sizes().end() - 1);
+    TORCH_CHECK_VALUE(lse_partial.sizes() == c10::IntArrayRef(lse_shape), "flashattn: lse_partial must have shape "
+                      "(num_splits, batch, seqlen, nheads) = ", str(c10::IntArrayRef(lse_shape)), ", got ",
+                      str(lse_partial.sizes()));
+    TORCH_CHECK_TYPE(out_partial.scalar_type() == at::kFloat, "flashattn: out_partial must be float32, got ",
+                     str(out_partial.scalar_type()));
+    TORCH_CHECK_TYPE(lse_partial.scalar_type() == at::kFloat, "flashattn: lse_partial must be float32, got ",
+                     str(lse_partial.scalar_type()));
+    TORCH_CHECK(lse_partial.device() == out_partial.device(), "flashattn: lse_partial is on ",
+                lse_partial.device().str(), " but out_partial is on ", out_partial.device().str(),
+                "; they must be on one device");
+    TORCH_CHECK(out_partial.is_cuda(), "flashattn: out_partial must be a CUDA tensor (got device ",
+                out_partial.device().str(), ")");
+    TORCH_CHECK_TYPE(out_dtype == at::kFloat || out_dtype == at::kHalf || out_dtype == at::kBFloat16,
+                     "flashattn: out_dtype must be one of torch.float32, torch.float16, torch.bfloat16, got ",
+                     str(out_dtype));
+    check_last_dim_contiguous(out_partial, "out_partial");
+    TORCH_CHECK_VALUE(out_partial.size(1) <= 65535 && out_partial.size(2) * out_partial.size(3) <= INT32_MAX,
+                      "flashattn: flash_attn_combine takes a batch of at most 65535 and seqlen x nheads in int32, "
+                      "got ", str(out_partial.sizes()));
 }
 
 // An optional int32 [rows] (or with `matrix` [rows, cols]) tensor on q's

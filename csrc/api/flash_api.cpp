@@ -37,6 +37,11 @@ at::Tensor aligned(const at::Tensor& t) {
     return readable_in_place(t) ? t : t.clone(at::MemoryFormat::Contiguous);
 }
 
+// An optional fp32 tensor as the kernels read it: contiguous (a strided view is copied).
+std::optional<at::Tensor> contiguous_if_given(const std::optional<at::Tensor>& t) {
+    return t.has_value() ? std::optional<at::Tensor>(t->contiguous()) : std::nullopt;
+}
+
 // Fills the params both passes share. out and lse are written by the forward
 // and read by the backward.
 void set_params(flash::FwdParams& params, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -44,7 +49,8 @@ void set_params(flash::FwdParams& params, const at::Tensor& q, const at::Tensor&
                 const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_k,
                 int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale, bool causal, int64_t window_left,
                 int64_t window_right, double softcap, const std::optional<at::Tensor>& alibi_slopes,
-                double dropout_p, const std::optional<at::Tensor>& rng_state, int max_smem_per_block) {
+                double dropout_p, const std::optional<at::Tensor>& rng_state,
+                const std::optional<at::Tensor>& learnable_sink, int max_smem_per_block) {
     params.q_ptr = q.data_ptr();
     params.k_ptr = k.data_ptr();
     params.v_ptr = v.data_ptr();
@@ -92,6 +98,7 @@ void set_params(flash::FwdParams& params, const at::Tensor& q, const at::Tensor&
     params.dropout_rescale = static_cast<float>(1.0 / (1.0 - dropout_p));
     params.rng_state = dropout_p > 0 ? rng_state->data_ptr<int64_t>() : nullptr;
     params.has_extras = softcap > 0 || alibi_slopes.has_value() || dropout_p > 0;
+    params.learnable_sink = learnable_sink.has_value() ? learnable_sink->data_ptr<float>() : nullptr;
 
     params.dtype = q.scalar_type() == at::kBFloat16 ? flash::DType::kBFloat16 : flash::DType::kFloat16;
     params.max_smem_per_block = max_smem_per_block;
@@ -162,7 +169,8 @@ std::tuple<at::Tensor, at::Tensor> mha_fwd(const at::Tensor& q,  // [B, Sq, H, D
                                            int64_t max_seqlen_k, const std::optional<at::Tensor>& seqused_q,
                                            const std::optional<at::Tensor>& seqused_k,
                                            const std::optional<at::Tensor>& leftpad_k,
-                                           const std::optional<at::Tensor>& block_table) {
+                                           const std::optional<at::Tensor>& block_table,
+                                           const std::optional<at::Tensor>& learnable_sink) {
     Layout layout = check_varlen(q, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k);
     check_needs_varlen(layout, seqused_q, seqused_k, leftpad_k, block_table);
     layout.paged = block_table.has_value();
@@ -172,6 +180,7 @@ std::tuple<at::Tensor, at::Tensor> mha_fwd(const at::Tensor& q,  // [B, Sq, H, D
     const int64_t batch = layout.varlen ? cu_seqlens_q->size(0) - 1 : q.size(0);
     check_options(q, batch, window_left, window_right, alibi_slopes, dropout_p, rng_state);
     check_sequences(q, k, layout, batch, seqused_q, seqused_k, leftpad_k, block_table);
+    check_learnable_sink(learnable_sink, q);
     const c10::cuda::CUDAGuard device_guard(q.device());
     const int64_t rows = layout.rows(q), num_heads = q.size(-2);
     // A variable-length batch's rows that no sequence uses (past cu_seqlens_q[-1],
@@ -184,10 +193,11 @@ std::tuple<at::Tensor, at::Tensor> mha_fwd(const at::Tensor& q,  // [B, Sq, H, D
     if (batch == 0 || rows == 0 || num_heads == 0) return {out.zero_(), lse.fill_(-INFINITY)};
 
     const at::Tensor q_in = aligned(q), k_in = aligned(k), v_in = aligned(v);
+    const std::optional<at::Tensor> sink_in = contiguous_if_given(learnable_sink);
     flash::FwdParams params{};
     set_params(params, q_in, k_in, v_in, out, lse, layout, batch, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, dropout_p,
-               rng_state, kernels.max_smem_per_block);
+               rng_state, sink_in, kernels.max_smem_per_block);
     set_sequences(params, q, k, seqused_q, seqused_k, leftpad_k, block_table);
     const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
     at::Tensor counters;
@@ -199,14 +209,31 @@ std::tuple<at::Tensor, at::Tensor> mha_fwd(const at::Tensor& q,  // [B, Sq, H, D
     return {out, lse};
 }
 
-// The gradients of the forward above. deterministic=true: bitwise reproducible
-// (dQ summed in one order); false: dQ is summed with fp32 atomics in whatever
-// order the blocks finish, where that is faster.
+// The sink's gradient of a backward with no key, where no kernel runs (flash.h:
+// BwdParams::dsink_ptr): -sum over each head's rows of exp(sink - lse) * (D -
+// dlse), D = rowsum(dout * out), rows of lse -inf (no sequence) left out.
+at::Tensor sink_gradient_without_keys(const at::Tensor& dout, const at::Tensor& out, const at::Tensor& lse,
+                                      const at::Tensor& learnable_sink, const std::optional<at::Tensor>& dlse,
+                                      const Layout& layout) {
+    // D in lse's layout: [B, Sq, H] -> [B, H, Sq], or [total_q, H] -> [H, total_q].
+    at::Tensor delta = (dout.to(at::kFloat) * out.to(at::kFloat)).sum(-1).transpose(-1, -2);
+    const at::Tensor no_row = lse == -INFINITY;
+    if (dlse.has_value()) delta = delta - dlse->masked_fill(no_row, 0.0);
+    const at::Tensor sink = layout.varlen ? learnable_sink.view({-1, 1}) : learnable_sink.view({1, -1, 1});
+    const at::Tensor weight = (sink - lse).exp().masked_fill(no_row, 0.0);
+    return layout.varlen ? -(weight * delta).sum(1) : -(weight * delta).sum(at::IntArrayRef{0, 2});
+}
+
+// The gradients of the forward above, and with learnable_sink its gradient
+// (fp32 [H]; an empty (0,) tensor without one); dlse, if given, is the
+// gradient of the forward's lse. deterministic=true: bitwise reproducible
+// (dQ summed in one order; dsink always is); false: dQ is summed with fp32
+// atomics in whatever order the blocks finish, where that is faster.
 // dout may have any strides: it is whatever the consumer of out produced (the
 // gradient of out.sum() is a broadcast of stride 0, a slice of a larger
 // gradient starts anywhere), and it is copied when the kernels cannot read it
 // in place.
-std::tuple<at::Tensor, at::Tensor, at::Tensor> mha_bwd(
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> mha_bwd(
     const at::Tensor& dout,  // like q
     const at::Tensor& q,     // [B, Sq, H, D] or [total_q, H, D]
     const at::Tensor& k,     // [B, Sk, Hk, D] or [total_k, Hk, D]
@@ -218,7 +245,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> mha_bwd(
     const std::optional<at::Tensor>& rng_state, const std::optional<at::Tensor>& cu_seqlens_q,
     const std::optional<at::Tensor>& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
     const std::optional<at::Tensor>& seqused_q, const std::optional<at::Tensor>& seqused_k,
-    const std::optional<at::Tensor>& leftpad_k) {
+    const std::optional<at::Tensor>& leftpad_k, const std::optional<at::Tensor>& learnable_sink,
+    const std::optional<at::Tensor>& dlse) {
     const Layout layout = check_varlen(q, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k);
     check_needs_varlen(layout, seqused_q, seqused_k, leftpad_k, std::nullopt);
     check_qkv(q, k, v, layout);
@@ -241,14 +269,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> mha_bwd(
                                                 : "(" + str(batch) + ", " + str(num_heads) + ", " + str(rows) + ")";
     TORCH_CHECK(lse_ok, "flashattn: softmax_lse must be the forward's contiguous float32 tensor of shape ", lse_shape,
                 " on q's device, got ", str(lse.sizes()), " ", lse.scalar_type(), " on ", lse.device().str());
+    check_learnable_sink(learnable_sink, q);
+    check_dlse(dlse, lse);
     const c10::cuda::CUDAGuard device_guard(q.device());
     at::Tensor dq = at::empty(q.sizes(), q.options());
     at::Tensor dk = at::empty(k.sizes(), k.options());
     at::Tensor dv = at::empty(v.sizes(), v.options());
-    if (layout.rows(k) == 0 || batch == 0 || num_heads == 0) {  // no key: every gradient is 0
-        return {dq.zero_(), dk.zero_(), dv.zero_()};
+    at::Tensor dsink = at::empty({learnable_sink.has_value() ? num_heads : 0}, q.options().dtype(at::kFloat));
+    if (batch == 0 || num_heads == 0 || rows == 0) return {dq.zero_(), dk.zero_(), dv.zero_(), dsink.zero_()};
+    if (layout.rows(k) == 0) {  // no key: every gradient is 0 but the sink's
+        if (learnable_sink.has_value()) {
+            dsink = sink_gradient_without_keys(dout, out, lse, *learnable_sink, dlse, layout);
+        }
+        return {dq.zero_(), dk.zero_(), dv.zero_(), dsink};
     }
-    if (rows == 0) return {dq, dk.zero_(), dv.zero_()};
     // A key no query sees gets no block's attention in a variable-length batch
     // whose sequences leave rows unassigned (or cut them with seqused_k,
     // leftpad_k), nor does a query row past cu_seqlens_q[-1] or seqused_q;
@@ -268,16 +302,25 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> mha_bwd(
     const at::Tensor dout_rows = dout_readable ? dout : dout.clone(at::MemoryFormat::Contiguous);
 
     const at::Tensor q_in = aligned(q), k_in = aligned(k), v_in = aligned(v), out_in = aligned(out);
+    const std::optional<at::Tensor> sink_in = contiguous_if_given(learnable_sink);
+    const std::optional<at::Tensor> dlse_in = contiguous_if_given(dlse);
     flash::BwdParams params{};
     set_params(params, q_in, k_in, v_in, out_in, lse, layout, batch, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, dropout_p,
-               rng_state, kernels.max_smem_per_block);
+               rng_state, sink_in, kernels.max_smem_per_block);
     set_sequences(params, q, k, seqused_q, seqused_k, leftpad_k, std::nullopt);
     params.do_ptr = dout_rows.data_ptr();
     params.dq_ptr = dq.data_ptr();
     params.dk_ptr = dk.data_ptr();
     params.dv_ptr = dv.data_ptr();
     params.dsum_ptr = dsum.data_ptr<float>();
+    params.dlse_ptr = dlse_in.has_value() ? dlse_in->data_ptr<float>() : nullptr;
+    at::Tensor dsink_partial;
+    if (learnable_sink.has_value()) {
+        dsink_partial = at::empty({num_heads, flash::kDsinkPartials}, q.options().dtype(at::kFloat));
+        params.dsink_ptr = dsink.data_ptr<float>();
+        params.dsink_partial_ptr = dsink_partial.data_ptr<float>();
+    }
     params.deterministic = deterministic;
     params.do_batch_stride = layout.batch_stride(dout_rows), params.do_row_stride = dout_rows.stride(-3),
     params.do_head_stride = dout_rows.stride(-2);
@@ -301,7 +344,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> mha_bwd(
         params.dq_semaphore = semaphores.data_ptr<int>();
     }
     check_launch(kernels.family->run_bwd(params, stream), "backward", q, params, *kernels.family);
-    return {dq, dk, dv};
+    return {dq, dk, dv, dsink};
 }
 
 // flash_attn_with_kvcache: append k/v (rotary applied) into the cache in place,
@@ -315,10 +358,12 @@ std::tuple<at::Tensor, at::Tensor> mha_fwd_kvcache(
     const at::Tensor& cache_seqlens, const std::optional<at::Tensor>& cache_batch_idx,
     const std::optional<at::Tensor>& cache_leftpad, const std::optional<at::Tensor>& block_table,
     double softmax_scale, bool causal, int64_t window_left, int64_t window_right, double softcap,
-    bool rotary_interleaved, const std::optional<at::Tensor>& alibi_slopes, int64_t num_splits) {
+    bool rotary_interleaved, const std::optional<at::Tensor>& alibi_slopes, int64_t num_splits,
+    const std::optional<at::Tensor>& learnable_sink) {
     const Layout layout{false};
     check_kvcache(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
                   cache_leftpad, block_table);
+    check_learnable_sink(learnable_sink, q);
     const int64_t batch = q.size(0), seqlen_q = q.size(1), num_heads = q.size(2), head_dim = q.size(3);
     const int64_t num_heads_k = k_cache.size(2);
     const bool paged = block_table.has_value();
@@ -386,9 +431,10 @@ std::tuple<at::Tensor, at::Tensor> mha_fwd_kvcache(
     at::Tensor lse = at::empty({batch, num_heads, seqlen_q}, q.options().dtype(at::kFloat));
     if (batch == 0 || seqlen_q == 0) return {out, lse};
 
+    const std::optional<at::Tensor> sink_in = contiguous_if_given(learnable_sink);
     flash::FwdParams params{};
     set_params(params, q_attn, k_cache, v_cache, out, lse, layout, batch, std::nullopt, std::nullopt, 0, 0,
-               softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, 0.0, std::nullopt,
+               softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, 0.0, std::nullopt, sink_in,
                kernels.max_smem_per_block);
     params.seqlen_k = static_cast<int>(cache_capacity);
     params.cache_seqlens = cache_seqlens.data_ptr<int>();
@@ -417,12 +463,53 @@ std::tuple<at::Tensor, at::Tensor> mha_fwd_kvcache(
     return {out, lse};
 }
 
+// flash_attn_combine (FlashAttention-3's): the partial results of attention
+// over disjoint sets of keys merged by their LSE into out [B, S, H, D] in
+// out_dtype (default float32) and lse [B, S, H] fp32, both contiguous.
+std::tuple<at::Tensor, at::Tensor> mha_combine(const at::Tensor& out_partial,  // [splits, B, S, H, D] fp32
+                                               const at::Tensor& lse_partial,  // [splits, B, S, H] fp32
+                                               std::optional<at::ScalarType> out_dtype) {
+    const at::ScalarType dtype = out_dtype.value_or(at::kFloat);
+    check_combine(out_partial, lse_partial, dtype);
+    const DeviceKernels kernels = device_kernels(out_partial.get_device());
+    const c10::cuda::CUDAGuard device_guard(out_partial.device());
+    const int64_t batch = out_partial.size(1), seqlen = out_partial.size(2), num_heads = out_partial.size(3);
+    const int64_t head_dim = out_partial.size(4);
+    at::Tensor out = at::empty({batch, seqlen, num_heads, head_dim}, out_partial.options().dtype(dtype));
+    at::Tensor lse = at::empty({batch, seqlen, num_heads}, out_partial.options());
+    flash::CombineParams params{};
+    params.out_partial_ptr = out_partial.data_ptr<float>();
+    params.lse_partial_ptr = lse_partial.data_ptr<float>();
+    params.out_ptr = out.data_ptr();
+    params.lse_ptr = lse.data_ptr<float>();
+    params.op_split_stride = out_partial.stride(0), params.op_batch_stride = out_partial.stride(1);
+    params.op_row_stride = out_partial.stride(2), params.op_head_stride = out_partial.stride(3);
+    params.lp_split_stride = lse_partial.stride(0), params.lp_batch_stride = lse_partial.stride(1);
+    params.lp_row_stride = lse_partial.stride(2), params.lp_head_stride = lse_partial.stride(3);
+    params.o_batch_stride = out.stride(0), params.o_row_stride = out.stride(1), params.o_head_stride = out.stride(2);
+    params.num_splits = static_cast<int>(out_partial.size(0));
+    params.batch = static_cast<int>(batch), params.seqlen = static_cast<int>(seqlen);
+    params.num_heads = static_cast<int>(num_heads), params.head_dim = static_cast<int>(head_dim);
+    params.out_type = dtype == at::kHalf       ? flash::CombineParams::OutType::kFloat16
+                      : dtype == at::kBFloat16 ? flash::CombineParams::OutType::kBFloat16
+                                               : flash::CombineParams::OutType::kFloat32;
+    // 4 columns per 16-byte load: every stride of out_partial but the last a multiple of 4, its start 16-byte
+    // aligned (out is fresh, contiguous: its rows follow head_dim).
+    bool vectorized = head_dim % 4 == 0 && reinterpret_cast<uintptr_t>(out_partial.data_ptr()) % 16 == 0;
+    for (int64_t d = 0; d + 1 < out_partial.dim(); ++d) vectorized &= out_partial.stride(d) % 4 == 0;
+    params.vectorized = vectorized;
+    const cudaError_t err = kernels.family->run_combine(params, c10::cuda::getCurrentCUDAStream().stream());
+    TORCH_CHECK(err == cudaSuccess, "flashattn: the combine kernel failed to launch: ", cudaGetErrorString(err));
+    return {out, lse};
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(flashattn, CUDA, m) {
     m.impl("fwd", &mha_fwd);
     m.impl("bwd", &mha_bwd);
     m.impl("fwd_kvcache", &mha_fwd_kvcache);
+    m.impl("combine", &mha_combine);
 }
 
 // flashattn._C.kernel_family(device_index) -> str: the family that serves
