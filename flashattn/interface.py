@@ -102,8 +102,7 @@ def flash_attn_func(
             denominator and has no value: P_ij = exp(s_ij - lse_i) with lse_i =
             log(sum_j exp(s_ij) + exp(sink_h)). Used as given: not multiplied by softmax_scale,
             not capped, no ALiBi bias. A row that sees no key outputs 0 (lse = sink_h).
-            Differentiable (its gradient is fp32 (nheads,)). CPU tensors only for now: on CUDA
-            it raises NotImplementedError until the kernels take it.
+            Differentiable (its gradient is fp32 (nheads,), summed in a fixed order).
 
     Bad option values raise ValueError or TypeError (RuntimeError for a tensor
     on another device) naming the option: dropout_p outside [0, 1), a
@@ -117,9 +116,9 @@ def flash_attn_func(
         (out, softmax_lse, S_dmask), as FlashAttention-2 returns them:
         softmax_lse (batch, nheads, seqlen_q) fp32, the natural-log log-sum-exp
         of the scores (undropped; with the sink's term when there is one). It is
-        differentiable too (d lse_i / d s_ij = P_ij), in q and k, as context
-        parallelism needs (flash_attn_combine); on CUDA a non-zero gradient
-        through it raises NotImplementedError until the kernels take it. S_dmask only with dropout_p > 0 (otherwise an
+        differentiable too (d lse_i / d s_ij = P_ij), in q and k (and the sink),
+        as context parallelism needs (flash_attn_combine): the backward kernels
+        take its gradient as D - dlse. S_dmask only with dropout_p > 0 (otherwise an
         empty tensor of shape (0,), so that asking for the LSE stays linear in
         memory): (batch, nheads, seqlen_q rounded up to 128, seqlen_k rounded
         up to 128) in q's dtype, FlashAttention-2's encoding: per block of
