@@ -225,7 +225,8 @@ def _combine_cpu(out_partial: Tensor, lse_partial: Tensor,
                  out_dtype: torch.dtype | None = None) -> tuple[Tensor, Tensor]:
     cpu.check_combine(out_partial, lse_partial, out_dtype)
     out, lse = cpu.combine(out_partial, lse_partial)
-    return out.to(out_dtype or torch.float32), lse
+    # Contiguous whatever the partials' strides, as the fake (and the CUDA kernel) makes them.
+    return out.to(out_dtype or torch.float32).contiguous(), lse.contiguous()
 
 
 def _combine_setup_context(ctx, inputs: tuple, output: tuple[Tensor, Tensor]) -> None:
