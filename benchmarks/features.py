@@ -21,7 +21,11 @@ Throughput counts the useful FLOPs only (4 * H * D * sum of S_i^2, halved for ca
 padding shows up as lost throughput. Sliding window (bf16, B=1, H=16, D=128, S=16384): full attention
 against window_size=(4096, 0) with causal and (2048, 2047) without, i.e. 4096 keys per row; the time
 ratio against full non-causal attention should be about 1/4. Extras (bf16, B=2, H=16, D=128, S=8192,
-causal): softcap=30, ALiBi and dropout_p=0.1 against plain attention.
+causal): softcap=30, ALiBi and dropout_p=0.1 against plain attention. Sinks (issue 21: at most 5% over
+plain, forward and backward): learnable_sink, and with it a gradient through the LSE, against plain
+attention at D=64 and D=128 (bf16, B=2, H=16, S=8192, causal). Combine (issue 21: at least 70% of copy
+bandwidth): flash_attn_combine of 8 fp32 splits of (B=1, S=8192, H=32, D=128) into bf16, in GB/s of the
+bytes it must move, against a device copy of out_partial (torch's copy_, read and write).
 
 Each timed pass is fwd (out = fn()) and fwdbwd (forward and backward of out against a random dout).
 """
@@ -202,8 +206,63 @@ def extras_rows(timers, passes, quick):
                     2 * useful_flops([seqlen], causal=True), timers, passes)
 
 
+def sink_rows(timers, passes, quick):
+    from flashattn import flash_attn_func
+
+    seqlen = 4096 if quick else 8192
+    gen = torch.Generator(device="cuda").manual_seed(4)
+    rows = []
+    for head_dim in (64, 128):
+        q, k, v = (torch.randn(2, seqlen, HEADS, head_dim, generator=gen, device="cuda", dtype=DTYPE).requires_grad_()
+                   for _ in range(3))
+        sink = torch.randn(HEADS, generator=gen, device="cuda").requires_grad_()
+
+        def with_lse(q=q, k=k, v=v, sink=sink):
+            # out with the LSE's share folded in, so that the backward also takes a gradient through the LSE.
+            out, lse, _ = flash_attn_func(q, k, v, causal=True, return_attn_probs=True, learnable_sink=sink)
+            return out + lse.transpose(1, 2).unsqueeze(-1).to(out.dtype)
+
+        fns = {
+            "plain": ((lambda q=q, k=k, v=v: flash_attn_func(q, k, v, causal=True)), (q, k, v)),
+            "learnable_sink": ((lambda q=q, k=k, v=v, sink=sink: flash_attn_func(q, k, v, causal=True,
+                                                                                  learnable_sink=sink)),
+                               (q, k, v, sink)),
+            "learnable_sink + d lse": (with_lse, (q, k, v, sink)),
+        }
+        flops = 2 * attention_flops(1, HEADS, seqlen, head_dim, causal=True)
+        rows += rows_for("sinks", f"B=2 S={seqlen} H={HEADS} D={head_dim} causal", fns, flops, timers, passes)
+    return rows
+
+
+def combine_rows(timers, quick):
+    """flash_attn_combine against a copy of out_partial: GB/s of the bytes each must move (in the
+    tflops field, which the markdown of this section titles GB/s)."""
+    from flashattn import flash_attn_combine
+
+    splits, seqlen, heads, head_dim = 8, 4096 if quick else 8192, 32, 128
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    out_partial = torch.randn(splits, 1, seqlen, heads, head_dim, generator=gen, device="cuda")
+    lse_partial = torch.randn(splits, 1, seqlen, heads, generator=gen, device="cuda")
+    copy = torch.empty_like(out_partial)
+    # Read: every split's out and lse (fp32); written: out (bf16) and lse (fp32).
+    combine_bytes = (out_partial.numel() + lse_partial.numel() + lse_partial[0].numel()) * 4 + out_partial[0].numel() * 2
+    cases = {
+        "flash_attn_combine (bf16 out)": (lambda: flash_attn_combine(out_partial, lse_partial, out_dtype=DTYPE),
+                                          combine_bytes),
+        "copy of out_partial": (lambda: copy.copy_(out_partial), 2 * out_partial.numel() * 4),
+    }
+    case = f"{splits} splits of B=1 S={seqlen} H={heads} D={head_dim}"
+    rows = []
+    for backend, (fn, moved) in cases.items():
+        with torch.no_grad():
+            ms = timers["fwd"](fn)
+        rows.append(FeatureRow("combine", case, backend, "fwd", ms, moved / ms / 1e6))
+    return rows
+
+
 def feature_rows(timers, quick=False, passes=PASSES):
-    return varlen_rows(timers, passes, quick) + window_rows(timers, passes, quick) + extras_rows(timers, passes, quick)
+    return (varlen_rows(timers, passes, quick) + window_rows(timers, passes, quick) + extras_rows(timers, passes, quick)
+            + sink_rows(timers, passes, quick) + combine_rows(timers, quick))
 
 
 def markdown(rows):
@@ -212,7 +271,9 @@ def markdown(rows):
     lines = []
     titles = {"varlen": "Variable-length batch (bf16, H=16, D=128; TFLOP/s of useful FLOPs)",
               "window": "Sliding window (bf16; TFLOP/s as if full non-causal; time vs full non-causal)",
-              "extras": "Softcap, ALiBi, dropout (bf16, causal; time vs plain)"}
+              "extras": "Softcap, ALiBi, dropout (bf16, causal; time vs plain)",
+              "sinks": "Learnable sinks (bf16, causal; time vs plain)",
+              "combine": "flash_attn_combine (the TFLOP/s column is GB/s moved; time vs the combine)"}
     for section, title in titles.items():
         sec = [r for r in rows if r.section == section]
         if not sec:
