@@ -245,7 +245,9 @@ def combine_rows(timers, quick):
     lse_partial = torch.randn(splits, 1, seqlen, heads, generator=gen, device="cuda")
     copy = torch.empty_like(out_partial)
     # Read: every split's out and lse (fp32); written: out (bf16) and lse (fp32).
-    combine_bytes = (out_partial.numel() + lse_partial.numel() + lse_partial[0].numel()) * 4 + out_partial[0].numel() * 2
+    read = (out_partial.numel() + lse_partial.numel()) * 4
+    written = lse_partial[0].numel() * 4 + out_partial[0].numel() * 2
+    combine_bytes = read + written
     cases = {
         "flash_attn_combine (bf16 out)": (lambda: flash_attn_combine(out_partial, lse_partial, out_dtype=DTYPE),
                                           combine_bytes),
