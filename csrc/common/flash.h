@@ -123,7 +123,7 @@ struct FwdParams {
     // out_i = sum_j exp(s_ij - lse_i) v_j. A row that sees no key gets out 0 and
     // lse = sink_h. [H] (the call's query heads: with pack_gqa, the group's
     // rows index it, common/sink.cuh), or nullptr: none; a sink of -inf is none.
-    // The forward reads it once per row, when it normalises (a split-KV
+    // The forward reads it once per row, as the row's first column (a split-KV
     // partial result leaves it to the merge of the splits).
     const float* __restrict__ learnable_sink;
 

@@ -1,11 +1,13 @@
-// Learnable sinks (flash.h: FwdParams::learnable_sink), read where a row's
-// softmax is normalised: once per row after the key loop, never inside it, so
-// the sink holds no register across the loop.
+// Learnable sinks (flash.h: FwdParams::learnable_sink), read once per row:
+// by the tiled forwards before the key loop, as the first column of the row's
+// online softmax (softmax.cuh: start_at_sink, whose state holds it from there,
+// so no register of its own crosses the loop), and by the LSE merges that
+// finish a KV-cache row (lse_merge.cuh: add_sink).
 //
-// The online softmax (softmax.cuh) takes it in its base-2 domain, that of the
-// scaled scores times log2(e): the sink is a natural-log logit compared with
-// the scaled scores, so its base-2 value is sink * log2(e). The LSE merges
-// (lse_merge.cuh) take it in natural log.
+// The online softmax takes it in its base-2 domain, that of the scaled scores
+// times log2(e): the sink is a natural-log logit compared with the scaled
+// scores, so its base-2 value is sink * log2(e). The LSE merges take it in
+// natural log.
 #pragma once
 
 #include <cmath>

@@ -37,6 +37,26 @@ struct OnlineSoftmax {
         }
     }
 
+    // A learnable sink (sink.cuh) as each row's first column, seen before any
+    // key: the max starts at it and the sum at its term, with nothing added to
+    // the output, so that the rows are normalised over the keys and the sink
+    // by the loop and finalize as they are (a row that then sees no key keeps
+    // the sink alone: output 0, lse = sink). sink_log2[r]: row r's sink in the
+    // base-2 domain, -inf for none (the state stays as constructed). The sum's
+    // term goes to one thread of the quad (finalize adds the quad's shares).
+    // Called before the loop, where it holds no register the loop needs.
+    __device__ __forceinline__ void start_at_sink(const float (&sink_log2)[kRows], float scale_log2, int lane) {
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) {
+            if (sink_log2[r] == -INFINITY) continue;
+            // Any max in score units works, as long as every p is taken against
+            // row_offset: the sink's own term is 2^(sink_log2 - row_offset), ~1.
+            row_max[r] = __fdividef(sink_log2[r], scale_log2);
+            row_offset[r] = row_max[r] * scale_log2;
+            row_sum[r] = lane % 4 == 0 ? exp2_approx(sink_log2[r] - row_offset[r]) : 0.f;
+        }
+    }
+
     // exp(m_old - m_new) per row (1 exactly when the max did not move), and
     // whether any row max of the warp moved.
     struct Correction {
@@ -142,15 +162,8 @@ struct OnlineSoftmax {
     // log-sum-exp of the scaled scores in lse[]. A row that saw no key gets
     // output 0 and lse = -inf (the log of an empty sum); a NaN score makes the
     // sum, hence the row's output and lse, NaN (the max ignores NaN: fmaxf).
-    //
-    // sink_log2[r]: row r's learnable sink in the base-2 domain (sink.cuh), -inf
-    // for none. The sink is one more column of the row, with no value: the max
-    // becomes m' = max(m, sink), the sum l' = l * 2^(m - m') + 2^(sink - m'),
-    // the output is scaled by 2^(m - m') / l', and the LSE is m' + log2(l'). A
-    // row that saw no key gets output 0 and lse = sink.
     template <int kNTilesO>
-    __device__ __forceinline__ void finalize(float (&o)[kMTiles][kNTilesO][4], float (&lse)[kRows],
-                                             const float (&sink_log2)[kRows]) {
+    __device__ __forceinline__ void finalize(float (&o)[kMTiles][kNTilesO][4], float (&lse)[kRows]) {
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
@@ -159,23 +172,11 @@ struct OnlineSoftmax {
                 float sum = row_sum[r];
                 sum += __shfl_xor_sync(0xffffffffu, sum, 1);
                 sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+                const bool empty = sum == 0.f;
+                const float inv_sum = empty ? 0.f : 1.f / sum;
                 // Every p was exp2(score * scale_log2 - row_offset): the LSE in base 2 is
                 // row_offset + log2(sum), with no rounding of row_max * scale_log2 between.
-                float offset = row_offset[r];
-                float o_scale = 1.f;
-                const float sink = sink_log2[r];
-                if (sink != -INFINITY) {
-                    // A row that saw no key has nothing to rescale (and its offset is
-                    // not a max): its sum is the sink's 2^0 = 1 alone.
-                    const bool saw_key = sum != 0.f;
-                    const float new_offset = saw_key ? fmaxf(offset, sink) : sink;
-                    o_scale = saw_key ? exp2_approx(offset - new_offset) : 0.f;
-                    sum = sum * o_scale + exp2_approx(sink - new_offset);
-                    offset = new_offset;
-                }
-                const bool empty = sum == 0.f;
-                const float inv_sum = empty ? 0.f : o_scale / sum;
-                lse[r] = empty ? -INFINITY : (offset + log2_approx(sum)) * kLn2;
+                lse[r] = empty ? -INFINITY : (row_offset[r] + log2_approx(sum)) * kLn2;
 #pragma unroll
                 for (int j = 0; j < kNTilesO; ++j) {
                     o[mt][j][2 * half] *= inv_sum;
@@ -183,15 +184,6 @@ struct OnlineSoftmax {
                 }
             }
         }
-    }
-
-    // finalize without a sink.
-    template <int kNTilesO>
-    __device__ __forceinline__ void finalize(float (&o)[kMTiles][kNTilesO][4], float (&lse)[kRows]) {
-        float no_sink[kRows];
-#pragma unroll
-        for (int r = 0; r < kRows; ++r) no_sink[r] = -INFINITY;
-        finalize(o, lse, no_sink);
     }
 };
 

@@ -100,6 +100,18 @@ __global__ void __launch_bounds__(Traits::kNThreads) fwd_kernel(const FwdParams 
     float o[Traits::kMTiles][Traits::kNTilesO][4];
     clear(o);
     OnlineSoftmax<Traits::kMTiles> softmax;
+    if (params.learnable_sink != nullptr && num_splits == 1) {
+        // The sink joins each row's softmax as its first column (a split's partial result leaves it to
+        // the merge of the splits, which adds it once). pack_gqa: KV-cache decoding only, never a paged
+        // variable-length batch.
+        float sink_log2[Traits::kRowsPerThread];
+#pragma unroll
+        for (int r = 0; r < Traits::kRowsPerThread; ++r) {
+            const int row = m0 + warp_row0 + (r / 2) * 16 + (r % 2) * 8 + lane / 4;
+            sink_log2[r] = learnable_sink_log2_of<Is_kvcache && !Is_paged>(params, head, row);
+        }
+        softmax.start_at_sink(sink_log2, params.softmax_scale_log2, lane);
+    }
 
     // One key tile: the steps of the algorithm, in order.
     auto step = [&](int n_block, auto is_masked) {
@@ -144,21 +156,11 @@ __global__ void __launch_bounds__(Traits::kNThreads) fwd_kernel(const FwdParams 
     for (; n_block >= key_tiles.n_begin; --n_block) step(n_block, std::true_type{});
 
     // Epilogue: normalise (the row sums counted every probability, dropped or
-    // not: dropout rescales the kept ones by 1 / (1 - p) here; a learnable sink
-    // joins them here, read only now so that it holds no register in the loop,
-    // and not in a split's partial result, whose merge adds it once), stage O
-    // through this warp's rows of the Q tile (no other warp reads them), then
-    // store with 16-byte writes.
+    // not: dropout rescales the kept ones by 1 / (1 - p) here), stage O through
+    // this warp's rows of the Q tile (no other warp reads them), then store with
+    // 16-byte writes.
     float lse[Traits::kRowsPerThread];
-    float sink_log2[Traits::kRowsPerThread];
-#pragma unroll
-    for (int r = 0; r < Traits::kRowsPerThread; ++r) {
-        const int row = m0 + warp_row0 + (r / 2) * 16 + (r % 2) * 8 + lane / 4;
-        // pack_gqa: KV-cache decoding only, never a paged variable-length batch.
-        sink_log2[r] = num_splits > 1 ? -INFINITY
-                                      : learnable_sink_log2_of<Is_kvcache && !Is_paged>(params, head, row);
-    }
-    softmax.finalize(o, lse, sink_log2);
+    softmax.finalize(o, lse);
     if (has_dropout) scale(o, params.dropout_rescale);
 
     if (num_splits > 1) {  // a partial result, merged after the last split (kvcache/merge.cuh)

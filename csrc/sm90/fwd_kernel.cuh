@@ -617,6 +617,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
 #pragma unroll
             for (int e = 0; e < 4; ++e) o[0][j][e] = 0.f;
         OnlineSoftmax<1> softmax;
+        if (params.learnable_sink != nullptr) {  // the sink joins each row as its first column
+            const float sink_log2 = learnable_sink_log2_of</*May_pack=*/false>(params, work.head, 0);
+            softmax.start_at_sink({sink_log2, sink_log2}, params.softmax_scale_log2, lane);
+        }
         const ScoreExtras extras(params, work.batch, work.head, work.window.diagonal);
 
         if (num_tiles > 0) mbarrier_wait(layout.q_full(), q_count & 1);
@@ -772,13 +776,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             tile_count += num_tiles;
         }
 
-        // Epilogue: normalise (a learnable sink joins the row sums here, read
-        // only now so that it holds no register in the loop), write this
-        // warpgroup's rows of out, then their LSE (rows past the sequence and
-        // columns past the head dim stay unwritten).
+        // Epilogue: normalise, write this warpgroup's rows of out, then their LSE
+        // (rows past the sequence and columns past the head dim stay unwritten).
         float lse[2];
-        const float sink_log2 = learnable_sink_log2_of</*May_pack=*/false>(params, work.head, 0);
-        softmax.finalize(o, lse, {sink_log2, sink_log2});
+        softmax.finalize(o, lse);
         const int group_row0 = work.m_block * kBlockM + consumer * Traits::kWarpgroupRows;
         const int group_rows = seq.seqlen_q - group_row0;  // > 0: the warpgroup has min(this, 64) rows to write
         // The bulk store clips a box only at the tensor map's edges: exact for a
