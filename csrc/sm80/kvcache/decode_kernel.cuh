@@ -344,8 +344,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) de
     for (int idx = tid; idx < kRows * kQuads; idx += Traits::kNThreads) {
         const int row = idx / kQuads, col = (idx % kQuads) * 4;
         if (row >= seqlen_q) break;  // rows ascend with idx
-        merge_split_columns<kBatch>(params, group_row0 + row, split_rows, col, out + row * params.o_row_stride,
-                                    out_lse + row, learnable_sink_of</*May_pack=*/true>(params, head, row));
+        merge_split_columns<kBatch>(params, group_row0 + row, head, row, split_rows, col,
+                                    out + row * params.o_row_stride, out_lse + row);
     }
 }
 

@@ -18,16 +18,17 @@
 
 namespace flash::sm80 {
 
-// Columns [col, col + 4) of partial row `row` merged over every split into
-// out_row (16-bit), and, for col 0, the row's lse into *out_lse; `sink` is the
-// row's learnable sink (natural log, -inf for none), which the splits' parts
-// leave out and the merge adds once (LseMerge::add_sink). The merge is
-// bound by latency (one round trip to L2 per batch of kBatch splits, whose
-// loads are all in flight at once); the partial rows were written by other
-// SMs, so they are read through L2 (__ldcg).
+// Columns [col, col + 4) of partial row `row` (query row i of head h) merged
+// over every split into out_row (16-bit), and, for col 0, the row's lse into
+// *out_lse; the row's learnable sink, which the splits' parts leave out, joins
+// once after them (read there, not passed in: a value read before the loop
+// held a register across the splits' loads, +12 in the wide decoding kernel).
+// The merge is bound by latency (one round trip to L2 per batch of kBatch
+// splits, whose loads are all in flight at once); the partial rows were
+// written by other SMs, so they are read through L2 (__ldcg).
 template <int kBatch, typename Element>
-__device__ __forceinline__ void merge_split_columns(const FwdParams& params, int64_t row, int64_t split_rows, int col,
-                                                    Element* out_row, float* out_lse, float sink) {
+__device__ __forceinline__ void merge_split_columns(const FwdParams& params, int64_t row, int h, int i,
+                                                    int64_t split_rows, int col, Element* out_row, float* out_lse) {
     const bool has_col = col < params.head_dim;
     LseMerge merge;
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -54,7 +55,7 @@ __device__ __forceinline__ void merge_split_columns(const FwdParams& params, int
             acc.x += w * o[j].x, acc.y += w * o[j].y, acc.z += w * o[j].z, acc.w += w * o[j].w;
         }
     }
-    const float rescale = merge.add_sink(sink);
+    const float rescale = merge.add_sink(learnable_sink_of</*May_pack=*/true>(params, h, i));
     acc.x *= rescale, acc.y *= rescale, acc.z *= rescale, acc.w *= rescale;
     const float inv = merge.inv_sum();
     if (has_col) {
@@ -110,8 +111,7 @@ __global__ void __launch_bounds__(kMergeThreads) merge_splits_kernel(const FwdPa
     Element* out = static_cast<Element*>(params.o_ptr) + b * params.o_batch_stride + i * params.o_row_stride +
                    h * params.o_head_stride;
     float* lse = params.lse_ptr + b * params.lse_batch_stride + h * params.lse_head_stride + i;
-    merge_split_columns</*kBatch=*/16>(params, row, split_rows, col, out, lse,
-                                       learnable_sink_of</*May_pack=*/true>(params, h, i));
+    merge_split_columns</*kBatch=*/16>(params, row, h, i, split_rows, col, out, lse);
 }
 
 inline int64_t merge_splits_blocks(const FwdParams& params) {
