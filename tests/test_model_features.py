@@ -662,25 +662,23 @@ def test_sink_runs_the_family_kernels():
 # ----------------------------------------------------------------------------------------- errors
 
 
-def _bad_sinks(device: str) -> list:
-    other = "meta" if device == "cpu" else "cpu"
-    return [
-        pytest.param(torch.zeros(5), ValueError, id="length"),
-        pytest.param(torch.zeros(1, 4), ValueError, id="rank"),
-        pytest.param(torch.zeros(4, dtype=torch.float16), TypeError, id="dtype"),
-        pytest.param(torch.zeros(4, device=other), RuntimeError, id="device"),
-        pytest.param([0.0] * 4, TypeError, id="list"),
-    ]
+def _bad_sink(case: str, device: str) -> tuple[object, type]:
+    """(a bad learnable_sink for q of 4 heads on `device`, the error it must raise)."""
+    if case == "device":
+        return torch.zeros(4, device="meta" if device == "cpu" else "cpu"), RuntimeError
+    if case == "list":
+        return [0.0] * 4, TypeError
+    sink, error = {"length": (torch.zeros(5), ValueError), "rank": (torch.zeros(1, 4), ValueError),
+                   "dtype": (torch.zeros(4, dtype=torch.float16), TypeError)}[case]  # fmt: skip
+    return sink.to(device), error
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("index", range(5), ids=["length", "rank", "dtype", "device", "list"])
-def test_bad_learnable_sink(device, index):
+@pytest.mark.parametrize("case", ["length", "rank", "dtype", "device", "list"])
+def test_bad_learnable_sink(device, case):
     """A sink of the wrong shape, dtype or device: the error names learnable_sink, from every function
     that takes one (on CUDA the binding's, with flashattn.cpu's messages)."""
-    sink, error = _bad_sinks(device)[index].values
-    if isinstance(sink, Tensor) and sink.device.type == "cpu":
-        sink = sink.to(device)
+    sink, error = _bad_sink(case, device)
     dtype = torch.float32 if device == "cpu" else torch.float16
     q, k, v = random_qkv(1, 6, 6, 4, 2, 16, dtype, device, 0)
     with pytest.raises(error, match="learnable_sink"):
