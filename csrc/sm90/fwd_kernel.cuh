@@ -268,9 +268,11 @@ struct KeyTileGather {
     }
 
     // Issues the copies of the tile of keys from n0 (resolved) into a stage
-    // (`stage`, K's or V's: kValues) as one cp.async group of this thread.
+    // (`stage`, K's or V's: kValues) and this thread's arrival on the stage's
+    // `full` barrier once they (and its earlier copies) are complete: the
+    // producer never waits for its own copies.
     template <bool kValues>
-    __device__ __forceinline__ void copy(uint32_t stage, int n0) const {
+    __device__ __forceinline__ void copy(uint32_t stage, uint32_t full, int n0) const {
         const int t = thread();
         const uint32_t dst = stage + row(t) * kSwizzleBytes + (chunk(t) ^ (row(t) % kAtomRows)) * kChunkBytes;
         const int rows_left = seqlen_k - n0 - row(t);  // in the sequence from this thread's row of pass 0
@@ -289,17 +291,7 @@ struct KeyTileGather {
                             /*fill_zeros=*/!in_sequence || cb * kSwizzleCols >= cols_left);
             }
         }
-        cp_async_commit_group();
-    }
-
-    // Once all but this thread's kPending latest copy groups are complete,
-    // makes their writes visible to wgmma (which reads shared memory through
-    // the async proxy) and counts this thread's arrival on `full`.
-    template <int kPending>
-    __device__ __forceinline__ static void complete(uint32_t full) {
-        cp_async_wait_group<kPending>();
-        fence_proxy_async_shared();
-        mbarrier_arrive(full);
+        cp_async_arrive_noinc(full);
     }
 };
 
@@ -410,15 +402,12 @@ __device__ __forceinline__ void load_query_tile(const FwdParams& params, const S
 // The producer warpgroup when it gathers paged keys (KeyCopy::kGather): warp
 // 0 draws the work tiles (thread 0 also copies Q by TMA), warps 1-3 take each
 // draw from the work slot as the consumers do, and all 128 threads copy K and
-// V (KeyTileGather). A thread's copies of a stage are one cp.async group; a
-// stage is full once every thread has waited for its group, fenced it and
-// arrived (128 arrivals). The groups of tile i - 1 are completed right before
-// the producer may wait on the consumers for tile i (its K before tile i's K
-// stage is waited for, its V before tile i's V stage), so that nothing the
-// consumers need to release that stage is still unsignalled, while tile i - 1's
-// V (or tile i's K) stays in flight; the last tile of a work tile is completed
-// before the next draw, so that the consumers get every stage of a work tile
-// before the producer waits for Q's release.
+// V (KeyTileGather). A stage is full once the copies of every thread have
+// landed (128 arrivals, each made by the hardware: cp_async_arrive_noinc), so
+// the producer waits only for free stages, as the TMA producer does (an
+// earlier version waited for its own copies of tile i - 1 before the stage
+// waits of tile i, and signalled them: 3-8% slower, NOTES.md). The consumers
+// fence the async proxy after their wait (issue_qk, issue_pv).
 template <typename Traits, bool Is_local>
 __device__ __forceinline__ void gather_tiles(const FwdParams& params, const SmemLayout<Traits>& layout,
                                              const WorkQueue<Traits>& queue, const CUtensorMap* tma_q,
@@ -445,26 +434,20 @@ __device__ __forceinline__ void gather_tiles(const FwdParams& params, const Smem
         // Key tiles are walked from the last (n_end - 1) to the first (n_begin).
         const int n_begin = work.key_tiles.n_begin, n_last = work.key_tiles.n_end - 1;
         gather.look_up(n_last * kBlockN);
-        bool first = true;
-        for (int n_block = n_last; n_block >= n_begin; --n_block, ++tile_count, first = false) {
+        for (int n_block = n_last; n_block >= n_begin; --n_block, ++tile_count) {
             const StageOf<Traits> s(tile_count);
             const int n0 = n_block * kBlockN;
-            if (!first) Gather::template complete<1>(layout.k_full(StageOf<Traits>(tile_count - 1).stage));
             gather.resolve(n0);
             // A stage's first use needs no release; its u-th waits for release u - 1.
             if (tile_count >= kStages) mbarrier_wait(layout.k_empty(s.stage), s.phase ^ 1);
-            gather.template copy</*kValues=*/false>(layout.k(s.stage), n0);
-            if (!first) Gather::template complete<1>(layout.v_full(StageOf<Traits>(tile_count - 1).stage));
+            gather.template copy</*kValues=*/false>(layout.k(s.stage), layout.k_full(s.stage), n0);
             if (tile_count >= kStages) mbarrier_wait(layout.v_empty(s.stage), s.phase ^ 1);
-            gather.template copy</*kValues=*/true>(layout.v(s.stage), n0);
-            // The next tile's entries, read while this tile's K lands (the
-            // next iteration's first wait); they replace this tile's.
+            gather.template copy</*kValues=*/true>(layout.v(s.stage), layout.v_full(s.stage), n0);
+            // The next tile's entries, read while the producer waits for the next stage.
             if (n_block > n_begin) gather.look_up(n0 - kBlockN);
         }
-        const StageOf<Traits> last(tile_count - 1);
-        Gather::template complete<1>(layout.k_full(last.stage));
-        Gather::template complete<0>(layout.v_full(last.stage));
     }
+    cp_async_wait_all();  // no copy outlives its thread
 }
 
 // Persistent blocks (at most one per tile) of one producer and
@@ -498,8 +481,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         // One arrival per consumer warp, once its last Q K^T of a query tile is complete.
         mbarrier_init(layout.q_empty(), Traits::kConsumerWarpgroups * 4);
         // A stage's arrival: the producer thread's arrive.expect_tx (TMA), or
-        // each producer thread's arrival once its own copies are complete and
-        // fenced (gathered).
+        // each producer thread's, made once its copies are complete (gathered).
         const int full_arrivals = gather ? KeyTileGather<Traits>::kThreads : 1;
         for (int stage = 0; stage < kStages; ++stage) {
             mbarrier_init(layout.k_full(stage), full_arrivals);
@@ -624,6 +606,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         auto issue_qk = [&](float (&s_frag)[1][Traits::kNTilesS][4], const StageOf<Traits>& s) {  // S = Q K^T
             const uint64_t k_desc = smem_descriptor_sw128(layout.k(s.stage), kUnusedLeadingBytes, kSwizzleAtomBytes);
             mbarrier_wait(layout.k_full(s.stage), s.phase);
+            if (gather) fence_proxy_async_shared();  // the producer's cp.async writes, for wgmma
             wgmma_fence();
 #pragma unroll
             for (int k = 0; k < Traits::kKStepsQK; ++k) {
@@ -640,6 +623,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             const uint64_t v_desc =
                 smem_descriptor_sw128(layout.v(s.stage), Traits::kKVBlockBytes, kSwizzleAtomBytes);
             mbarrier_wait(layout.v_full(s.stage), s.phase);
+            if (gather) fence_proxy_async_shared();
             wgmma_fence();
 #pragma unroll
             for (int k = 0; k < Traits::kKStepsPV; ++k) {
@@ -686,7 +670,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         auto zero_tail_rows_of_v = [&](const StageOf<Traits>& s, int n_block) {
             const int first_row = seq.seqlen_k - n_block * kBlockN;  // of the tile
             // Gathered keys (KeyCopy::kGather) arrive with those rows zero-filled already.
-            if (!tail_is_memory || key_copy == KeyCopy::kGather || first_row >= kBlockN) return;
+            if (!tail_is_memory || gather || first_row >= kBlockN) return;
             constexpr int kChunksPerRow = kSwizzleBytes / 16;
             const int chunks = (kBlockN - first_row) * kChunksPerRow;
             mbarrier_wait(layout.v_full(s.stage), s.phase);
