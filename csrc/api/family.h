@@ -40,6 +40,9 @@ struct Family {
     int (*fwd_counters)(const flash::FwdParams&);  // FwdParams::fwd_counters' length, 0: none
     flash::BwdWorkspace (*bwd_workspace)(const flash::BwdParams&);  // the scratch a backward asks for
     int max_major = INT_MAX;  // the newest compute capability (major) it runs on (sm_90a code runs on 9.x only)
+    // What is wrong with the family's own switches (environment variables), or nullptr;
+    // checked at every call, before anything runs (nullptr: the family has none).
+    const char* (*switch_error)() = nullptr;
 };
 
 inline constexpr Family kSm80{"sm80",
@@ -64,7 +67,8 @@ inline constexpr Family kSm90{"sm90",
                               &flash::sm90::kernel_head_dim,
                               &flash::sm90::fwd_counters,
                               &flash::sm90::bwd_workspace,
-                              9};
+                              9,
+                              &flash::sm90::switch_error};
 #endif
 
 // Newest first: a device gets the first family it can run.
@@ -105,6 +109,8 @@ inline DeviceKernels device_kernels(int device) {
                     std::to_string(family->min_major), ".0 or newer",
                     family->max_major == INT_MAX ? "" : " (major " + std::to_string(family->max_major) + " at most)",
                     "; cuda:", std::to_string(device), " is ", std::to_string(major), ".", std::to_string(minor));
+        const char* switch_error = family->switch_error ? family->switch_error() : nullptr;
+        TORCH_CHECK_VALUE(switch_error == nullptr, "flashattn: ", switch_error);
         return {family, std::min(smem, smem_cap)};
     }
     std::string names;
