@@ -6,7 +6,8 @@
 #
 # Each tree is built in place with FLASHATTN_KERNELS_ONLY (default: the d128 bf16 forward, causal and
 # not; ONLY=... for others), five trees in about 45 s on 16 cores, then scripts/bisect_fwd.py times
-# each tree in turn, the whole sweep twice. Rows go to $OUT/bisect.jsonl.
+# each tree in turn (DIMS=64,128: the head dims, default 128), the whole sweep twice. Rows go to
+# $OUT/bisect.jsonl.
 set -o pipefail
 dir=$1; shift
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -19,6 +20,7 @@ if [ $# -gt 0 ]; then
   exit 0
 fi
 : "${OUT:?set OUT to the folder for the logs and rows}"
+dir="$(cd "$dir" && pwd)" || exit 1
 export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} TORCH_CUDA_ARCH_LIST=9.0a MAX_JOBS=${JOBS:-4}
 export FLASHATTN_KERNELS_ONLY="${ONLY:-sm90_fwd_bf16_hdim128,sm90_fwd_bf16_hdim128_local}"
 started=$SECONDS
@@ -30,6 +32,6 @@ done
 wait
 for pass in 1 2; do
   for tree in "$dir"/*/; do
-    (cd / && PYTHONPATH="$(cd "$tree" && pwd)" python3 "$here/scripts/bisect_fwd.py" "$(basename "$tree")") >> "$OUT/bisect.jsonl"
+    (cd / && PYTHONPATH="$(cd "$tree" && pwd)" python3 "$here/scripts/bisect_fwd.py" "$(basename "$tree")" "${DIMS:-128}") >> "$OUT/bisect.jsonl"
   done
 done

@@ -17,8 +17,8 @@
 //     through the descriptor), release V. Two overlaps hide the softmax
 //     behind the tensor cores: within a warpgroup, S of tile i is issued with
 //     O += P V of tile i - 1 and its softmax runs while that GEMM does; between
-//     the two warpgroups, named barriers let one issue its GEMMs only after the
-//     other has issued its own (ping-pong). Epilogue: each warpgroup normalises
+//     the warpgroups (two, or three at d64), named barriers let them issue their
+//     GEMMs in turn (ping-pong). Epilogue: each warpgroup normalises
 //     its rows and writes them to out, through its own part of a shared-memory
 //     output tile and a bulk tensor store where the config has one
 //     (kernel_traits.h: kOStaged), else from registers; then their LSE.
@@ -564,18 +564,21 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     const uint64_t q_desc = smem_descriptor_sw128(layout.q() + consumer * Traits::kWarpgroupRows * kSwizzleBytes,
                                                   kUnusedLeadingBytes, kSwizzleAtomBytes);
 
-    // Ping-pong: a warpgroup issues its GEMMs only after the other one has
-    // issued its own, so that one warpgroup's softmax runs while the tensor
-    // cores work on the other's GEMMs. Warpgroup c waits at barrier 1 + c
-    // before each issue and, once its GEMMs are issued, lets the other one go.
-    // The second warpgroup lets the first one start; its last arrival is taken
-    // by the first warpgroup's last wait, after the last work tile.
+    // Ping-pong: the warpgroups issue their GEMMs in turn, round robin, so
+    // that the others' softmax runs while the tensor cores work on one's
+    // GEMMs. Warpgroup c waits at barrier 1 + c before each issue and, once its
+    // GEMMs are issued, lets the next one go (a barrier of two warpgroups: the
+    // waiter and the one before it). The last warpgroup lets the first one
+    // start; its last arrival is taken by the first warpgroup's last wait,
+    // after the last work tile. Every warpgroup issues as often as the others:
+    // they walk the same key tiles.
+    constexpr int kGroups = Traits::kConsumerWarpgroups;
     constexpr int kPingPongThreads = 2 * 128;
-    constexpr int kTailBarrier = 3;  // after the ping-pong's 1 and 2
-    constexpr int kOBarrier = 4;     // + consumer: a warpgroup's own, around its output tile's writes
+    constexpr int kTailBarrier = 1 + kGroups;  // after the ping-pong's 1 .. kGroups
+    constexpr int kOBarrier = 2 + kGroups;     // + consumer: a warpgroup's own, around its output tile's writes
     auto before_issue = [&] { named_barrier_sync(1 + consumer, kPingPongThreads); };
-    auto after_issue = [&] { named_barrier_arrive(2 - consumer, kPingPongThreads); };
-    if (consumer == 1) named_barrier_arrive(1, kPingPongThreads);
+    auto after_issue = [&] { named_barrier_arrive(1 + (consumer + 1) % kGroups, kPingPongThreads); };
+    if (consumer == kGroups - 1) named_barrier_arrive(1, kPingPongThreads);
 
     const bool tail_is_memory =
         params.cu_seqlens_k != nullptr || params.seqused_k != nullptr || params.block_table != nullptr;
