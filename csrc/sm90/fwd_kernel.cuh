@@ -694,6 +694,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         // first tile (no P V yet) is peeled off, so that every issue of a wgmma
         // in the loop meets its wait on every path (ptxas serialises the wgmma
         // otherwise: C7514).
+        // Three warpgroups with a causal mask or a window (d64) have too few
+        // registers for the mask beside the last tile's P, which the GEMM in
+        // flight reads (ptxas spilled in the key loop): their masked steps wait
+        // for both GEMMs first (the diagonal's or the window edges' few tiles).
+        constexpr bool kSerialMaskedSteps = Is_local && Traits::kConsumerWarpgroups == 3;
         auto first_step = [&](int n_block, auto is_masked) {
             const StageOf<Traits> s(tile_count);
             float s_frag[1][Traits::kNTilesS][4];
@@ -716,6 +721,22 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             issue_qk(s_frag, s);
             issue_pv(previous);
             after_issue();
+            if constexpr (decltype(is_masked)::value && kSerialMaskedSteps) {
+                // Both GEMMs complete before the mask: P of the last tile is free
+                // under it.
+                wgmma_wait<0>();
+                pin_registers(flat(s_frag));
+                pin_registers(flat(o));
+                pin_registers(p);
+                release(layout.k_empty(s.stage));
+                release(layout.v_empty(previous.stage));
+                scores(s_frag, n_block, is_masked);
+                const auto correction = softmax.fold_max(s_frag, params.softmax_scale_log2);
+                softmax.exponentiate(s_frag, params.softmax_scale_log2);
+                softmax.rescale(o, correction);
+                pack_p(s_frag);
+                return;
+            }
             wgmma_wait<1>();
             pin_registers(flat(s_frag));
             release(layout.k_empty(s.stage));

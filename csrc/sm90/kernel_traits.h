@@ -112,15 +112,17 @@ struct FwdTraits {
 // Keys per step for each compiled head dim: two stages of K and V tiles plus Q
 // within 227 KB. Without a mask that cuts keys (Is_local), d128 takes 176 keys
 // per step: fewer, longer steps for the same bytes of shared memory.
-// d64 without a mask that cuts keys runs three consumer warpgroups (192 query
-// rows a block): its softmax costs as much as its GEMMs, and a third
-// warpgroup's GEMMs are one more place for the tensor cores to go while two
-// exponentiate (and a K and V tile serves 1.5x the rows). Three warpgroups get
-// 160 registers each (the producer 32): the masked steps of a causal mask or a
-// window spill at that (ptxas: 88-168 bytes), so Is_local keeps two.
+// d64 runs three consumer warpgroups (192 query rows a block): its softmax
+// costs as much as its GEMMs, and a third warpgroup's GEMMs are one more place
+// for the tensor cores to go while two exponentiate (and a K and V tile serves
+// 1.5x the rows). Three warpgroups get 160 registers each (the producer 32).
+// At that, the masked steps of a causal mask or a window spilled in the key
+// loop (ptxas: 88-168 bytes) while they overlapped the last tile's P V, so
+// there they wait for it first (fwd_kernel.cuh: kSerialMaskedSteps); what is
+// left is 12 bytes stored once per query tile, outside the key loop.
 template <int kHeadDim, bool Is_local> struct FwdConfig;
 template <bool Is_local> struct FwdConfig<64, Is_local> {
-    static constexpr int kBlockN = 128, kConsumerWarpgroups = Is_local ? 2 : 3;
+    static constexpr int kBlockN = 128, kConsumerWarpgroups = 3;
 };
 template <bool Is_local> struct FwdConfig<96, Is_local> {
     static constexpr int kBlockN = 128, kConsumerWarpgroups = 2;
