@@ -31,7 +31,13 @@ Environment:
   MAX_JOBS                  parallel compile jobs for ninja (default: all cores)
   FLASHATTN_SKIP_CUDA_BUILD=1  install the Python package only
   FLASHATTN_LOG_DIR         where the compiler log goes (default: build/logs next to setup.py)
+  FLASHATTN_KERNELS_ONLY    for kernel work only: comma-separated patterns (fnmatch) of the
+                            instantiations to compile, e.g. "sm90_fwd_bf16_hdim128*"; every
+                            other instantiation becomes a stub whose call fails with
+                            cudaErrorNotSupported ("operation not supported"). Cuts a build
+                            of one kernel from minutes to about one; never for an install.
 """
+import fnmatch
 import json
 import os
 import re
@@ -152,6 +158,39 @@ def gencode_flags(arch_list: str, family: str) -> list[str]:
         if arch.endswith("+PTX"):
             flags.append(f"-gencode=arch=compute_{name},code=compute_{name}")
     return flags
+
+
+STUB_INSTANTIATION = re.compile(r"^template (cudaError_t \w+<[^>]*>\([^)]*\));$", re.M)
+
+
+def stub_unwanted_instantiations(sources: list[str], patterns: str, stub_dir: Path) -> list[str]:
+    """FLASHATTN_KERNELS_ONLY: `sources` with the generated instantiations (csrc/instantiations/)
+    whose stem matches none of `patterns` taken out, and in their place one stub file per launch
+    header that defines each of them as an explicit specialization returning cudaErrorNotSupported.
+    The binding links as before and an unbuilt kernel's call fails cleanly instead of running."""
+    wanted = [p.strip() for p in patterns.split(",") if p.strip()]
+    kept, stubs = [], {}
+    for source in sources:
+        path = Path(source)
+        if path.parent.name != "instantiations" or any(fnmatch.fnmatch(path.stem, p) for p in wanted):
+            kept.append(source)
+            continue
+        text = (ROOT / path).read_text()
+        header = re.search(r'^#include "[^"]+"$', text, re.M)[0]
+        namespace = re.search(r"^namespace ([\w:]+) \{$", text, re.M)[1]
+        body = stubs.setdefault((path.name.split("_")[0], header, namespace), [])
+        body += [f"template <> {m} {{ return cudaErrorNotSupported; }}" for m in STUB_INSTANTIATION.findall(text)]
+    stub_dir.mkdir(parents=True, exist_ok=True)
+    for old in stub_dir.glob("*.cu"):
+        old.unlink()
+    for index, ((family, header, namespace), body) in enumerate(sorted(stubs.items())):
+        stub = stub_dir / f"{family}_stubs_{index}.cu"  # named for its family: compiled for its archs
+        stub.write_text("// Written by setup.py for FLASHATTN_KERNELS_ONLY; not built kernels.\n"
+                        f"{header}\n\nnamespace {namespace} {{\n" + "\n".join(body) + f"\n}}  // namespace {namespace}\n")
+        kept.append(os.path.relpath(stub, ROOT))
+    if not any(Path(s).parent.name == "instantiations" for s in kept):
+        say(f"FLASHATTN_KERNELS_ONLY={patterns!r} matches no instantiation in csrc/instantiations/")
+    return kept
 
 
 def _build_info_path(extension_path: str) -> Path:
@@ -285,6 +324,8 @@ def _family_build_ext(base):
             info = {"torch_version": torch.__version__, "cuda_version": torch.version.cuda,
                     "arch_list": os.environ["TORCH_CUDA_ARCH_LIST"], "python": sys.version.split()[0],
                     "spills": summary}
+            if os.environ.get("FLASHATTN_KERNELS_ONLY", "").strip():
+                info["kernels_only"] = os.environ["FLASHATTN_KERNELS_ONLY"].strip()
             _build_info_path(self.get_ext_fullpath(ext.name)).write_text(json.dumps(info, indent=1) + "\n")
 
         def copy_extensions_to_source(self):
@@ -338,6 +379,11 @@ def _extension_kwargs():
     families = [family for family in FAMILY_ARCHS if gencode_flags(arch_list, family)]
     sources = ["csrc/api/flash_api.cpp"]
     sources += sorted(str(p.relative_to(ROOT)) for p in csrc.rglob("*.cu") if source_family(str(p)) in families)
+    only = os.environ.get("FLASHATTN_KERNELS_ONLY", "").strip()
+    if only:
+        sources = stub_unwanted_instantiations(sources, only, ROOT / "build" / "stubs")
+        built = sum(Path(s).parent.name == "instantiations" for s in sources)
+        say(f"FLASHATTN_KERNELS_ONLY={only!r}: {built} instantiations built, the rest stubs that fail their calls")
     nvcc_flags = [
         "-O3",
         "-lineinfo",                 # source lines in profiles, no runtime cost

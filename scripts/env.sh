@@ -24,14 +24,15 @@
 #   FLASHATTN_BUILD_LOG        pip's output of this build (default build/logs/env-DATE.log, a new
 #                              file per build; the compiler's own log is beside it, compile-DATE.log)
 #   FLASHATTN_FORCE_BUILD      1: rebuild even when the sources are unchanged
+#   FLASHATTN_KERNELS_ONLY     kernel work: build only the instantiations it names (setup.py)
 # Exported: PY (absolute path of the interpreter), CUDA_HOME (when found),
 # TORCH_CUDA_ARCH_LIST, MAX_JOBS; FLASHATTN_KERNELS ("built", "not built: why");
 # FLASHATTN_BUILD ("skipped", "built in N s"); FLASHATTN_BUILD_SUMMARY (the last
 # kernel build's summary line: files, time, register spills, log).
 #
 # The build is skipped when build/.stamp holds the hash of csrc/, setup.py,
-# pyproject.toml, the interpreter, torch version, CUDA_HOME, arch list and
-# FLASHATTN_SKIP_CUDA_BUILD of the last successful build, and that install
+# pyproject.toml, the interpreter, torch version, CUDA_HOME, arch list,
+# FLASHATTN_SKIP_CUDA_BUILD and FLASHATTN_KERNELS_ONLY of the last successful build, and that install
 # still imports from this tree (with its compiled extension, if it had one).
 # The terminal shows the build's progress (setup.py's "flashattn build:" lines).
 
@@ -140,7 +141,7 @@ _fa_cuda_env() {
 _fa_build_hash() {
     (
         cd "$_fa_root" || exit 1
-        printf '%s\n' "$PY" "$1" "${CUDA_HOME:-}" "$TORCH_CUDA_ARCH_LIST" "${FLASHATTN_SKIP_CUDA_BUILD:-0}"
+        printf '%s\n' "$PY" "$1" "${CUDA_HOME:-}" "$TORCH_CUDA_ARCH_LIST" "${FLASHATTN_SKIP_CUDA_BUILD:-0}" "${FLASHATTN_KERNELS_ONLY:-}"
         find csrc setup.py pyproject.toml -type f ! -path '*/__pycache__/*' ! -name '*.pyc' -print0 2>/dev/null |
             LC_ALL=C sort -z | xargs -0 -r sha256sum
     ) | sha256sum | cut -d' ' -f1

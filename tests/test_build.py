@@ -111,3 +111,38 @@ def test_sm90_sources_compile(tmp_path):
         output, _ = proc.communicate(timeout=600)
         assert proc.returncode == 0, f"{source}:\n{output}"
         assert "spill" not in output, f"{source}: ptxas spills registers:\n{output}"
+
+
+def test_kernels_only_turns_every_other_instantiation_into_a_stub(tmp_path):
+    """FLASHATTN_KERNELS_ONLY (kernel work): the named instantiations are compiled as they are;
+    every other one is defined once, in a stub file of its family, as a specialization that
+    returns cudaErrorNotSupported, so the binding links and an unbuilt kernel's call fails."""
+    setup = _setup_module()
+    generated = sorted((ROOT / "csrc" / "instantiations").glob("*.cu"))
+    sources = ["csrc/api/flash_api.cpp", "csrc/sm90/dispatch.cu"] + [str(p.relative_to(ROOT)) for p in generated]
+    kept = setup.stub_unwanted_instantiations(sources, "sm90_fwd_bf16_hdim128, sm80_bwd_fp16_*", tmp_path)
+    wanted = [str(p.relative_to(ROOT)) for p in generated
+              if p.stem == "sm90_fwd_bf16_hdim128" or p.stem.startswith("sm80_bwd_fp16_")]
+    stubs = sorted(tmp_path.glob("*.cu"))
+    assert kept == ["csrc/api/flash_api.cpp", "csrc/sm90/dispatch.cu", *wanted,
+                    *(os.path.relpath(s, ROOT) for s in stubs)]
+    stubbed = {}
+    for stub in stubs:
+        family = stub.name.split("_")[0]
+        for line in stub.read_text().splitlines():
+            if line.startswith("template <>"):
+                assert line.endswith("{ return cudaErrorNotSupported; }"), line
+                stubbed[line] = family
+    expected = {}
+    for path in generated:
+        if str(path.relative_to(ROOT)) not in wanted:
+            for declared in setup.STUB_INSTANTIATION.findall(path.read_text()):
+                expected[f"template <> {declared} {{ return cudaErrorNotSupported; }}"] = path.name.split("_")[0]
+    assert len(expected) == len(generated) - len(wanted)
+    assert stubbed == expected
+    if _nvcc() is not None:  # a stub is valid CUDA (seconds: it holds no kernel)
+        sm80_stub = next(s for s in stubs if s.name.startswith("sm80_"))
+        result = subprocess.run([_nvcc(), "-std=c++20", "--expt-relaxed-constexpr", "-c", str(sm80_stub),
+                                 f"-I{ROOT / 'csrc'}", "-o", str(tmp_path / "stub.o")],
+                                capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stdout + result.stderr

@@ -721,19 +721,22 @@ def test_paged_copy_modes_give_the_packed_bits(mode, page_size, head_dim, monkey
 
 
 @pytest.mark.gpu
-def test_an_unknown_paged_copy_mode_fails_paged_calls(monkeypatch):
-    """FLASHATTN_SM90_PAGED_COPY is read at every call: a value it does not know fails the next paged
-    forward on sm90 (so that an A/B run cannot silently time the default), and nothing else."""
+def test_an_unknown_paged_copy_mode_fails_calls_by_name(monkeypatch):
+    """FLASHATTN_SM90_PAGED_COPY is read at every call: a value it does not know fails the next call
+    on sm90, paged or not, with a ValueError that names the variable (so that an A/B run cannot
+    silently time the default), and the process runs the calls after it once the value is fixed."""
     if flashattn.kernel_family() != "sm90":
         pytest.skip("the switch is the sm90 family's")
     q, k, v, paged, _ = paged_batch([37, 5], [100, 40], (4, 2), 64, torch.bfloat16, "cuda", 0, 16)
-    monkeypatch.setenv("FLASHATTN_SM90_PAGED_COPY", "boxes")
-    with pytest.raises(RuntimeError, match="invalid argument"):
-        _flash_attn_forward(q, k, v, 0.125, True, **paged)
     contiguous = {n: paged[n] for n in ("cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k")}
-    _flash_attn_forward(q, torch.randn(140, 2, 64, device="cuda", dtype=torch.bfloat16),
-                        torch.randn(140, 2, 64, device="cuda", dtype=torch.bfloat16), 0.125, True, **contiguous)
+    k_packed, v_packed = (torch.randn(140, 2, 64, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    monkeypatch.setenv("FLASHATTN_SM90_PAGED_COPY", "boxes")
+    with pytest.raises(ValueError, match="FLASHATTN_SM90_PAGED_COPY"):
+        _flash_attn_forward(q, k, v, 0.125, True, **paged)
+    with pytest.raises(ValueError, match="FLASHATTN_SM90_PAGED_COPY"):
+        _flash_attn_forward(q, k_packed, v_packed, 0.125, True, **contiguous)
     monkeypatch.setenv("FLASHATTN_SM90_PAGED_COPY", "gather")
+    _flash_attn_forward(q, k_packed, v_packed, 0.125, True, **contiguous)
     _flash_attn_forward(q, k, v, 0.125, True, **paged)
     torch.cuda.synchronize()
 

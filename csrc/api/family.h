@@ -41,6 +41,9 @@ struct Family {
     flash::BwdWorkspace (*bwd_workspace)(const flash::BwdParams&);  // the scratch a backward asks for
     cudaError_t (*run_combine)(const flash::CombineParams&, cudaStream_t);
     int max_major = INT_MAX;  // the newest compute capability (major) it runs on (sm_90a code runs on 9.x only)
+    // What is wrong with the family's own switches (environment variables), or nullptr;
+    // checked at every call, before anything runs (nullptr: the family has none).
+    const char* (*switch_error)() = nullptr;
 };
 
 inline constexpr Family kSm80{"sm80",
@@ -67,7 +70,8 @@ inline constexpr Family kSm90{"sm90",
                               &flash::sm90::fwd_counters,
                               &flash::sm90::bwd_workspace,
                               &flash::sm90::run_combine,
-                              9};
+                              9,
+                              &flash::sm90::switch_error};
 #endif
 
 // Newest first: a device gets the first family it can run.
@@ -108,6 +112,8 @@ inline DeviceKernels device_kernels(int device) {
                     std::to_string(family->min_major), ".0 or newer",
                     family->max_major == INT_MAX ? "" : " (major " + std::to_string(family->max_major) + " at most)",
                     "; cuda:", std::to_string(device), " is ", std::to_string(major), ".", std::to_string(minor));
+        const char* switch_error = family->switch_error ? family->switch_error() : nullptr;
+        TORCH_CHECK_VALUE(switch_error == nullptr, "flashattn: ", switch_error);
         return {family, std::min(smem, smem_cap)};
     }
     std::string names;

@@ -68,7 +68,9 @@ int fwd_block_n(bool is_local) {
 //   tma: TMA boxes wherever they fit; pages they do not fit (sizes that are no
 //     multiple of 8 against the tile height) run on the sm80 family;
 //   gather: every paged call gathered.
-// Any other value fails every paged forward call on sm90 (invalid argument).
+// Any other value fails every call on sm90 with an error that names the
+// variable (switch_error, which the binding checks first); a paged forward that
+// still gets here refuses it (invalid argument).
 enum class PagedCopy { kAuto, kTma, kGather, kUnknown };
 
 PagedCopy paged_copy_requested() {
@@ -134,6 +136,12 @@ bool serves(const FwdParams& params) {
           kv_box_rows(params.page_size, block_n) > 0));
     return params.head_dim > 32 && params.alibi_slopes_ptr == nullptr && params.rng_state == nullptr && pages_fit &&
            smem <= params.max_smem_per_block && tensor_maps_fit(params);
+}
+
+const char* switch_error() {
+    return paged_copy_requested() == PagedCopy::kUnknown
+               ? "FLASHATTN_SM90_PAGED_COPY must be unset, empty, auto, tma or gather"
+               : nullptr;
 }
 
 cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream) {

@@ -17,8 +17,8 @@
 //     through the descriptor), release V. Two overlaps hide the softmax
 //     behind the tensor cores: within a warpgroup, S of tile i is issued with
 //     O += P V of tile i - 1 and its softmax runs while that GEMM does; between
-//     the two warpgroups, named barriers let one issue its GEMMs only after the
-//     other has issued its own (ping-pong). Epilogue: each warpgroup normalises
+//     the warpgroups (two, or three at d64), named barriers let them issue their
+//     GEMMs in turn (ping-pong). Epilogue: each warpgroup normalises
 //     its rows and writes them to out, through its own part of a shared-memory
 //     output tile and a bulk tensor store where the config has one
 //     (kernel_traits.h: kOStaged), else from registers; then their LSE.
@@ -269,9 +269,11 @@ struct KeyTileGather {
     }
 
     // Issues the copies of the tile of keys from n0 (resolved) into a stage
-    // (`stage`, K's or V's: kValues) as one cp.async group of this thread.
+    // (`stage`, K's or V's: kValues) and this thread's arrival on the stage's
+    // `full` barrier once they (and its earlier copies) are complete: the
+    // producer never waits for its own copies.
     template <bool kValues>
-    __device__ __forceinline__ void copy(uint32_t stage, int n0) const {
+    __device__ __forceinline__ void copy(uint32_t stage, uint32_t full, int n0) const {
         const int t = thread();
         const uint32_t dst = stage + row(t) * kSwizzleBytes + (chunk(t) ^ (row(t) % kAtomRows)) * kChunkBytes;
         const int rows_left = seqlen_k - n0 - row(t);  // in the sequence from this thread's row of pass 0
@@ -290,17 +292,7 @@ struct KeyTileGather {
                             /*fill_zeros=*/!in_sequence || cb * kSwizzleCols >= cols_left);
             }
         }
-        cp_async_commit_group();
-    }
-
-    // Once all but this thread's kPending latest copy groups are complete,
-    // makes their writes visible to wgmma (which reads shared memory through
-    // the async proxy) and counts this thread's arrival on `full`.
-    template <int kPending>
-    __device__ __forceinline__ static void complete(uint32_t full) {
-        cp_async_wait_group<kPending>();
-        fence_proxy_async_shared();
-        mbarrier_arrive(full);
+        cp_async_arrive_noinc(full);
     }
 };
 
@@ -411,15 +403,12 @@ __device__ __forceinline__ void load_query_tile(const FwdParams& params, const S
 // The producer warpgroup when it gathers paged keys (KeyCopy::kGather): warp
 // 0 draws the work tiles (thread 0 also copies Q by TMA), warps 1-3 take each
 // draw from the work slot as the consumers do, and all 128 threads copy K and
-// V (KeyTileGather). A thread's copies of a stage are one cp.async group; a
-// stage is full once every thread has waited for its group, fenced it and
-// arrived (128 arrivals). The groups of tile i - 1 are completed right before
-// the producer may wait on the consumers for tile i (its K before tile i's K
-// stage is waited for, its V before tile i's V stage), so that nothing the
-// consumers need to release that stage is still unsignalled, while tile i - 1's
-// V (or tile i's K) stays in flight; the last tile of a work tile is completed
-// before the next draw, so that the consumers get every stage of a work tile
-// before the producer waits for Q's release.
+// V (KeyTileGather). A stage is full once the copies of every thread have
+// landed (128 arrivals, each made by the hardware: cp_async_arrive_noinc), so
+// the producer waits only for free stages, as the TMA producer does (an
+// earlier version waited for its own copies of tile i - 1 before the stage
+// waits of tile i, and signalled them: 3-8% slower, NOTES.md). The consumers
+// fence the async proxy after their wait (issue_qk, issue_pv).
 template <typename Traits, bool Is_local>
 __device__ __forceinline__ void gather_tiles(const FwdParams& params, const SmemLayout<Traits>& layout,
                                              const WorkQueue<Traits>& queue, const CUtensorMap* tma_q,
@@ -446,26 +435,20 @@ __device__ __forceinline__ void gather_tiles(const FwdParams& params, const Smem
         // Key tiles are walked from the last (n_end - 1) to the first (n_begin).
         const int n_begin = work.key_tiles.n_begin, n_last = work.key_tiles.n_end - 1;
         gather.look_up(n_last * kBlockN);
-        bool first = true;
-        for (int n_block = n_last; n_block >= n_begin; --n_block, ++tile_count, first = false) {
+        for (int n_block = n_last; n_block >= n_begin; --n_block, ++tile_count) {
             const StageOf<Traits> s(tile_count);
             const int n0 = n_block * kBlockN;
-            if (!first) Gather::template complete<1>(layout.k_full(StageOf<Traits>(tile_count - 1).stage));
             gather.resolve(n0);
             // A stage's first use needs no release; its u-th waits for release u - 1.
             if (tile_count >= kStages) mbarrier_wait(layout.k_empty(s.stage), s.phase ^ 1);
-            gather.template copy</*kValues=*/false>(layout.k(s.stage), n0);
-            if (!first) Gather::template complete<1>(layout.v_full(StageOf<Traits>(tile_count - 1).stage));
+            gather.template copy</*kValues=*/false>(layout.k(s.stage), layout.k_full(s.stage), n0);
             if (tile_count >= kStages) mbarrier_wait(layout.v_empty(s.stage), s.phase ^ 1);
-            gather.template copy</*kValues=*/true>(layout.v(s.stage), n0);
-            // The next tile's entries, read while this tile's K lands (the
-            // next iteration's first wait); they replace this tile's.
+            gather.template copy</*kValues=*/true>(layout.v(s.stage), layout.v_full(s.stage), n0);
+            // The next tile's entries, read while the producer waits for the next stage.
             if (n_block > n_begin) gather.look_up(n0 - kBlockN);
         }
-        const StageOf<Traits> last(tile_count - 1);
-        Gather::template complete<1>(layout.k_full(last.stage));
-        Gather::template complete<0>(layout.v_full(last.stage));
     }
+    cp_async_wait_all();  // no copy outlives its thread
 }
 
 // Persistent blocks (at most one per tile) of one producer and
@@ -499,8 +482,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         // One arrival per consumer warp, once its last Q K^T of a query tile is complete.
         mbarrier_init(layout.q_empty(), Traits::kConsumerWarpgroups * 4);
         // A stage's arrival: the producer thread's arrive.expect_tx (TMA), or
-        // each producer thread's arrival once its own copies are complete and
-        // fenced (gathered).
+        // each producer thread's, made once its copies are complete (gathered).
         const int full_arrivals = gather ? KeyTileGather<Traits>::kThreads : 1;
         for (int stage = 0; stage < kStages; ++stage) {
             mbarrier_init(layout.k_full(stage), full_arrivals);
@@ -583,18 +565,21 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     const uint64_t q_desc = smem_descriptor_sw128(layout.q() + consumer * Traits::kWarpgroupRows * kSwizzleBytes,
                                                   kUnusedLeadingBytes, kSwizzleAtomBytes);
 
-    // Ping-pong: a warpgroup issues its GEMMs only after the other one has
-    // issued its own, so that one warpgroup's softmax runs while the tensor
-    // cores work on the other's GEMMs. Warpgroup c waits at barrier 1 + c
-    // before each issue and, once its GEMMs are issued, lets the other one go.
-    // The second warpgroup lets the first one start; its last arrival is taken
-    // by the first warpgroup's last wait, after the last work tile.
+    // Ping-pong: the warpgroups issue their GEMMs in turn, round robin, so
+    // that the others' softmax runs while the tensor cores work on one's
+    // GEMMs. Warpgroup c waits at barrier 1 + c before each issue and, once its
+    // GEMMs are issued, lets the next one go (a barrier of two warpgroups: the
+    // waiter and the one before it). The last warpgroup lets the first one
+    // start; its last arrival is taken by the first warpgroup's last wait,
+    // after the last work tile. Every warpgroup issues as often as the others:
+    // they walk the same key tiles.
+    constexpr int kGroups = Traits::kConsumerWarpgroups;
     constexpr int kPingPongThreads = 2 * 128;
-    constexpr int kTailBarrier = 3;  // after the ping-pong's 1 and 2
-    constexpr int kOBarrier = 4;     // + consumer: a warpgroup's own, around its output tile's writes
+    constexpr int kTailBarrier = 1 + kGroups;  // after the ping-pong's 1 .. kGroups
+    constexpr int kOBarrier = 2 + kGroups;     // + consumer: a warpgroup's own, around its output tile's writes
     auto before_issue = [&] { named_barrier_sync(1 + consumer, kPingPongThreads); };
-    auto after_issue = [&] { named_barrier_arrive(2 - consumer, kPingPongThreads); };
-    if (consumer == 1) named_barrier_arrive(1, kPingPongThreads);
+    auto after_issue = [&] { named_barrier_arrive(1 + (consumer + 1) % kGroups, kPingPongThreads); };
+    if (consumer == kGroups - 1) named_barrier_arrive(1, kPingPongThreads);
 
     const bool tail_is_memory =
         params.cu_seqlens_k != nullptr || params.seqused_k != nullptr || params.block_table != nullptr;
@@ -629,6 +614,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         auto issue_qk = [&](float (&s_frag)[1][Traits::kNTilesS][4], const StageOf<Traits>& s) {  // S = Q K^T
             const uint64_t k_desc = smem_descriptor_sw128(layout.k(s.stage), kUnusedLeadingBytes, kSwizzleAtomBytes);
             mbarrier_wait(layout.k_full(s.stage), s.phase);
+            if (gather) fence_proxy_async_shared();  // the producer's cp.async writes, for wgmma
             wgmma_fence();
 #pragma unroll
             for (int k = 0; k < Traits::kKStepsQK; ++k) {
@@ -645,6 +631,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             const uint64_t v_desc =
                 smem_descriptor_sw128(layout.v(s.stage), Traits::kKVBlockBytes, kSwizzleAtomBytes);
             mbarrier_wait(layout.v_full(s.stage), s.phase);
+            if (gather) fence_proxy_async_shared();
             wgmma_fence();
 #pragma unroll
             for (int k = 0; k < Traits::kKStepsPV; ++k) {
@@ -691,7 +678,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         auto zero_tail_rows_of_v = [&](const StageOf<Traits>& s, int n_block) {
             const int first_row = seq.seqlen_k - n_block * kBlockN;  // of the tile
             // Gathered keys (KeyCopy::kGather) arrive with those rows zero-filled already.
-            if (!tail_is_memory || key_copy == KeyCopy::kGather || first_row >= kBlockN) return;
+            if (!tail_is_memory || gather || first_row >= kBlockN) return;
             constexpr int kChunksPerRow = kSwizzleBytes / 16;
             const int chunks = (kBlockN - first_row) * kChunksPerRow;
             mbarrier_wait(layout.v_full(s.stage), s.phase);
@@ -712,6 +699,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         // first tile (no P V yet) is peeled off, so that every issue of a wgmma
         // in the loop meets its wait on every path (ptxas serialises the wgmma
         // otherwise: C7514).
+        // Three warpgroups with a causal mask or a window (d64) have too few
+        // registers for the mask beside the last tile's P, which the GEMM in
+        // flight reads (ptxas spilled in the key loop): their masked steps wait
+        // for both GEMMs first (the diagonal's or the window edges' few tiles).
+        constexpr bool kSerialMaskedSteps = Is_local && Traits::kConsumerWarpgroups == 3;
         auto first_step = [&](int n_block, auto is_masked) {
             const StageOf<Traits> s(tile_count);
             float s_frag[1][Traits::kNTilesS][4];
@@ -734,6 +726,22 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             issue_qk(s_frag, s);
             issue_pv(previous);
             after_issue();
+            if constexpr (decltype(is_masked)::value && kSerialMaskedSteps) {
+                // Both GEMMs complete before the mask: P of the last tile is free
+                // under it.
+                wgmma_wait<0>();
+                pin_registers(flat(s_frag));
+                pin_registers(flat(o));
+                pin_registers(p);
+                release(layout.k_empty(s.stage));
+                release(layout.v_empty(previous.stage));
+                scores(s_frag, n_block, is_masked);
+                const auto correction = softmax.fold_max(s_frag, params.softmax_scale_log2);
+                softmax.exponentiate(s_frag, params.softmax_scale_log2);
+                softmax.rescale(o, correction);
+                pack_p(s_frag);
+                return;
+            }
             wgmma_wait<1>();
             pin_registers(flat(s_frag));
             release(layout.k_empty(s.stage));

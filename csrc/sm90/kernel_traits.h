@@ -27,20 +27,25 @@ constexpr int registers_at_entry(int threads) { return 65536 / threads / 8 * 8; 
 // of it exits; or, gathering paged keys, all 128 threads copy) and
 // kConsumerWarpgroups consumer warpgroups of 64 query rows each (the M of
 // wgmma), which walk the same key tiles.
-template <int kHeadDim_, int kBlockN_, typename Element_>
+template <int kHeadDim_, int kBlockN_, typename Element_, int kConsumerWarpgroups_ = 2>
 struct FwdTraits {
     using Element = Element_;  // __half or __nv_bfloat16
     static constexpr int kHeadDim = kHeadDim_;
     static constexpr int kWarpgroupRows = 64;
-    static constexpr int kConsumerWarpgroups = 2;
+    static constexpr int kConsumerWarpgroups = kConsumerWarpgroups_;
     static constexpr int kBlockM = kConsumerWarpgroups * kWarpgroupRows;  // query rows per block
     static constexpr int kBlockN = kBlockN_;                              // keys per main-loop step
     static constexpr int kStages = 2;                                     // K and V tiles in flight
     static constexpr int kNThreads = 128 * (1 + kConsumerWarpgroups);
-    // setmaxnreg: the producer keeps the minimum, the consumers take the rest
-    // of what the block holds at entry (one block per SM).
-    static constexpr int kProducerRegs = 40;
-    static constexpr int kConsumerRegs = 232;
+    // setmaxnreg: the producer keeps what its bookkeeping needs without a
+    // spill (gathering, 128 threads hold a tile's lookups: 40; with three
+    // consumer warpgroups 32, so that they get 160 each, below which d64's
+    // wgmma are serialised, ptxas C7512), the consumers the rest of what the
+    // block holds at entry (one block per SM), in the allocation unit of 8:
+    // 232 each of two.
+    static constexpr int kProducerRegs = kConsumerWarpgroups == 3 ? 32 : 40;
+    static constexpr int kConsumerRegs =
+        (kNThreads * registers_at_entry(kNThreads) - 128 * kProducerRegs) / (128 * kConsumerWarpgroups) / 8 * 8;
 
     // Tiles are whole column blocks wide: head dim 96 is stored (and its P V
     // computed) 128 columns wide, the last 32 zeros from the copies' bounds,
@@ -107,22 +112,42 @@ struct FwdTraits {
 // Keys per step for each compiled head dim: two stages of K and V tiles plus Q
 // within 227 KB. Without a mask that cuts keys (Is_local), d128 takes 176 keys
 // per step: fewer, longer steps for the same bytes of shared memory.
+// d64 runs three consumer warpgroups (192 query rows a block): its softmax
+// costs as much as its GEMMs, and a third warpgroup's GEMMs are one more place
+// for the tensor cores to go while two exponentiate (and a K and V tile serves
+// 1.5x the rows). Three warpgroups get 160 registers each (the producer 32).
+// At that, the masked steps of a causal mask or a window spilled in the key
+// loop (ptxas: 88-168 bytes) while they overlapped the last tile's P V, so
+// there they wait for it first (fwd_kernel.cuh: kSerialMaskedSteps); what is
+// left is 12 bytes stored once per query tile, outside the key loop.
 template <int kHeadDim, bool Is_local> struct FwdConfig;
-template <bool Is_local> struct FwdConfig<64, Is_local> { static constexpr int kBlockN = 128; };
-template <bool Is_local> struct FwdConfig<96, Is_local> { static constexpr int kBlockN = 128; };
-template <bool Is_local> struct FwdConfig<128, Is_local> { static constexpr int kBlockN = Is_local ? 128 : 176; };
-template <bool Is_local> struct FwdConfig<192, Is_local> { static constexpr int kBlockN = Is_local ? 96 : 112; };
-template <bool Is_local> struct FwdConfig<256, Is_local> { static constexpr int kBlockN = 80; };
+template <bool Is_local> struct FwdConfig<64, Is_local> {
+    static constexpr int kBlockN = 128, kConsumerWarpgroups = 3;
+};
+template <bool Is_local> struct FwdConfig<96, Is_local> {
+    static constexpr int kBlockN = 128, kConsumerWarpgroups = 2;
+};
+template <bool Is_local> struct FwdConfig<128, Is_local> {
+    static constexpr int kBlockN = Is_local ? 128 : 176, kConsumerWarpgroups = 2;
+};
+template <bool Is_local> struct FwdConfig<192, Is_local> {
+    static constexpr int kBlockN = Is_local ? 96 : 112, kConsumerWarpgroups = 2;
+};
+template <bool Is_local> struct FwdConfig<256, Is_local> {
+    static constexpr int kBlockN = 80, kConsumerWarpgroups = 2;
+};
 
 template <int kHeadDim, typename Element, bool Is_local>
-using FwdTraitsFor = FwdTraits<kHeadDim, FwdConfig<kHeadDim, Is_local>::kBlockN, Element>;
+using FwdTraitsFor = FwdTraits<kHeadDim, FwdConfig<kHeadDim, Is_local>::kBlockN, Element,
+                               FwdConfig<kHeadDim, Is_local>::kConsumerWarpgroups>;
 
 // Which configs write O through shared memory (FwdTraits::kOStaged), in KB of
 // the 227 a block may take: Q + two K and two V stages (+ the 1 KB alignment
 // spare, the barriers and the gathered rows' addresses, 16 bytes a key of the
 // tile), and the output tile it would add ("local": a causal
 // mask or a window, Is_local).
-//   d64  (both):        16 + 4 x 16 = 81,  + 16 -> 97: staged
+//   d64:                24 + 4 x 16 = 89, + 24 -> 113 (192 query rows); local
+//                       16 + 4 x 16 = 81, + 16 -> 97: staged
 //   d96  (both):        32 + 4 x 32 = 161, + 32 -> 193: staged (128 columns wide;
 //                       the store clips them at the head dim)
 //   d128 local (N 128): 32 + 4 x 32 = 161, + 32 -> 193: staged

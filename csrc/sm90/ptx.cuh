@@ -154,9 +154,10 @@ __device__ __forceinline__ void store_relaxed(int* counter, int value) {
 }
 
 // ---- per-thread asynchronous copies (cp.async) ---------------------------------
-// wgmma (the async proxy) reads what they write to shared memory only after the
-// issuing thread's cp_async_wait_group, then fence_proxy_async_shared (as for
-// its plain stores), then the barrier that hands the tile over.
+// A thread hands its copies to other threads through an mbarrier without waiting
+// for them (cp_async_arrive_noinc). wgmma (the async proxy) reads what they wrote
+// to shared memory only after the reader's wait on that barrier and its
+// fence_proxy_async_shared.
 
 // cp.async.cg.shared.global (16 bytes, cached in L2 only): copies 16 bytes from
 // `src` to `dst`, or, with fill_zeros, reads nothing and writes 16 zero bytes
@@ -166,15 +167,15 @@ __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool 
                  : "memory");
 }
 
-// cp.async.commit_group: closes this thread's group of cp.async issued since the last commit.
-__device__ __forceinline__ void cp_async_commit_group() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-
-// cp.async.wait_group: waits until at most kPending of this thread's committed
-// groups are incomplete (the others' writes are done and visible to it).
-template <int kPending>
-__device__ __forceinline__ void cp_async_wait_group() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+// cp.async.mbarrier.arrive.noinc: this thread's arrival on `bar`, made by the
+// hardware once every cp.async the thread issued before it is complete (noinc:
+// it is one of the arrivals the barrier was initialised to expect).
+__device__ __forceinline__ void cp_async_arrive_noinc(uint32_t bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 }
+
+// cp.async.wait_all: waits until every cp.async this thread issued is complete.
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
 // ---- warp specialisation ------------------------------------------------------
 

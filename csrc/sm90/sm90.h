@@ -43,5 +43,8 @@ cudaError_t run_combine(const CombineParams& params, cudaStream_t stream);
 // The zeroed counters a forward call needs (FwdParams::fwd_counters): the tile
 // counter of a causal or windowed forward (its blocks draw tiles dynamically).
 int fwd_counters(const FwdParams& params);
+// A message naming this family's switch that has a value it does not take
+// (FLASHATTN_SM90_PAGED_COPY), or nullptr.
+const char* switch_error();
 
 }  // namespace flash::sm90

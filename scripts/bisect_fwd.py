@@ -1,0 +1,51 @@
+"""Times the sm90 forward (bf16, B * S = 16384, H * D = 2048; S 2048 and 8192, causal and not; d128
+unless head dims are given) of the flashattn on PYTHONPATH against SDPA cuDNN in one process, printing a
+JSON line per shape. Used by scripts/bisect_fwd.sh to compare commits in one run:
+
+    python scripts/bisect_fwd.py LABEL [HEAD_DIMS, e.g. 64,128]
+"""
+import itertools
+import json
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from triton.testing import do_bench
+
+import flashattn
+
+TOKENS, WIDTH = 16384, 2048
+REPEATS = 3  # each backend timed this many times, alternating; the best median is kept
+
+
+def main(label, head_dims):
+    for head_dim, seqlen, causal in itertools.product(head_dims, (2048, 8192), (False, True)):
+        batch, heads = TOKENS // seqlen, WIDTH // head_dim
+        gen = torch.Generator(device="cuda").manual_seed(seqlen)
+        q, k, v = [torch.randn(batch, seqlen, heads, head_dim, generator=gen, dtype=torch.bfloat16,
+                               device="cuda") for _ in range(3)]
+        flops = 4 * batch * heads * seqlen**2 * head_dim / (2 if causal else 1)
+
+        def ours():
+            return flashattn.flash_attn_func(q, k, v, causal=causal)
+
+        def cudnn():
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                return F.scaled_dot_product_attention(*(x.transpose(1, 2) for x in (q, k, v)),
+                                                      is_causal=causal).transpose(1, 2)
+
+        diff = (ours().float() - cudnn().float()).abs().max().item()
+        times = {"ours": [], "cudnn": []}
+        for _ in range(REPEATS):
+            times["ours"].append(do_bench(ours, warmup=25, rep=150, return_mode="median"))
+            times["cudnn"].append(do_bench(cudnn, warmup=25, rep=150, return_mode="median"))
+        ours_ms, cudnn_ms = min(times["ours"]), min(times["cudnn"])
+        print(json.dumps({"label": label, "D": head_dim, "S": seqlen, "causal": causal,
+                          "ours_tflops": round(flops / ours_ms / 1e9, 1),
+                          "cudnn_tflops": round(flops / cudnn_ms / 1e9, 1),
+                          "ratio": round(cudnn_ms / ours_ms, 3), "maxdiff": diff}), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], [int(d) for d in (sys.argv[2] if len(sys.argv) > 2 else "128").split(",")])
