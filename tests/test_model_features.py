@@ -496,6 +496,7 @@ def _combine_want(out_partial: Tensor, lse_partial: Tensor) -> tuple[Tensor, Ten
 
 COMBINE_CASES = [(3, (2, 5, 4, 7), "contiguous"), (3, (2, 5, 4, 8), "contiguous"), (1, (1, 3, 2, 128), "contiguous"),
                  (8, (1, 33, 3, 128), "contiguous"), (37, (2, 3, 2, 256), "contiguous"),
+                 (5, (1, 7, 3, 200), "contiguous"),  # a last column pass of 18 lanes
                  (4, (2, 6, 3, 64), "strided"), (2, (1, 4, 5, 17), "strided")]  # fmt: skip
 
 

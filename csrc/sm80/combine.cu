@@ -92,7 +92,11 @@ __global__ void __launch_bounds__(32 * kCombineWarps, kCombineBlocksPerSm) combi
     };
     Out* out = static_cast<Out*>(params.out_ptr) + b * params.o_batch_stride + s * params.o_row_stride +
                h * params.o_head_stride;
-    for (int col = lane * kVec; col < params.head_dim; col += 32 * kVec) {
+    // Every lane runs every pass of the column loop (the weights' shuffles are
+    // the whole warp's); a lane past the head dim loads and stores nothing.
+    for (int col0 = 0; col0 < params.head_dim; col0 += 32 * kVec) {
+        const int col = col0 + lane * kVec;
+        const bool has_col = col < params.head_dim;
         float acc[kVec] = {};
         for (int s0 = 0; s0 < params.num_splits; s0 += 32) {
             // Lane j holds part s0 + j's weight; the warp takes them in turn.
@@ -101,13 +105,14 @@ __global__ void __launch_bounds__(32 * kCombineWarps, kCombineBlocksPerSm) combi
 #pragma unroll kPartsInFlight
             for (int j = 0; j < parts; ++j) {
                 const float w = __shfl_sync(0xffffffffu, w_lane, j);
+                if (!has_col) continue;
                 float v[kVec];
                 load_vec<kVec>(out_row + (s0 + j) * params.op_split_stride + col, v);
 #pragma unroll
                 for (int i = 0; i < kVec; ++i) acc[i] = fmaf(w, v[i], acc[i]);
             }
         }
-        store_vec<Out, kVec>(out + col, acc);
+        if (has_col) store_vec<Out, kVec>(out + col, acc);
     }
     if (lane == 0) params.lse_ptr[row] = lse;
 }
