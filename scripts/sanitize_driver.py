@@ -18,8 +18,10 @@ sequence of length 0), so every compiled kernel variant (local or not, with
 extras or not) and the varlen addressing run under every tool. Then KVCACHE_CASES
 run flash_attn_with_kvcache (contiguous and paged caches, appends, rotary,
 split-KV, leftpad), its kernels included: the append, the decoding kernel, the tiled
-KV-cache forward and the combine; and PAGED_CASES run flash_attn_varlen_func over
-paged k and v (block_table, seqused_k), forward and backward.
+KV-cache forward and the combine; PAGED_CASES run flash_attn_varlen_func over
+paged k and v (block_table, seqused_k), forward and backward; and model_feature_calls
+runs learnable sinks (forward, backward with dsink and dlse, a split-KV decode) and
+flash_attn_combine.
 
   full   both dtypes; every compiled head dim (32, 64, 96, 128, 192, 256) and one
          head dim below each that runs on it with a partial tile (8, 40, 72, 104,
@@ -216,6 +218,34 @@ def paged_calls(dtype) -> int:
     return 2 * len(PAGED_CASES)
 
 
+def model_feature_calls(dtype) -> int:
+    """Learnable sinks (forward, and backward through out and the LSE: dsink and dlse), a KV-cache
+    decode with a sink over split-KV, and flash_attn_combine with head dims that leave lanes of a
+    warp without a column; returns the number of calls."""
+    from flashattn import flash_attn_combine, flash_attn_func, flash_attn_with_kvcache
+
+    calls = 0
+    for head_dim, causal in itertools.product((64, 128, 200), (False, True)):
+        q, k, v = (torch.randn(2, s, 4, head_dim, device="cuda", dtype=dtype, requires_grad=True)
+                   for s in (190, 211, 211))
+        sink = torch.randn(4, device="cuda", requires_grad=True)
+        out, lse, _ = flash_attn_func(q, k, v, causal=causal, return_attn_probs=True, learnable_sink=sink)
+        torch.autograd.backward((out, lse), (torch.randn_like(out), torch.randn_like(lse)))
+        calls += 2
+    cache_k, cache_v = (torch.randn(2, 300, 2, 128, device="cuda", dtype=dtype) for _ in range(2))
+    q = torch.randn(2, 1, 4, 128, device="cuda", dtype=dtype)
+    flash_attn_with_kvcache(q, cache_k, cache_v, cache_seqlens=torch.tensor([300, 17], device="cuda",
+                                                                            dtype=torch.int32),
+                            num_splits=3, learnable_sink=torch.randn(4, device="cuda"))
+    calls += 1
+    for splits, shape in ((3, (2, 5, 4, 8)), (5, (1, 7, 3, 200)), (37, (1, 3, 2, 128))):
+        out_partial = torch.randn(splits, *shape, device="cuda")
+        lse_partial = torch.randn(splits, *shape[:-1], device="cuda")
+        flash_attn_combine(out_partial, lse_partial, out_dtype=dtype)
+        calls += 1
+    return calls
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sweep", choices=["full", "small"], default="full")
@@ -233,10 +263,12 @@ def main() -> None:
             backward_calls += 1
     kvcache = sum(kvcache_calls(dtype) for dtype in DTYPES)
     paged = sum(paged_calls(dtype) for dtype in DTYPES)
+    features = sum(model_feature_calls(dtype) for dtype in DTYPES)
     torch.cuda.synchronize()
     flashattn.check_faults()  # the block tables' out-of-range entries past each sequence were never read
     print(f"sanitize driver: {forward_calls} forward and {backward_calls} backward calls completed "
-          f"(sweep {args.sweep}), {kvcache} KV-cache calls and {paged} paged varlen calls")
+          f"(sweep {args.sweep}), {kvcache} KV-cache calls, {paged} paged varlen calls and {features} "
+          "calls of sinks and combine")
 
 
 if __name__ == "__main__":
