@@ -19,7 +19,8 @@ from torch import Tensor
 from .philox import dropout_keep_mask
 
 __all__ = ["CPU_DTYPES", "CUDA_DTYPES", "MAX_HEAD_DIM", "attention_probs", "bwd", "check_bwd",
-           "check_combine", "check_dlse", "check_fwd", "check_learnable_sink", "combine", "fwd", "s_dmask_block_n"]
+           "check_combine", "check_dlse", "check_fwd", "check_learnable_sink", "check_v_head_dim", "combine", "fwd",
+           "out_shape", "s_dmask_block_n"]
 
 MAX_HEAD_DIM = 256
 CUDA_DTYPES = (torch.float16, torch.bfloat16)  # the kernels' tensor-core types
@@ -111,6 +112,23 @@ def _sdpa_layout_hint(q: Tensor, k: Tensor, varlen: bool) -> str:
     )
 
 
+def check_v_head_dim(q: Tensor, k: Tensor, v: Tensor, names: tuple[str, str, str] = ("q", "k", "v")) -> None:
+    """v's head dim dv from 1 to q's and k's d: v may be narrower than q and k (DeepSeek MLA's 192 / 128),
+    never wider. names: how the three tensors are called in the message (the KV cache's too)."""
+    head_dim, v_head_dim = q.shape[-1], v.shape[-1]
+    if not 1 <= v_head_dim <= head_dim:
+        shapes = ", ".join(f"{name} {_shape(t)}" for name, t in zip(names, (q, k, v)))
+        raise ValueError(
+            f"flashattn: {names[2]} has headdim {v_head_dim} ({shapes}); accepted: 1 to {head_dim}, the headdim "
+            f"of {names[0]} and {names[1]} ({names[2]}'s may be smaller, not larger)"
+        )
+
+
+def out_shape(q: Tensor, v: Tensor) -> tuple[int, ...]:
+    """The shape of out (and dout): q's, with v's head dim."""
+    return (*q.shape[:-1], v.shape[-1])
+
+
 def _check_qkv(q: Tensor, k: Tensor, v: Tensor, varlen: bool, paged: bool = False) -> None:
     rank = 3 if varlen else 4
     kv_rank = 4 if paged else rank
@@ -125,12 +143,13 @@ def _check_qkv(q: Tensor, k: Tensor, v: Tensor, varlen: bool, paged: bool = Fals
     num_heads_k = k.shape[-2]
     if not varlen and (k.shape[0] != q.shape[0] or v.shape[0] != q.shape[0]):
         raise ValueError(f"flashattn: batch sizes differ ({shapes}); they must be equal")
-    if k.shape != v.shape:
+    if k.shape[:-1] != v.shape[:-1]:
         raise ValueError(f"flashattn: k and v must have the same shape {kv_layout}, got {shapes}")
     if k.shape[-1] != head_dim:
-        raise ValueError(f"flashattn: head dims differ ({shapes}); q, k and v must share one headdim")
+        raise ValueError(f"flashattn: head dims differ ({shapes}); q and k must share one headdim")
     if not 1 <= head_dim <= MAX_HEAD_DIM:
         raise ValueError(f"flashattn: headdim {head_dim} ({shapes}) is not supported; accepted: 1 to {MAX_HEAD_DIM}")
+    check_v_head_dim(q, k, v)
     if num_heads_k == 0 or num_heads % num_heads_k != 0:
         raise ValueError(
             f"flashattn: the number of query heads (q.shape[{rank - 2}] = {num_heads}) must be a multiple "
@@ -252,9 +271,10 @@ def check_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, softma
     check_tensor("dout", dout, q, q.dim(), layout)
     check_tensor("out", out, q, q.dim(), layout)
     check_last_dim_contiguous("out", out)
-    if dout.shape != q.shape or out.shape != q.shape:
+    if dout.shape != out_shape(q, v) or out.shape != out_shape(q, v):
         raise RuntimeError(
-            f"flashattn: dout {_shape(dout)} and out {_shape(out)} must have the shape of q {_shape(q)}"
+            f"flashattn: dout {_shape(dout)} and out {_shape(out)} must have the shape of q {_shape(q)} with v's "
+            f"headdim, {out_shape(q, v)}"
         )
     num_heads = q.shape[-2]
     lse_shape = (num_heads, q.shape[0]) if varlen else (q.shape[0], num_heads, q.shape[1])
@@ -472,16 +492,17 @@ class _OnlineSoftmax:
 def _attend_query_block(
     q_blk: Tensor,  # [B, Hk, G, bm, D]: the G query heads that share each KV head
     k_heads: Tensor,  # [B, Hk, Sk, D]
-    v_heads: Tensor,  # [B, Hk, Sk, D]
+    v_heads: Tensor,  # [B, Hk, Sk, Dv], Dv <= D
     rows: range,
     diagonal: int,
     opts: _Options,
 ) -> tuple[Tensor, Tensor]:
     """Attention of one block of query rows over every key block they can see, in fp32.
 
-    Returns out [B, Hk, G, bm, D] and lse [B, Hk, G, bm].
+    Returns out [B, Hk, G, bm, Dv] and lse [B, Hk, G, bm].
     """
-    batch, num_heads_k, group, block_m, head_dim = q_blk.shape
+    batch, num_heads_k, group, block_m, _ = q_blk.shape
+    v_head_dim = v_heads.shape[-1]
     # The G heads of a group are stacked as rows of one matrix, so each K/V
     # block serves them all through a plain batched matmul, with no copy of K/V.
     q_rows = q_blk.float().flatten(2, 3)  # [B, Hk, G * bm, D]
@@ -489,14 +510,14 @@ def _attend_query_block(
     if opts.learnable_sink is not None:
         sink = opts.learnable_sink.reshape(1, num_heads_k, group, 1)  # [1, Hk, G, 1]
     softmax = _OnlineSoftmax((batch, num_heads_k, group, block_m), sink)
-    acc = torch.zeros((batch, num_heads_k, group, block_m, head_dim), dtype=torch.float32)
+    acc = torch.zeros((batch, num_heads_k, group, block_m, v_head_dim), dtype=torch.float32)
     # Keys outside the window of every row of the block (e.g. in every row's
     # future when causal) are never visited; blocks stay on the BLOCK_N grid.
     visible_keys = _key_range(rows, k_heads.shape[2], diagonal, opts)
     for key_start in range(visible_keys.start // BLOCK_N * BLOCK_N, visible_keys.stop, BLOCK_N):
         keys = range(key_start, min(key_start + BLOCK_N, visible_keys.stop))
         k_blk = k_heads[:, :, keys.start : keys.stop].float()  # [B, Hk, bn, D]
-        v_blk = v_heads[:, :, keys.start : keys.stop].float()  # [B, Hk, bn, D]
+        v_blk = v_heads[:, :, keys.start : keys.stop].float()  # [B, Hk, bn, Dv]
         scores, _ = _block_scores(q_rows, k_blk, group, rows, keys, diagonal, opts)  # [B, Hk, G, bm, bn]
         probs, rescale = softmax.update(scores)  # [B, Hk, G, bm, bn], [B, Hk, G, bm]
         if opts.dropout_p > 0:
@@ -511,14 +532,15 @@ def _attend_query_block(
 
 
 def _fwd_padded(q: Tensor, k: Tensor, v: Tensor, opts: _Options) -> tuple[Tensor, Tensor]:
-    """The forward of q [B, Sq, H, D] over k, v [B, Sk, Hk, D]: out [B, Sq, H, D], lse [B, H, Sq]."""
-    batch, seqlen_q, num_heads, head_dim = q.shape
+    """The forward of q [B, Sq, H, D] over k [B, Sk, Hk, D] and v [B, Sk, Hk, Dv] (Dv <= D): out
+    [B, Sq, H, Dv], lse [B, H, Sq]."""
+    batch, seqlen_q, num_heads, _ = q.shape
     seqlen_k, num_heads_k = k.shape[1], k.shape[2]
     group = num_heads // num_heads_k  # query head h uses KV head h // group
-    out = q.new_empty((batch, seqlen_q, num_heads, head_dim))  # [B, Sq, H, D]
+    out = q.new_empty(out_shape(q, v))  # [B, Sq, H, Dv]
     softmax_lse = q.new_empty((batch, num_heads, seqlen_q), dtype=torch.float32)  # [B, H, Sq]
     k_heads = k.transpose(1, 2)  # [B, Hk, Sk, D], a view
-    v_heads = v.transpose(1, 2)  # [B, Hk, Sk, D], a view
+    v_heads = v.transpose(1, 2)  # [B, Hk, Sk, Dv], a view
     for first_row in range(0, seqlen_q, BLOCK_M):
         rows = range(first_row, min(first_row + BLOCK_M, seqlen_q))
         q_blk = q[:, rows.start : rows.stop].transpose(1, 2).unflatten(1, (num_heads_k, group))  # [B, Hk, G, bm, D]
@@ -611,7 +633,9 @@ def fwd(
     (past cu_seqlens_q[-1] or a sequence's seqused_q) get out 0, lse -inf.
     `deterministic` is for the backward; this forward always is. A learnable_sink
     (fp32 [H]) joins each row's softmax as a column without a
-    value (_OnlineSoftmax); the LSE includes it.
+    value (_OnlineSoftmax); the LSE includes it. v may have a smaller head dim
+    than q and k (DeepSeek MLA's 192 / 128): the scores use q's and k's, out
+    has v's; nothing is padded.
     """
     check_fwd(q, k, v, alibi_slopes, dropout_p, rng_state, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
               leftpad_k, block_table)
@@ -623,7 +647,7 @@ def fwd(
     paged = block_table is not None
     check_offsets(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, paged=paged)
     total_q, num_heads, _ = q.shape
-    out = q.new_zeros(q.shape)  # [total_q, H, D]
+    out = q.new_zeros(out_shape(q, v))  # [total_q, H, Dv]
     softmax_lse = torch.full((num_heads, total_q), -math.inf, dtype=torch.float32, device=q.device)  # [H, total_q]
     sequences = _sequences(cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, leftpad_k, block_table,
                            k.shape[0], k.shape[1] if paged else 1)
@@ -638,9 +662,9 @@ def fwd(
 
 def _key_block_gradients(
     k_blk: Tensor,  # [B, Hk, bn, D], fp32
-    v_blk: Tensor,  # [B, Hk, bn, D], fp32
+    v_blk: Tensor,  # [B, Hk, bn, Dv], fp32
     q_heads: Tensor,  # [B, Hk, G, Sq, D]: the G query heads that share each KV head
-    do_heads: Tensor,  # [B, Hk, G, Sq, D]
+    do_heads: Tensor,  # [B, Hk, G, Sq, Dv]
     lse: Tensor,  # [B, Hk, G, Sq], fp32, +inf on rows that saw no key
     delta: Tensor,  # [B, Hk, G, Sq], fp32: rowsum(dO * O)
     dq_acc: Tensor,  # [B, Hk, G, Sq, D], fp32, accumulated in place
@@ -651,10 +675,10 @@ def _key_block_gradients(
     """One block of keys walks every query block that can see it, in fp32.
 
     Recomputes the probabilities from the scores and the saved LSE, adds the
-    block's share to dQ (unscaled) and returns its dK (unscaled) and dV
-    [B, Hk, bn, D], summed over the query heads of each KV head.
+    block's share to dQ (unscaled) and returns its dK [B, Hk, bn, D] (unscaled)
+    and dV [B, Hk, bn, Dv], summed over the query heads of each KV head.
     """
-    batch, num_heads_k, group, seqlen_q, head_dim = q_heads.shape
+    batch, num_heads_k, group, seqlen_q, _ = q_heads.shape
     dk_blk = torch.zeros_like(k_blk)
     dv_blk = torch.zeros_like(v_blk)
     # Rows outside the window of every key of the block never visit it.
@@ -666,7 +690,7 @@ def _key_block_gradients(
         # matrix: each product with the K/V block serves them all without a copy
         # of K/V, and P^T dO and dS^T Q sum over the group as they multiply.
         q_rows = q_heads[:, :, :, rows.start : rows.stop].float().flatten(2, 3)  # [B, Hk, G * bm, D]
-        do_rows = do_heads[:, :, :, rows.start : rows.stop].float().flatten(2, 3)  # [B, Hk, G * bm, D]
+        do_rows = do_heads[:, :, :, rows.start : rows.stop].float().flatten(2, 3)  # [B, Hk, G * bm, Dv]
         scores, softcap_grad = _block_scores(q_rows, k_blk, group, rows, keys, diagonal, opts)  # [B, Hk, G, bm, bn]
         probs = torch.exp(scores - lse[:, :, :, rows.start : rows.stop].unsqueeze(-1))  # [B, Hk, G, bm, bn]
         dprobs = (do_rows @ v_blk.transpose(-1, -2)).unflatten(2, (group, block_m))  # [B, Hk, G, bm, bn]
@@ -691,8 +715,9 @@ def _bwd_padded(
     dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, softmax_lse: Tensor, opts: _Options,
     dlse: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
-    """The backward of _fwd_padded: dq [B, Sq, H, D], dk and dv [B, Sk, Hk, D], and with a learnable
-    sink its gradient [H] in fp32 (else None). dlse [B, H, Sq], if given, is the gradient of softmax_lse."""
+    """The backward of _fwd_padded: dq [B, Sq, H, D], dk [B, Sk, Hk, D] and dv [B, Sk, Hk, Dv], and with
+    a learnable sink its gradient [H] in fp32 (else None). dlse [B, H, Sq], if given, is the gradient of
+    softmax_lse."""
     batch, seqlen_q, num_heads, head_dim = q.shape
     seqlen_k, num_heads_k = k.shape[1], k.shape[2]
     group = num_heads // num_heads_k  # query head h uses KV head h // group
@@ -713,14 +738,14 @@ def _bwd_padded(
     # +inf makes its probabilities, hence all its gradients, 0.
     lse = grouped(softmax_lse.masked_fill(softmax_lse == -math.inf, math.inf))  # [B, Hk, G, Sq]
     q_heads = grouped(q.transpose(1, 2))  # [B, Hk, G, Sq, D], a view
-    do_heads = grouped(dout.transpose(1, 2))  # [B, Hk, G, Sq, D], a view
+    do_heads = grouped(dout.transpose(1, 2))  # [B, Hk, G, Sq, Dv], a view
     dq_acc = torch.zeros((batch, num_heads_k, group, seqlen_q, head_dim), dtype=torch.float32)
     dk = k.new_empty((batch, seqlen_k, num_heads_k, head_dim))  # [B, Sk, Hk, D]
-    dv = v.new_empty((batch, seqlen_k, num_heads_k, head_dim))  # [B, Sk, Hk, D]
+    dv = v.new_empty(v.shape)  # [B, Sk, Hk, Dv]
     for key_start in range(0, seqlen_k, BLOCK_N):
         keys = range(key_start, min(key_start + BLOCK_N, seqlen_k))
         k_blk = k[:, keys.start : keys.stop].transpose(1, 2).float()  # [B, Hk, bn, D]
-        v_blk = v[:, keys.start : keys.stop].transpose(1, 2).float()  # [B, Hk, bn, D]
+        v_blk = v[:, keys.start : keys.stop].transpose(1, 2).float()  # [B, Hk, bn, Dv]
         dk_blk, dv_blk = _key_block_gradients(
             k_blk, v_blk, q_heads, do_heads, lse, delta, dq_acc, keys, seqlen_k - seqlen_q, opts
         )
@@ -793,7 +818,7 @@ def bwd(
     check_offsets(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     dq = q.new_zeros(q.shape)  # [total_q, H, D]
     dk = k.new_zeros(k.shape)  # [total_k, Hk, D]
-    dv = v.new_zeros(v.shape)  # [total_k, Hk, D]
+    dv = v.new_zeros(v.shape)  # [total_k, Hk, Dv]
     dsink = no_sink if learnable_sink is None else torch.zeros_like(learnable_sink)  # [H]
     sequences = _sequences(cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, leftpad_k)
     for b, (rows, keys) in enumerate(sequences):

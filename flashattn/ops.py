@@ -4,19 +4,24 @@
 window_right=-1, softcap=0.0, alibi_slopes=None, dropout_p=0.0, rng_state=None, cu_seqlens_q=None,
 cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0, seqused_q=None, seqused_k=None, leftpad_k=None,
 block_table=None, learnable_sink=None) -> (out, softmax_lse)``
-  Two layouts. Padded (cu_seqlens_q None): q [B, Sq, H, D], k and v
-  [B, Sk, Hk, D]; out [B, Sq, H, D], softmax_lse [B, H, Sq]. Variable-length
-  (cu_seqlens_q and cu_seqlens_k, int32 [B + 1], nondecreasing from 0): q
-  [total_q, H, D], k and v [total_k, Hk, D], sequence b holding rows
-  cu_seqlens_q[b]:cu_seqlens_q[b + 1] and keys cu_seqlens_k[b]:cu_seqlens_k[b + 1];
-  out [total_q, H, D], softmax_lse [H, total_q]; max_seqlen_q/k bound every
-  sequence's length (the CUDA grid is sized from them). H % Hk == 0, any
-  strides; out in q's dtype and softmax_lse in fp32, both contiguous.
+  Two layouts. Padded (cu_seqlens_q None): q [B, Sq, H, D], k [B, Sk, Hk, D],
+  v [B, Sk, Hk, Dv]; out [B, Sq, H, Dv], softmax_lse [B, H, Sq].
+  Variable-length (cu_seqlens_q and cu_seqlens_k, int32 [B + 1], nondecreasing
+  from 0): q [total_q, H, D], k [total_k, Hk, D], v [total_k, Hk, Dv], sequence
+  b holding rows cu_seqlens_q[b]:cu_seqlens_q[b + 1] and keys
+  cu_seqlens_k[b]:cu_seqlens_k[b + 1]; out [total_q, H, Dv], softmax_lse
+  [H, total_q]; max_seqlen_q/k bound every sequence's length (the CUDA grid is
+  sized from them). H % Hk == 0, any strides; out in q's dtype and softmax_lse
+  in fp32, both contiguous. 1 <= Dv <= D <= 256: v's head dim may be smaller
+  than q's and k's (DeepSeek MLA's 192 / 128). The CPU implementation computes
+  that as it is; the CUDA kernels take Dv == D only for now, and the public
+  functions pad v to D for them
+  (flashattn.interface._v_padding_until_the_kernels_take_dv).
   Variable-length batches also take, each int32 [B] or None: seqused_q (sequence
   b uses its first seqused_q[b] query rows), seqused_k and leftpad_k (its keys
   are rows leftpad_k[b] to seqused_k[b] of its cu_seqlens_k range); and
   block_table, int32 [B, max_blocks_per_seq]: k and v are then pages
-  [num_blocks, page_block_size, Hk, D], sequence b's key row r is row
+  [num_blocks, page_block_size, Hk, D (Dv)], sequence b's key row r is row
   r % page_block_size of page block_table[b, r // page_block_size], its length
   seqused_k[b] or cu_seqlens_k[b + 1] - cu_seqlens_k[b] (not with leftpad_k).
   Rows that no sequence uses get out 0 and softmax_lse -inf. Values out of
@@ -49,8 +54,8 @@ block_table=None, learnable_sink=None) -> (out, softmax_lse)``
 ``torch.ops.flashattn.bwd(dout, q, k, v, out, softmax_lse, softmax_scale, causal, deterministic,
 <fwd's options from window_left on, without block_table>, learnable_sink=None, dlse=None)
 -> (dq, dk, dv, dsink)``
-  The gradients of fwd's out (and softmax_lse), given dout shaped like q and
-  fwd's out and softmax_lse on the same inputs and options; any strides. dq,
+  The gradients of fwd's out (and softmax_lse), given dout shaped like out
+  and fwd's out and softmax_lse on the same inputs and options; any strides. dq,
   dk and dv have the shapes of q, k and v, their dtype, and are contiguous. dk
   and dv of KV head j sum over the query heads that share it (h // (H // Hk) ==
   j). A query row that saw no key (lse = -inf) gets dq = 0 and adds nothing to
@@ -160,7 +165,7 @@ def _fwd_fake(
     cpu.check_fwd(q, k, v, alibi_slopes, dropout_p, rng_state, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
                   leftpad_k, block_table)
     cpu.check_learnable_sink(learnable_sink, q)
-    out = q.new_empty(q.shape)  # [B, Sq, H, D] or [total_q, H, D]
+    out = q.new_empty(cpu.out_shape(q, v))  # [B, Sq, H, Dv] or [total_q, H, Dv]
     if cu_seqlens_q is None:
         batch, seqlen_q, num_heads, _ = q.shape
         softmax_lse = q.new_empty((batch, num_heads, seqlen_q), dtype=torch.float32)
@@ -211,7 +216,7 @@ def _fwd_kvcache_fake(q: Tensor, k_cache: Tensor, v_cache: Tensor, k, v, rotary_
                       learnable_sink: Tensor | None = None) -> tuple[Tensor, Tensor]:
     cpu.check_learnable_sink(learnable_sink, q)
     batch, seqlen_q, num_heads, _ = q.shape
-    return q.new_empty(q.shape), q.new_empty((batch, num_heads, seqlen_q), dtype=torch.float32)
+    return q.new_empty(cpu.out_shape(q, v_cache)), q.new_empty((batch, num_heads, seqlen_q), dtype=torch.float32)
 
 
 def _combine_fake(out_partial: Tensor, lse_partial: Tensor,
@@ -316,7 +321,7 @@ def _paged_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, 
     lengths = lengths.clamp(0, capacity)
     used = torch.arange(blocks, device=k.device) * page_size < lengths[:, None]  # [B, blocks]
     pages = torch.where(used, block_table, 0).clamp(0, max(num_pages - 1, 0)).long().flatten()
-    k_packed, v_packed = (t[pages].flatten(0, 1) for t in (k, v))  # [B * capacity, Hk, D]
+    k_packed, v_packed = (t[pages].flatten(0, 1) for t in (k, v))  # [B * capacity, Hk, D (Dv)]
     cu_seqlens_packed = torch.arange(batch + 1, device=k.device, dtype=torch.int32) * capacity
     # Each packed range is `capacity` rows long (the blocks past a sequence's length exit at once).
     dq, dk_packed, dv_packed, dsink = torch.ops.flashattn.bwd(

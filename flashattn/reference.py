@@ -32,8 +32,9 @@ def attention_ref(
     """Attention with the layouts and semantics of flash_attn_func, the slow obvious way.
 
     Args:
-        q: (batch, seqlen_q, nheads, headdim); k, v: (batch, seqlen_k, nheads_k, headdim),
-            nheads a multiple of nheads_k (k/v heads are repeated for GQA/MQA).
+        q: (batch, seqlen_q, nheads, headdim); k: (batch, seqlen_k, nheads_k, headdim); v:
+            (batch, seqlen_k, nheads_k, headdim_v), headdim_v any (DeepSeek MLA's is smaller than
+            headdim); nheads a multiple of nheads_k (k/v heads are repeated for GQA/MQA).
         softmax_scale: default 1 / sqrt(headdim).
         causal: bottom-right aligned: query i sees key j iff j <= i + seqlen_k - seqlen_q.
         window_size: (left, right): query i sees keys in [d - left, d + right] with
@@ -58,7 +59,7 @@ def attention_ref(
             function gives d sink (and, through softmax_lse, d lse).
 
     Returns:
-        out (batch, seqlen_q, nheads, headdim) and softmax_lse (batch, nheads, seqlen_q):
+        out (batch, seqlen_q, nheads, headdim_v) and softmax_lse (batch, nheads, seqlen_q):
         the natural-log log-sum-exp of the scaled, capped, biased and masked scores
         (with upcast=False, of the scores computed in the input dtype), in fp32
         (float64 for float64 inputs), the sink included when given. A row that sees

@@ -65,8 +65,10 @@ def random_qkv(
     device: str,
     seed: int,
     layout: str = "contiguous",
+    v_head_dim: int | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """Standard normal q (B, Sq, H, D), k and v (B, Sk, Hk, D) in one of these memory layouts:
+    """Standard normal q (B, Sq, H, D), k (B, Sk, Hk, D) and v (B, Sk, Hk, Dv), Dv = v_head_dim (by
+    default D), in one of these memory layouts:
 
     contiguous: three separate contiguous tensors.
     packed: slices of one (B, S, 3, H, D) tensor, as a fused qkv projection makes them.
@@ -79,25 +81,25 @@ def random_qkv(
     def randn(*shape: int) -> Tensor:
         return torch.randn(shape, generator=gen, dtype=dtype, device=device)
 
+    v_head_dim = head_dim if v_head_dim is None else v_head_dim
     if layout == "contiguous":
-        return randn(batch, seqlen_q, num_heads, head_dim), *(
-            randn(batch, seqlen_k, num_heads_k, head_dim) for _ in range(2)
-        )
-    if layout == "packed":
+        return (randn(batch, seqlen_q, num_heads, head_dim), randn(batch, seqlen_k, num_heads_k, head_dim),
+                randn(batch, seqlen_k, num_heads_k, v_head_dim))  # fmt: skip
+    if layout == "packed":  # v: its first Dv columns
         packed = randn(batch, max(seqlen_q, seqlen_k), 3, num_heads, head_dim)
         return (
             packed[:, :seqlen_q, 0],
             packed[:, :seqlen_k, 1, :num_heads_k],
-            packed[:, :seqlen_k, 2, :num_heads_k],
+            packed[:, :seqlen_k, 2, :num_heads_k, :v_head_dim],
         )
     if layout == "transposed":
-        return randn(batch, num_heads, seqlen_q, head_dim).transpose(1, 2), *(
-            randn(batch, num_heads_k, seqlen_k, head_dim).transpose(1, 2) for _ in range(2)
-        )
+        return (randn(batch, num_heads, seqlen_q, head_dim).transpose(1, 2),
+                randn(batch, num_heads_k, seqlen_k, head_dim).transpose(1, 2),
+                randn(batch, num_heads_k, seqlen_k, v_head_dim).transpose(1, 2))  # fmt: skip
     if layout == "offset":
-        return randn(batch, seqlen_q, num_heads, head_dim + 1)[..., 1:], *(
-            randn(batch, seqlen_k, num_heads_k, head_dim + 1)[..., 1:] for _ in range(2)
-        )
+        return (randn(batch, seqlen_q, num_heads, head_dim + 1)[..., 1:],
+                randn(batch, seqlen_k, num_heads_k, head_dim + 1)[..., 1:],
+                randn(batch, seqlen_k, num_heads_k, v_head_dim + 1)[..., 1:])  # fmt: skip
     raise ValueError(f"unknown layout {layout!r}")
 
 

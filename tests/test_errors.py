@@ -8,9 +8,10 @@ accepted dtypes, mixed devices, the GPU's age). The binding's checks of inputs
 the public functions never pass it (a head dim that is not a multiple of 8, a
 bad softmax_lse, ...) have GPU tests of their own at the end.
 
-What is accepted, in short: q (B, Sq, H, D), k and v (B, Sk, Hk, D) on one
-device with one dtype (fp16 or bf16 on CUDA; fp16, bf16 or fp32 on CPU), H a
-multiple of Hk, 1 <= D <= 256, the last dimension contiguous (an error, not a
+What is accepted, in short: q (B, Sq, H, D), k (B, Sk, Hk, D) and v (B, Sk,
+Hk, Dv) on one device with one dtype (fp16 or bf16 on CUDA; fp16, bf16 or fp32
+on CPU), H a multiple of Hk, 1 <= Dv <= D <= 256 (v's head dims:
+test_mla_head_dims.py), the last dimension contiguous (an error, not a
 silent copy: FlashAttention-2 refuses it too, and a copy would hide a layout
 bug upstream); empty batches and sequences are fine (see test_forward.py and
 test_backward.py). The variable-length functions take q (total_q, H, D), k and
@@ -119,11 +120,12 @@ BAD_INPUTS = [
     ("kv-seqlens-differ", _replace(2, lambda t: t[:, :6]), ValueError, r"k and v must have the same shape"),
     ("kv-heads-differ", _replace(2, lambda t: t[:, :, :1]), ValueError, r"k and v must have the same shape"),
     (
-        "v-head-dim-differs",
-        _replace(2, lambda t: t[..., :8]),
+        "v-head-dim-larger",
+        _replace(2, lambda t: torch.cat([t, t], dim=-1)),
         ValueError,
-        r"k and v must have the same shape .*v \(2, 7, 2, 8\)",
+        r"v has headdim 32 \(q \(2, 5, 4, 16\), k \(2, 7, 2, 16\), v \(2, 7, 2, 32\)\); accepted: 1 to 16",
     ),
+    ("v-head-dim-zero", _replace(2, lambda t: t[..., :0]), ValueError, r"v has headdim 0 .*accepted: 1 to 16"),
     (
         "head-dims-differ",
         lambda q, k, v: [q[..., :8], k, v],

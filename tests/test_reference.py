@@ -42,12 +42,12 @@ def _loop_attention(
     softcap: float = 0.0,
     alibi_slopes: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
-    batch, seqlen_q, num_heads, head_dim = q.shape
+    batch, seqlen_q, num_heads, _ = q.shape
     seqlen_k, num_heads_k = k.shape[1:3]
     qs, ks, vs = q.tolist(), k.tolist(), v.tolist()
     slopes = None if alibi_slopes is None else alibi_slopes.double().expand(batch, num_heads).tolist()
     left, right = window_size
-    out = torch.zeros(q.shape, dtype=torch.float64)
+    out = torch.zeros((*q.shape[:-1], v.shape[-1]), dtype=torch.float64)
     lse = torch.full((batch, num_heads, seqlen_q), -math.inf, dtype=torch.float64)
     for b, h, i in itertools.product(range(batch), range(num_heads), range(seqlen_q)):
         kv_head = h // (num_heads // num_heads_k)
@@ -71,7 +71,7 @@ def _loop_attention(
         top = max(logits.values())
         total = sum(math.exp(s - top) for s in logits.values())
         lse[b, h, i] = top + math.log(total)
-        for d in range(head_dim):
+        for d in range(v.shape[-1]):
             out[b, i, h, d] = sum(math.exp(s - top) / total * vs[b][j][kv_head][d] for j, s in logits.items())
     return out, lse
 
@@ -81,12 +81,10 @@ def _slopes(kind: str, batch: int, num_heads: int, gen: torch.Generator) -> Tens
     return torch.rand(shape, generator=gen, dtype=torch.float32)
 
 
-@pytest.mark.parametrize("heads", HEADS, ids=lambda h: f"h{h[0]}kv{h[1]}")
-@pytest.mark.parametrize("seqlens", SEQLENS, ids=lambda s: f"q{s[0]}k{s[1]}")
-@pytest.mark.parametrize("feature", FEATURES)
-def test_reference_matches_loop(feature, seqlens, heads):
-    seed = case_seed(feature, seqlens, heads)
-    q, k, v = random_qkv(2, *seqlens, *heads, 8, torch.float64, "cpu", seed)
+def _check_against_loop(seed: int, feature: str, seqlens: tuple[int, int], heads: tuple[int, int],
+                        v_head_dim: int = 8) -> None:
+    """attention_ref and _loop_attention on float64 inputs of head dim 8 (v's: v_head_dim) agree."""
+    q, k, v = random_qkv(2, *seqlens, *heads, 8, torch.float64, "cpu", seed, v_head_dim=v_head_dim)
     options = dict(FEATURES[feature])
     if "alibi_slopes" in options:
         options["alibi_slopes"] = _slopes(
@@ -95,8 +93,22 @@ def test_reference_matches_loop(feature, seqlens, heads):
     scale = 0.9  # larger than 1/sqrt(8): sharper softmax, softcap's tanh far from linear
     out, lse = attention_ref(q, k, v, scale, **options)
     expected_out, expected_lse = _loop_attention(q, k, v, scale, **options)
+    assert out.shape == (2, seqlens[0], heads[0], v_head_dim)
     torch.testing.assert_close(out, expected_out)
     torch.testing.assert_close(lse, expected_lse)
+
+
+@pytest.mark.parametrize("heads", HEADS, ids=lambda h: f"h{h[0]}kv{h[1]}")
+@pytest.mark.parametrize("seqlens", SEQLENS, ids=lambda s: f"q{s[0]}k{s[1]}")
+@pytest.mark.parametrize("feature", FEATURES)
+def test_reference_matches_loop(feature, seqlens, heads):
+    _check_against_loop(case_seed(feature, seqlens, heads), feature, seqlens, heads)
+
+
+@pytest.mark.parametrize("feature", ["plain", "causal", "everything"])
+def test_reference_with_a_narrower_v_matches_loop(feature):
+    """v of head dim 5 under q and k of 8 (DeepSeek MLA's shape of the problem): out has v's 5 columns."""
+    _check_against_loop(case_seed("narrower v", feature), feature, (7, 9), (4, 2), v_head_dim=5)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
