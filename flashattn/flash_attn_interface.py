@@ -25,17 +25,18 @@ back to the backward (zeros without dropout). S_dmask is as flash_attn_func retu
 rowsum(dout * out) * (1 - dropout_p), fp32, in flash-attn's layout: (batch, nheads, seqlen_q rounded
 up to 128), or (nheads, total_q + 128 * batch) with sequence b's rows from cu_seqlens_q[b] + 128 * b;
 0 elsewhere. Unlike flash-attn's, they take any head dim up to 256 on CUDA too (padded as
-flash_attn_func pads it) and CPU tensors. (flashattn.interface._flash_attn_forward is another
+flash_attn_func pads it), a head dim of v smaller than q's and k's (out and dout then have v's, as in
+FlashAttention-3) and CPU tensors. (flashattn.interface._flash_attn_forward is another
 function: the forward of flashattn's own public functions.)
 """
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from . import interface
 from .interface import *  # noqa: F403 (flash_attn_func and the other public functions, re-exported)
-from .interface import _S_DMASK_ROUND, _attn_probs, _head_dim_padding, _new_rng_state, _round_up, _window_sides
+from .cpu import check_bwd, out_shape
+from .interface import _S_DMASK_ROUND, _attn_probs, _kernel_padding, _new_rng_state, _pad, _round_up, _window_sides
 from .kvcache import flash_attn_with_kvcache
 
 __all__ = [*interface.__all__, "flash_attn_with_kvcache"]
@@ -174,17 +175,23 @@ def _forward(q, k, v, dropout_p, softmax_scale, causal, window_left, window_righ
 
 def _backward(dout, q, k, v, out, softmax_lse, dropout_p, softmax_scale, causal, deterministic, window_left,
               window_right, softcap, alibi_slopes, rng_state, *varlen) -> tuple[Tensor, Tensor, Tensor]:
-    """flashattn::bwd, with the head dim padded on CUDA as interface._flash_attn_forward pads it."""
+    """flashattn::bwd, with the head dims padded on CUDA as interface._flash_attn_forward pads them
+    (interface._kernel_padding); dq, dk and dv sliced back to the shapes of q, k and v."""
     left, right = _window_sides((window_left, window_right))
     if alibi_slopes is not None:
         alibi_slopes = alibi_slopes.contiguous()
     options = (softcap, alibi_slopes, dropout_p, rng_state if dropout_p > 0 else None, *varlen)
-    pad = _head_dim_padding(q, k, v)
-    if pad:
-        dout, q, k, v, out = (F.pad(t, (0, pad)) for t in (dout, q, k, v, out))
+
+    def check_tensors() -> None:
+        check_bwd(dout, q, k, v, out, softmax_lse, alibi_slopes, dropout_p, options[3], *(varlen[:2] or (None, None)))
+
+    padding = _kernel_padding(q, (k, v), check_tensors=check_tensors)
+    widths = (q.shape[-1], k.shape[-1], v.shape[-1])
+    q, k = _pad(q, padding.qk), _pad(k, padding.qk)
+    dout, v, out = (_pad(t, padding.v) for t in (dout, v, out))
     grads = torch.ops.flashattn.bwd(dout, q, k, v, out, softmax_lse, softmax_scale, causal, deterministic, left,
                                     right, *options)[:3]  # no sink: the fourth is an empty dsink
-    return tuple(grad[..., : grad.shape[-1] - pad] for grad in grads)
+    return tuple(grad[..., :width] for grad, width in zip(grads, widths))
 
 
 def _write_grads(destinations: tuple[Tensor | None, ...], grads: tuple[Tensor, ...]) -> None:
@@ -215,8 +222,8 @@ def _(q, k, v, dropout_p, softmax_scale, causal, window_size_left, window_size_r
       return_softmax):
     batch, seqlen_q, num_heads, _ = q.shape
     softmax_lse = q.new_empty((batch, num_heads, seqlen_q), dtype=torch.float32)
-    return q.new_empty(q.shape), softmax_lse, _fake_s_dmask(q, return_softmax, batch, seqlen_q, k.shape[1]), \
-        q.new_empty((2,), dtype=torch.int64)
+    s_dmask = _fake_s_dmask(q, return_softmax, batch, seqlen_q, k.shape[1])
+    return q.new_empty(out_shape(q, v)), softmax_lse, s_dmask, q.new_empty((2,), dtype=torch.int64)
 
 
 @_flash_attn_varlen_forward.register_fake
@@ -226,7 +233,7 @@ def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p
     total_q, num_heads, _ = q.shape
     softmax_lse = q.new_empty((num_heads, total_q), dtype=torch.float32)
     s_dmask = _fake_s_dmask(q, return_softmax, cu_seqlens_q.shape[0] - 1, max_seqlen_q, max_seqlen_k)
-    return q.new_empty(q.shape), softmax_lse, s_dmask, q.new_empty((2,), dtype=torch.int64)
+    return q.new_empty(out_shape(q, v)), softmax_lse, s_dmask, q.new_empty((2,), dtype=torch.int64)
 
 
 def _fake_s_dmask(q: Tensor, return_softmax: bool, batch: int, seqlen_q: int, seqlen_k: int) -> Tensor:

@@ -15,6 +15,7 @@ flash_attn_func and its packed twins; variable-length batches, q
 and its packed twins (flashattn.padding converts a padding mask to that layout).
 """
 
+import itertools
 import math
 import re
 from numbers import Integral, Real
@@ -75,8 +76,9 @@ def flash_attn_func(
         q: (batch, seqlen_q, nheads, headdim).
         k, v: (batch, seqlen_k, nheads_k, headdim). nheads must be a multiple of
             nheads_k (GQA/MQA): query head h uses key/value head h // (nheads // nheads_k).
-            headdim may be anything up to 256. The last dimension of q, k and v
-            must be contiguous; other strides are honoured.
+            headdim may be anything up to 256. v's headdim (headdim_v) may be smaller
+            than q's and k's (DeepSeek MLA: 192 for q and k, 128 for v), not larger.
+            The last dimension of q, k and v must be contiguous; other strides are honoured.
         dropout_p: probability of dropping each attention probability, in [0, 1);
             kept ones are scaled by 1 / (1 - dropout_p). Pass 0.0 in evaluation.
             The mask comes from a Philox generator keyed by a seed and offset
@@ -110,7 +112,7 @@ def flash_attn_func(
     alibi_slopes that are not an fp32 (nheads,) or (batch, nheads) tensor.
 
     Returns:
-        out: (batch, seqlen_q, nheads, headdim) in the dtype of q. It is
+        out: (batch, seqlen_q, nheads, headdim_v) in the dtype of q. It is
         differentiable with respect to q, k and v; the backward pass keeps
         nothing of size seqlen_q x seqlen_k. With return_attn_probs=True,
         (out, softmax_lse, S_dmask), as FlashAttention-2 returns them:
@@ -135,7 +137,10 @@ def flash_attn_func(
     16-byte aligned rows: a head dim that is not is zero-padded (which leaves
     q @ k^T unchanged) and the output and gradients sliced back; an input whose
     start or strides other than the last are not multiples of 8 elements is
-    copied. Everything else is read in place, e.g. slices of a packed qkv.
+    copied. Everything else is read in place, e.g. slices of a packed qkv. The
+    kernels take headdim_v == headdim only, for now: a smaller headdim_v runs
+    on v zero-padded to headdim (exact: zero columns of v give zero columns of
+    out), out sliced back; on CPU it is computed as it is.
     """
     _check_tensors(q=q, k=k, v=v)
     return _attention(
@@ -188,11 +193,13 @@ def flash_attn_kvpacked_func(
     """flash_attn_func with k and v packed as kv: (batch, seqlen_k, 2, nheads_k, headdim).
 
     k and v are read as slices of kv, without a copy; the gradient of kv stacks
-    their gradients. Other arguments and the result as in flash_attn_func.
+    their gradients. Packed, they share one head dim, q's: a v head dim smaller
+    than q's needs flash_attn_func. Other arguments and the result as in flash_attn_func.
     """
     _check_packed("kv", kv, 5, 2, "(batch, seqlen_k, 2, nheads_k, headdim)")
     k, v = kv.unbind(dim=2)
     _check_tensors(q=q)
+    _check_kv_head_dim(q, kv, "flash_attn_func")
     names = {**_NAMES, "k": "kv[:, :, 0]", "v": "kv[:, :, 1]"}
     return _attention(
         q, k, v, None, names, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
@@ -230,7 +237,7 @@ def flash_attn_varlen_func(
 
     Args:
         q: (total_q, nheads, headdim): the queries of every sequence, one after another.
-        k, v: (total_k, nheads_k, headdim), likewise; heads and headdim as in flash_attn_func.
+        k, v: (total_k, nheads_k, headdim), likewise; heads and head dims as in flash_attn_func.
         cu_seqlens_q, cu_seqlens_k: int32 (batch + 1,) on q's device: sequence b is
             q[cu_seqlens_q[b]:cu_seqlens_q[b + 1]] attending to the keys
             k[cu_seqlens_k[b]:cu_seqlens_k[b + 1]]. Nondecreasing from 0; lengths 0 and 1 are
@@ -273,7 +280,7 @@ def flash_attn_varlen_func(
     ValueError at the call).
 
     Returns:
-        out (total_q, nheads, headdim) in q's dtype, differentiable in q, k and v; or
+        out (total_q, nheads, headdim_v) in q's dtype, differentiable in q, k and v; or
         (out, softmax_lse, S_dmask) with return_attn_probs=True.
     """
     _check_tensors(q=q, k=k, v=v)
@@ -343,11 +350,14 @@ def flash_attn_varlen_kvpacked_func(
     """flash_attn_varlen_func with k and v packed as kv: (total_k, 2, nheads_k, headdim).
 
     k and v are read as slices of kv, without a copy; the gradient of kv stacks
-    their gradients. Other arguments and the result as in flash_attn_varlen_func.
+    their gradients. Packed, they share one head dim, q's: a v head dim smaller
+    than q's needs flash_attn_varlen_func. Other arguments and the result as in
+    flash_attn_varlen_func.
     """
     _check_packed("kv", kv, 4, 2, "(total_k, 2, nheads_k, headdim)")
     k, v = kv.unbind(dim=1)
     _check_tensors(q=q)
+    _check_kv_head_dim(q, kv, "flash_attn_varlen_func")
     _check_tensors(_OFFSETS, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
     names = {**_NAMES, "k": "kv[:, 0]", "v": "kv[:, 1]"}
     varlen = _varlen(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, names)
@@ -511,14 +521,15 @@ def _flash_attn_forward(
     block_table: Tensor | None = None,
     learnable_sink: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """Runs the operator: out and softmax_lse ([B, Sq, H, D] and [B, H, Sq], or [total_q, H, D]
-    and [H, total_q] with cu_seqlens).
+    """Runs the operator: out and softmax_lse ([B, Sq, H, Dv] and [B, H, Sq], or [total_q, H, Dv]
+    and [H, total_q] with cu_seqlens; Dv is v's head dim).
 
     The forward of every public function; tests call it to see the LSE and to
     pass their own rng_state (dropout_p > 0 needs one). On CUDA it pads the
-    head dim as flash_attn_func describes (the binding copies rows the kernels
-    cannot read in place). out and softmax_lse are differentiable in q, k, v
-    and learnable_sink; `deterministic` picks the backward's path.
+    head dims as flash_attn_func describes (_kernel_padding; the binding copies
+    rows the kernels cannot read in place). out and softmax_lse are
+    differentiable in q, k, v and learnable_sink; `deterministic` picks the
+    backward's path.
     """
     left, right = _window_sides(window_size)
     if alibi_slopes is not None:
@@ -529,30 +540,91 @@ def _flash_attn_forward(
                seqused_q, seqused_k, leftpad_k, block_table)
     if learnable_sink is not None:
         options = (*options, learnable_sink)
-    pad = _head_dim_padding(q, k, v)
-    if not pad:
+
+    def check_tensors() -> None:
+        cpu.check_fwd(q, k, v, alibi_slopes, dropout_p, rng_state, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
+                      leftpad_k, block_table)
+        cpu.check_learnable_sink(learnable_sink, q)
+
+    padding = _kernel_padding(q, (k, v), check_tensors=check_tensors, paged=block_table is not None)
+    if not any(padding):
         return ops.fwd(q, k, v, softmax_scale, causal, deterministic, left, right, *options)
-    head_dim = q.shape[-1]
-    # A fresh tensor: zero columns change neither q @ k^T nor any other column of the output or the gradients.
-    q, k, v = (F.pad(t, (0, pad)) for t in (q, k, v))
+    # Fresh tensors: zero columns change neither q @ k^T nor any other column of the output or the gradients.
+    v_head_dim = v.shape[-1]
+    q, k, v = _pad(q, padding.qk), _pad(k, padding.qk), _pad(v, padding.v)
     out, softmax_lse = ops.fwd(q, k, v, softmax_scale, causal, deterministic, left, right, *options)
-    return out[..., :head_dim], softmax_lse
+    return out[..., :v_head_dim], softmax_lse
 
 
-def _head_dim_padding(q: Tensor, *others: Tensor | None) -> int:
-    """How many zero columns bring the head dim of CUDA q and the others (None: absent) to the multiple
-    of 8 the kernels read; 0 on CPU, and for inputs that padding would not make valid (ranks or head
-    dims that differ or are out of range, a last dimension that is not contiguous): those reach the
-    operator as given, whose error then shows the caller's shapes and strides."""
-    tensors = [q, *(t for t in others if t is not None)]
-    if not q.is_cuda or len({t.dim() for t in tensors}) != 1 or q.dim() == 0:
+class _Padding(NamedTuple):
+    """Zero columns that CUDA tensors get on their head dim before the kernels, sliced off the results:
+    `qk` for q and k, `v` for v and for what has v's head dim (out, dout)."""
+
+    qk: int = 0
+    v: int = 0
+
+
+def _kernel_padding(
+    q: Tensor, *kv_pairs: tuple[Tensor | None, Tensor | None], check_tensors: Callable[[], None],
+    paged: bool = False,
+) -> _Padding:
+    """The padding of CUDA q and kv_pairs ((k, v) pairs, None where absent: k and v, or the KV cache and
+    the new rows) for the kernels: q's and k's head dim d up to the multiple of 8 that they read, and
+    v's dv up to the same width while they take dv == d only (_v_padding_until_the_kernels_take_dv,
+    which runs check_tensors, the operator's checks in flashattn.cpu, on the caller's tensors first).
+    No padding on CPU, which computes any head dims as they are, nor for inputs that padding would not
+    make valid (ranks or shapes that disagree, head dims out of range, a last dimension that is not
+    contiguous): those reach the operator as given, whose error then shows the caller's shapes and
+    strides. `paged`: k and v are pages, one rank above q."""
+    pairs = [(k, v) for k, v in kv_pairs if k is not None and v is not None]
+    if not _runs_on_kernels(q) or q.dim() == 0 or not pairs:
+        return _Padding()
+    v_padding = _v_padding_until_the_kernels_take_dv(*pairs[0], check_tensors)
+    kv_rank = q.dim() + paged
+    head_dim, v_head_dim = q.shape[-1], pairs[0][1].shape[-1] if pairs[0][1].dim() else 0
+    for k, v in pairs:
+        if k.dim() != kv_rank or v.dim() != kv_rank or k.shape[:-1] != v.shape[:-1]:
+            return _Padding()
+        if k.shape[-1] != head_dim or v.shape[-1] != v_head_dim:
+            return _Padding()
+    if not 0 < head_dim <= MAX_HEAD_DIM:
+        return _Padding()
+    if any(t.stride(-1) != 1 and t.shape[-1] > 1 for t in (q, *itertools.chain(*pairs))):
+        return _Padding()
+    qk = -head_dim % _KERNEL_CHUNK_ELEMS
+    return _Padding(qk, qk + v_padding)
+
+
+def _runs_on_kernels(q: Tensor) -> bool:
+    """Whether the CUDA kernels run a call on q (the tests force this path on CPU tensors too)."""
+    return q.is_cuda
+
+
+def _v_padding_until_the_kernels_take_dv(k: Tensor, v: Tensor, check_tensors: Callable[[], None]) -> int:
+    """INTERIM (issue 21, item 2): the zero columns that bring v's head dim dv up to k's (and q's) d for
+    the CUDA kernels and the binding, which take dv == d only.
+
+    A head dim of v smaller than q's and k's (DeepSeek MLA's 192 / 128 in training and prefill) runs on
+    CUDA as v zero-padded to d: the kernels compute d output columns, of which the last d - dv are 0
+    (zero columns of V add nothing to the softmax), and the callers slice out[..., :dv]; autograd
+    through the padding gives dV v's shape. That is exact, but it costs what padding by hand costs:
+    issue 21's speed target (1.15x over padding) needs kernels that read dv columns of V and write dv
+    of out and dV. They replace this function (their padding of v: -dv % 8, to the width they read).
+    Until then the binding (csrc/api/checks.h) sees only padded tensors, so the operator's checks of
+    the caller's tensors, flashattn.cpu's (check_tensors: the CPU implementation's own, with the
+    binding's messages), run here first: a CUDA call then fails as a CPU call does, with dv out of
+    range named as flashattn.cpu.check_v_head_dim names it. On CPU nothing is padded (flashattn.cpu
+    computes dv columns)."""
+    if k.dim() == 0 or v.dim() == 0 or v.shape[-1] == k.shape[-1]:
         return 0
-    head_dim = q.shape[-1]
-    if not (all(t.shape[-1] == head_dim for t in tensors) and 0 < head_dim <= MAX_HEAD_DIM):
-        return 0
-    if any(t.stride(-1) != 1 and head_dim > 1 for t in tensors):
-        return 0
-    return -head_dim % _KERNEL_CHUNK_ELEMS
+    check_tensors()
+    return k.shape[-1] - v.shape[-1]
+
+
+def _pad(t: Tensor | None, columns: int) -> Tensor | None:
+    """t with `columns` zero columns appended to its last dimension (a fresh tensor), or t itself
+    when there are none (or no t)."""
+    return t if t is None or not columns else F.pad(t, (0, columns))
 
 
 @torch.no_grad()
@@ -668,6 +740,18 @@ def _check_packed(name: str, packed: object, rank: int, count: int, layout: str)
         raise TypeError(f"flashattn: {name} must be a torch.Tensor, got {type(packed).__name__}")
     if packed.dim() != rank or packed.shape[rank - 3] != count:
         raise ValueError(f"flashattn: {name} must have shape {layout}, got {tuple(packed.shape)}")
+
+
+def _check_kv_head_dim(q: Tensor, kv: Tensor, unpacked: str) -> None:
+    """kv's head dim is q's: packed, k and v share one, so a v head dim other than q's (DeepSeek MLA's
+    192 / 128) cannot be packed, and the error says which function takes k and v apart. (q's shape is
+    the operator's to check: a 0-d q passes here.)"""
+    if q.dim() and kv.shape[-1] != q.shape[-1]:
+        raise ValueError(
+            f"flashattn: head dims differ (q {tuple(q.shape)}, kv {tuple(kv.shape)}): kv packs k and v with one "
+            f"headdim, which must be q's ({q.shape[-1]}); for a v headdim other than q's pass k and v apart to "
+            f"{unpacked}"
+        )
 
 
 def _is_real(x: object) -> bool:

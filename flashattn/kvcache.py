@@ -15,13 +15,12 @@ import math
 from numbers import Integral
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from .cpu import MAX_HEAD_DIM, check_alibi_slopes, check_index_tensor, check_learnable_sink, check_same_device
-from .cpu import check_tensor
+from .cpu import check_tensor, check_v_head_dim, out_shape
 from .interface import _check_bool, _check_implementation, _check_softcap, _check_tensors
-from .interface import _head_dim_padding, _resolve_softmax_scale, _window_sides
+from .interface import _kernel_padding, _Padding, _pad, _resolve_softmax_scale, _window_sides
 from .ops import KVCACHE_SCHEMA
 
 __all__ = ["KVCACHE_SCHEMA", "KVCache", "apply_rotary_emb", "flash_attn_with_kvcache"]
@@ -95,8 +94,10 @@ def flash_attn_with_kvcache(
             speculative decoding or chunked prefill.
         k_cache, v_cache: (batch_cache, seqlen_cache, nheads_k, headdim), or with block_table a paged
             cache (num_blocks, page_block_size, nheads_k, headdim) of pages of any size (16, 256, ...).
-        k, v: (batch, seqlen_new, nheads_k, headdim) or None: written into the cache at rows
-            cache_seqlens[b] .. cache_seqlens[b] + seqlen_new - 1 before attending.
+            v_cache's headdim may be smaller than q's and k_cache's (as flash_attn_func's v; on CUDA
+            for now that runs on a zero-padded copy of the whole v_cache, see below).
+        k, v: (batch, seqlen_new, nheads_k, headdim) or None (v with v_cache's headdim): written into the
+            cache at rows cache_seqlens[b] .. cache_seqlens[b] + seqlen_new - 1 before attending.
         rotary_cos, rotary_sin: (seqlen_ro, rotary_dim / 2) or None: rotary embedding applied to k
             (position: its cache row, counted from row 0 whatever cache_leftpad is, as flash-attn does)
             and to q (positions cache_seqlens + i with causal or a window, all at cache_seqlens
@@ -120,13 +121,15 @@ def flash_attn_with_kvcache(
             (a per-head logit in every row's softmax denominator, without a value; the LSE includes
             it). Split-KV partial results leave it out; their merge adds it once.
 
-    Returns out (batch, seqlen_q, nheads, headdim), or (out, softmax_lse). Not differentiable
+    Returns out (batch, seqlen_q, nheads, v_cache's headdim), or (out, softmax_lse). Not differentiable
     (inference). The cache tensors are modified in place when k and v are given. Runs on CUDA
     (fp16/bf16) and on CPU tensors (fp16, bf16, fp32). On CUDA a headdim that is not a multiple of 8
     runs as FlashAttention-2 runs it: on zero-padded copies of q, k, v and the whole k_cache and
     v_cache, the appended rows then copied back into the caller's caches; that copies the caches on
     every call (slow: memory traffic of the whole cache, and its size again in memory). Head dims that
-    are multiples of 8 run in place. The index tensors are
+    are multiples of 8 run in place. A v_cache headdim smaller than q's runs on CUDA, until the kernels take
+    it (flashattn.interface._v_padding_until_the_kernels_take_dv), on a copy of v_cache and v zero-padded
+    to q's headdim, made on every call likewise. The index tensors are
     not read on the host (no synchronisation): on CUDA each kernel checks the values it reads where it
     reads them, and a value out of range (cache_seqlens + seqlen_new beyond the cache, cache_leftpad
     beyond cache_seqlens, cache_batch_idx or a used block_table entry outside k_cache, a rotary
@@ -150,29 +153,36 @@ def flash_attn_with_kvcache(
     arguments = [q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
                  block_table, scale, bool(causal), window_left, window_right, float(softcap),
                  bool(rotary_interleaved), alibi_slopes, int(num_splits), learnable_sink]  # fmt: skip
-    pad = _head_dim_padding(q, k_cache, v_cache, k, v)
-    if not pad:
+
+    def check_tensors() -> None:
+        _check_kvcache_tensors(*arguments[:11], alibi_slopes, learnable_sink)
+
+    padding = _kernel_padding(q, (k_cache, v_cache), (k, v), check_tensors=check_tensors)
+    if not any(padding):
         out, lse = torch.ops.flashattn.fwd_kvcache(*arguments)
     else:
-        out, lse = _fwd_kvcache_padded(arguments, pad)
+        out, lse = _fwd_kvcache_padded(arguments, padding)
     return (out, lse) if return_softmax_lse else out
 
 
-def _fwd_kvcache_padded(arguments: list, pad: int) -> tuple[Tensor, Tensor]:
+def _fwd_kvcache_padded(arguments: list, padding: _Padding) -> tuple[Tensor, Tensor]:
     """fwd_kvcache on zero-padded copies of q, the caches and k, v (zero columns change neither q @ k^T
-    nor the other columns of out), as FlashAttention-2 runs a head dim that is not a multiple of 8; the
-    rows the append wrote are then copied back into the caller's caches. The padded caches are whole
-    copies, made on every call."""
+    nor the other columns of out), as FlashAttention-2 runs a head dim that is not a multiple of 8 (and,
+    for now, as the kernels run a v head dim below q's); the rows the append wrote are then copied back
+    into the caller's caches. A cache that needs no padding is used in place; a padded one is a whole
+    copy, made on every call."""
     q, k_cache, v_cache, k, v = arguments[:5]
-    padded = [None if t is None else F.pad(t, (0, pad)) for t in (q, k_cache, v_cache, k, v)]
-    out, lse = torch.ops.flashattn.fwd_kvcache(*padded, *arguments[5:])
+    padded = [_pad(t, padding.qk) for t in (q, k_cache, k)]
+    padded_v_cache, padded_v = _pad(v_cache, padding.v), _pad(v, padding.v)
+    out, lse = torch.ops.flashattn.fwd_kvcache(padded[0], padded[1], padded_v_cache, padded[2], padded_v,
+                                               *arguments[5:])  # fmt: skip
     if k is not None:
         cache_seqlens, cache_batch_idx, block_table = arguments[7], arguments[8], arguments[10]
         index = _appended_rows(k_cache, k.shape[1], cache_seqlens, cache_batch_idx, block_table)
-        head_dim = q.shape[-1]
-        k_cache[index] = padded[1][index][..., :head_dim]
-        v_cache[index] = padded[2][index][..., :head_dim]
-    return out[..., : q.shape[-1]], lse
+        for cache, copy in ((k_cache, padded[1]), (v_cache, padded_v_cache)):
+            if copy is not cache:
+                cache[index] = copy[index][..., : cache.shape[-1]]
+    return out[..., : v_cache.shape[-1]], lse
 
 
 def _appended_rows(cache: Tensor, seqlen_new: int, cache_seqlens: Tensor, cache_batch_idx: Tensor | None,
@@ -216,7 +226,7 @@ def _check_kvcache_tensors(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, ca
     check_tensor("q", q, q, 4, "(batch, seqlen_q, nheads, headdim)")
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
         check_tensor(name, t, q, 4, "(batch_cache, seqlen_cache, nheads_k, headdim)")
-    if k_cache.shape != v_cache.shape:
+    if k_cache.shape[:-1] != v_cache.shape[:-1]:
         raise ValueError(f"flashattn: k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)} must have "
                          "the same shape")
     batch, _, num_heads, head_dim = q.shape
@@ -226,6 +236,7 @@ def _check_kvcache_tensors(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, ca
     if not 1 <= head_dim <= MAX_HEAD_DIM:
         raise ValueError(f"flashattn: headdim {head_dim} is not supported by flash_attn_with_kvcache; accepted: "
                          f"1 to {MAX_HEAD_DIM}")
+    check_v_head_dim(q, k_cache, v_cache, ("q", "k_cache", "v_cache"))
     if num_heads_k == 0 or num_heads % num_heads_k:
         raise ValueError(f"flashattn: the number of query heads ({num_heads}) must be a multiple of the number of "
                          f"key/value heads in k_cache ({num_heads_k})")
@@ -240,12 +251,12 @@ def _check_kvcache_tensors(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, ca
     if (k is None) != (v is None):
         raise ValueError("flashattn: k and v must be given together")
     if k is not None:
-        for name, t in (("k", k), ("v", v)):
+        for name, t, cache in (("k", k, k_cache), ("v", v, v_cache)):
             check_tensor(name, t, q, 4, "(batch, seqlen_new, nheads_k, headdim)")
-            if t.shape[0] != batch or t.shape[2:] != k_cache.shape[2:]:
+            if t.shape[0] != batch or t.shape[2:] != cache.shape[2:]:
                 raise ValueError(f"flashattn: {name} must have shape ({batch}, seqlen_new, {num_heads_k}, "
-                                 f"{head_dim}), got {tuple(t.shape)}")
-        if k.shape != v.shape:
+                                 f"{cache.shape[3]}), got {tuple(t.shape)}")
+        if k.shape[:-1] != v.shape[:-1]:
             raise ValueError(f"flashattn: k {tuple(k.shape)} and v {tuple(v.shape)} must have the same seqlen_new")
     if (rotary_cos is None) != (rotary_sin is None):
         raise ValueError("flashattn: rotary_cos and rotary_sin must be given together")
@@ -312,7 +323,7 @@ def _fwd_kvcache_cpu(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_se
                           positions_per_row)
     batch, seqlen_q, num_heads, _ = q.shape
     seqlen_new = 0 if k is None else k.shape[1]
-    out = q.new_empty(q.shape)
+    out = q.new_empty(out_shape(q, v_cache))
     lse = q.new_empty((batch, num_heads, seqlen_q), dtype=torch.float32)
     for b in range(batch):
         start = int(cache_seqlens[b])
@@ -358,23 +369,26 @@ class KVCache:
         cache.advance(k.shape[1])                                       # after the last layer of a step
 
     seqlens (batch,) int32 holds the cached length of every sequence; a paged cache hands each sequence
-    the pages it needs up to max_seqlen in order (block_table); `reset()` empties it.
+    the pages it needs up to max_seqlen in order (block_table); `reset()` empties it. v_head_dim (default
+    head_dim) may be smaller than head_dim, as flash_attn_with_kvcache's v_cache.
     """
 
     def __init__(self, batch: int, max_seqlen: int, num_heads_k: int, head_dim: int, num_layers: int = 1,
                  device: torch.device | str | None = None, dtype: torch.dtype = torch.bfloat16,
-                 page_size: int | None = None) -> None:
+                 page_size: int | None = None, v_head_dim: int | None = None) -> None:
         self.batch, self.max_seqlen, self.page_size = batch, max_seqlen, page_size
         if page_size is None:
-            shape = (batch, max_seqlen, num_heads_k, head_dim)
+            rows = (batch, max_seqlen)
             self.block_table = None
         else:
             pages_per_seq = math.ceil(max_seqlen / page_size)
-            shape = (batch * pages_per_seq, page_size, num_heads_k, head_dim)
+            rows = (batch * pages_per_seq, page_size)
             self.block_table = torch.arange(batch * pages_per_seq, device=device, dtype=torch.int32).reshape(
                 batch, pages_per_seq)
-        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(num_layers)]
-        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(num_layers)]
+        v_head_dim = head_dim if v_head_dim is None else v_head_dim
+        self.k = [torch.zeros((*rows, num_heads_k, head_dim), device=device, dtype=dtype) for _ in range(num_layers)]
+        self.v = [torch.zeros((*rows, num_heads_k, v_head_dim), device=device, dtype=dtype)
+                  for _ in range(num_layers)]
         self.seqlens = torch.zeros(batch, device=device, dtype=torch.int32)
 
     def attend(self, layer: int, q: Tensor, k: Tensor | None = None, v: Tensor | None = None, **kwargs) -> Tensor:

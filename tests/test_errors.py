@@ -391,7 +391,8 @@ def test_bad_qkvpacked(device, make_qkv, error, match):
         (
             lambda device: torch.zeros(2, 7, 2, 2, 8, dtype=torch.float16, device=device),
             ValueError,
-            r"head dims differ \(q \(2, 5, 4, 16\), kv\[:, :, 0\] \(2, 7, 2, 8\)",
+            r"head dims differ \(q \(2, 5, 4, 16\), kv \(2, 7, 2, 2, 8\)\): kv packs k and v with one headdim, "
+            r"which must be q's \(16\); for a v headdim other than q's pass k and v apart to flash_attn_func",
         ),
         (
             lambda device: torch.zeros(2, 7, 2, 3, 16, dtype=torch.float16, device=device),
