@@ -110,19 +110,23 @@ def feature_options(
     return causal, scale, options
 
 
-def _check_forward(device, feature, dtype, head_dim, seqlens, heads) -> None:
-    seed = case_seed("features forward", device, feature, dtype, head_dim, seqlens, heads)
-    q, k, v = random_qkv(BATCH, *seqlens, *heads, head_dim, dtype, device, seed)
+def _check_forward(device, feature, dtype, head_dim, seqlens, heads, v_head_dim=None) -> None:
+    """v_head_dim: v's head dim, when not head_dim (tests/test_mla_head_dims.py)."""
+    dims = head_dim if v_head_dim is None else (head_dim, v_head_dim)
+    seed = case_seed("features forward", device, feature, dtype, dims, seqlens, heads)
+    q, k, v = random_qkv(BATCH, *seqlens, *heads, head_dim, dtype, device, seed, v_head_dim=v_head_dim)
     causal, scale, options = feature_options(feature, BATCH, heads[0], device, seed)
     scale = head_dim**-0.5 if scale is None else scale
     out, lse = run_forward(q, k, v, scale, causal, **options)
     assert_matches_reference(out, lse, q, k, v, scale, causal, **options)
 
 
-def _check_backward(device, feature, dtype, head_dim, seqlens, heads, deterministic=False) -> None:
-    seed = case_seed("features backward", device, feature, dtype, head_dim, seqlens, heads)
-    q, k, v = random_qkv(BATCH, *seqlens, *heads, head_dim, dtype, device, seed)
-    dout = torch.randn(q.shape, generator=torch.Generator(device).manual_seed(seed + 1), dtype=dtype, device=device)
+def _check_backward(device, feature, dtype, head_dim, seqlens, heads, deterministic=False, v_head_dim=None) -> None:
+    dims = head_dim if v_head_dim is None else (head_dim, v_head_dim)
+    seed = case_seed("features backward", device, feature, dtype, dims, seqlens, heads)
+    q, k, v = random_qkv(BATCH, *seqlens, *heads, head_dim, dtype, device, seed, v_head_dim=v_head_dim)
+    dout = torch.randn(cpu.out_shape(q, v), generator=torch.Generator(device).manual_seed(seed + 1), dtype=dtype,
+                       device=device)
     causal, scale, options = feature_options(feature, BATCH, heads[0], device, seed)
     scale = head_dim**-0.5 if scale is None else scale
     grads = run_backward(q, k, v, dout, scale, causal, deterministic, **options)

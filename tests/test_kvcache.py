@@ -39,8 +39,11 @@ def rotate(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool, positions: Te
 
 
 def make_case(device, dtype, batch, seqlen_q, seqlen_new, heads, heads_k, head_dim, page, seed, capacity=97,
-              leftpad=False, batch_idx=False, rotary=None):
+              leftpad=False, batch_idx=False, rotary=None, v_head_dim=None):
+    """flash_attn_with_kvcache's arguments: random q, caches (v_cache and v of head dim v_head_dim, by default
+    head_dim), lengths and index tensors."""
     gen = torch.Generator(device=device).manual_seed(seed)
+    v_head_dim = v_head_dim or head_dim
 
     def randn(*shape):
         return torch.randn(shape, generator=gen, device=device, dtype=dtype)
@@ -52,15 +55,16 @@ def make_case(device, dtype, batch, seqlen_q, seqlen_new, heads, heads_k, head_d
         order = torch.randperm(batch * pages + 2, generator=gen, device=device)[: batch * pages]
         case["block_table"] = order.reshape(batch, pages).to(torch.int32)
         case["k_cache"], case["v_cache"] = randn(batch * pages + 2, page, heads_k, head_dim), \
-            randn(batch * pages + 2, page, heads_k, head_dim)
+            randn(batch * pages + 2, page, heads_k, v_head_dim)
     else:
         rows = batch + 2 if batch_idx else batch
         case["k_cache"], case["v_cache"] = randn(rows, capacity, heads_k, head_dim), randn(rows, capacity, heads_k,
-                                                                                              head_dim)
+                                                                                              v_head_dim)
         if batch_idx:
             case["cache_batch_idx"] = torch.randperm(rows, generator=gen, device=device)[:batch].to(torch.int32)
     if seqlen_new:
-        case["k"], case["v"] = randn(batch, seqlen_new, heads_k, head_dim), randn(batch, seqlen_new, heads_k, head_dim)
+        case["k"], case["v"] = randn(batch, seqlen_new, heads_k, head_dim), randn(batch, seqlen_new, heads_k,
+                                                                                 v_head_dim)
     if leftpad:
         case["cache_leftpad"] = (torch.rand(batch, generator=gen, device=device) * seqlens.float() * 0.5).to(torch.int32)
     if rotary is not None:

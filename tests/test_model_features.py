@@ -58,14 +58,16 @@ def _id(case: tuple) -> str:
     return "-".join(str(x).replace(" ", "") for x in case)
 
 
-def _inputs(shape: tuple, dtype: torch.dtype, seed: int, alibi: bool = False,
-            device: str = "cpu") -> tuple[Tensor | None, ...]:
-    """q, k, v, dout in dtype; sink and dlse fp32; ALiBi slopes or None: fresh per case, never zeros,
-    drawn on the CPU (the same values on every device) and moved to `device`."""
+def _inputs(shape: tuple, dtype: torch.dtype, seed: int, alibi: bool = False, device: str = "cpu",
+            v_head_dim: int | None = None) -> tuple[Tensor | None, ...]:
+    """q, k, v (v's head dim v_head_dim, by default q's), dout in dtype; sink and dlse fp32; ALiBi slopes
+    or None: fresh per case, never zeros, drawn on the CPU (the same values on every device) and moved
+    to `device`."""
     batch, seqlen_q, seqlen_k, heads, heads_k, head_dim = shape
-    q, k, v = random_qkv(batch, seqlen_q, seqlen_k, heads, heads_k, head_dim, dtype, "cpu", seed)
+    q, k, v = random_qkv(batch, seqlen_q, seqlen_k, heads, heads_k, head_dim, dtype, "cpu", seed,
+                         v_head_dim=v_head_dim)  # fmt: skip
     gen = torch.Generator().manual_seed(seed + 1)
-    dout = torch.randn(q.shape, generator=gen).to(dtype)
+    dout = torch.randn(cpu.out_shape(q, v), generator=gen).to(dtype)
     # Sinks of a few units: comparable with the scores, so the sink's share is neither 0 nor 1.
     sink = torch.randn(heads, generator=gen) * 2
     dlse = torch.randn(batch, heads, seqlen_q, generator=gen)

@@ -37,6 +37,7 @@ from test_varlen import offsets, sequence_options
 
 import flashattn
 from flashattn import flash_attn_varlen_func
+from flashattn.cpu import out_shape
 from flashattn.flash_attn_interface import _flash_attn_varlen_forward
 from flashattn.interface import _flash_attn_forward
 
@@ -98,16 +99,18 @@ def sequence_keys(pool: torch.Tensor, table: torch.Tensor, b: int, length: int) 
     return pool[pages].flatten(0, 1)[:length]
 
 
-def paged_batch(lengths_q, lengths_k, heads, head_dim, dtype, device, seed, page_size, cut_q=False):
-    """q (total_q, H, D), k and v pages, the varlen arguments with block_table, and per sequence
-    (query rows, key length) that it uses. cut_q: seqused_q cuts some sequences' queries."""
+def paged_batch(lengths_q, lengths_k, heads, head_dim, dtype, device, seed, page_size, cut_q=False, v_head_dim=None):
+    """q (total_q, H, D), k and v pages (v's of head dim v_head_dim, by default D), the varlen arguments
+    with block_table, and per sequence (query rows, key length) that it uses. cut_q: seqused_q cuts
+    some sequences' queries."""
     gen = torch.Generator(device=device).manual_seed(seed)
     num_heads, num_heads_k = heads
+    v_head_dim = v_head_dim or head_dim
     q = torch.randn(sum(lengths_q), num_heads, head_dim, generator=gen, device=device).to(dtype)
     keys = [torch.randn(n, num_heads_k, head_dim, generator=gen, device=device).to(dtype) for n in lengths_k]
-    values = [torch.randn(n, num_heads_k, head_dim, generator=gen, device=device).to(dtype) for n in lengths_k]
+    values = [torch.randn(n, num_heads_k, v_head_dim, generator=gen, device=device).to(dtype) for n in lengths_k]
     k_pages, table = pages_of(keys, page_size, device, gen)
-    v_pages = torch.randn(k_pages.shape, generator=gen, device=device).to(dtype)
+    v_pages = torch.randn((*k_pages.shape[:-1], v_head_dim), generator=gen, device=device).to(dtype)
     for b, v in enumerate(values):  # the same pages as k's
         for j in range(-(-len(v) // page_size)):
             rows = v[j * page_size : (j + 1) * page_size]
@@ -157,15 +160,18 @@ def _cases(device: str) -> list:
     return cases
 
 
-def _check_paged_forward(device, feature, dtype, head_dim, lengths, heads, page_size):
+def _check_paged_forward(device, feature, dtype, head_dim, lengths, heads, page_size, v_head_dim=None):
+    """v_head_dim: v's head dim, when not head_dim (tests/test_mla_head_dims.py)."""
     lengths_q, lengths_k = GPU_LENGTHS[lengths]
-    seed = case_seed("paged forward", device, feature, dtype, head_dim, lengths, heads, page_size)
+    dims = head_dim if v_head_dim is None else (head_dim, v_head_dim)
+    seed = case_seed("paged forward", device, feature, dtype, dims, lengths, heads, page_size)
     cut_q = seed % 2 == 0
-    q, k, v, varlen, uses = paged_batch(lengths_q, lengths_k, heads, head_dim, dtype, device, seed, page_size, cut_q)
+    q, k, v, varlen, uses = paged_batch(lengths_q, lengths_k, heads, head_dim, dtype, device, seed, page_size, cut_q,
+                                        v_head_dim)  # fmt: skip
     causal, scale, options = feature_options(feature, len(lengths_q), heads[0], device, seed)
     scale = head_dim**-0.5 if scale is None else scale
     out, lse = run_forward(q, k, v, scale, causal, **options, **varlen)
-    assert out.shape == q.shape and lse.shape == (heads[0], q.shape[0])
+    assert out.shape == out_shape(q, v) and lse.shape == (heads[0], q.shape[0])
     table = varlen["block_table"]
     for b, (rows, length) in enumerate(uses):
         k_b, v_b = sequence_keys(k, table, b, length), sequence_keys(v, table, b, length)
@@ -189,12 +195,15 @@ def test_paged_forward_gpu(feature, dtype, head_dim, lengths, heads, page_size):
     _check_paged_forward("cuda", feature, dtype, head_dim, lengths, heads, page_size)
 
 
-def _check_paged_backward(device, feature, dtype, head_dim, lengths, heads, page_size, deterministic):
+def _check_paged_backward(device, feature, dtype, head_dim, lengths, heads, page_size, deterministic,
+                          v_head_dim=None):  # fmt: skip
     lengths_q, lengths_k = GPU_LENGTHS[lengths]
-    seed = case_seed("paged backward", device, feature, dtype, head_dim, lengths, heads, page_size)
+    dims = head_dim if v_head_dim is None else (head_dim, v_head_dim)
+    seed = case_seed("paged backward", device, feature, dtype, dims, lengths, heads, page_size)
     q, k, v, varlen, uses = paged_batch(lengths_q, lengths_k, heads, head_dim, dtype, device, seed, page_size,
-                                        cut_q=seed % 2 == 0)  # fmt: skip
-    dout = torch.randn(q.shape, generator=torch.Generator(device).manual_seed(seed + 1), device=device).to(dtype)
+                                        cut_q=seed % 2 == 0, v_head_dim=v_head_dim)  # fmt: skip
+    dout = torch.randn(out_shape(q, v), generator=torch.Generator(device).manual_seed(seed + 1),
+                       device=device).to(dtype)
     causal, scale, options = feature_options(feature, len(lengths_q), heads[0], device, seed)
     scale = head_dim**-0.5 if scale is None else scale
     dq, dk, dv = run_backward(q, k, v, dout, scale, causal, deterministic, **options, **varlen)

@@ -36,6 +36,7 @@ from flashattn import (
     pad_input,
     unpad_input,
 )
+from flashattn.cpu import out_shape
 from flashattn.interface import _flash_attn_forward
 from flashattn.philox import dropout_keep_mask
 
@@ -97,13 +98,14 @@ def offsets(lengths: list[int], device: str) -> torch.Tensor:
     return torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32, device=device)
 
 
-def packed_batch(lengths_q, lengths_k, heads, head_dim, dtype, device, seed):
-    """Standard normal q (total_q, H, D), k and v (total_k, Hk, D), and the varlen arguments."""
+def packed_batch(lengths_q, lengths_k, heads, head_dim, dtype, device, seed, v_head_dim=None):
+    """Standard normal q (total_q, H, D), k (total_k, Hk, D) and v (total_k, Hk, Dv), Dv = v_head_dim (by
+    default D), and the varlen arguments."""
     gen = torch.Generator(device=device).manual_seed(seed)
     num_heads, num_heads_k = heads
     q = torch.randn(sum(lengths_q), num_heads, head_dim, generator=gen, dtype=dtype, device=device)
-    k, v = (torch.randn(sum(lengths_k), num_heads_k, head_dim, generator=gen, dtype=dtype, device=device)
-            for _ in range(2))  # fmt: skip
+    k, v = (torch.randn(sum(lengths_k), num_heads_k, dim, generator=gen, dtype=dtype, device=device)
+            for dim in (head_dim, v_head_dim or head_dim))  # fmt: skip
     varlen = {
         "cu_seqlens_q": offsets(lengths_q, device),
         "cu_seqlens_k": offsets(lengths_k, device),
@@ -129,14 +131,16 @@ def sequence_options(options: dict, b: int) -> dict:
     return options
 
 
-def _check_forward(device, feature, dtype, head_dim, lengths, heads) -> None:
+def _check_forward(device, feature, dtype, head_dim, lengths, heads, v_head_dim=None) -> None:
+    """v_head_dim: v's head dim, when not head_dim (tests/test_mla_head_dims.py)."""
     lengths_q, lengths_k = LENGTHS.get(lengths) or GPU_LENGTHS[lengths]
-    seed = case_seed("varlen forward", device, feature, dtype, head_dim, lengths, heads)
-    q, k, v, varlen = packed_batch(lengths_q, lengths_k, heads, head_dim, dtype, device, seed)
+    dims = head_dim if v_head_dim is None else (head_dim, v_head_dim)
+    seed = case_seed("varlen forward", device, feature, dtype, dims, lengths, heads)
+    q, k, v, varlen = packed_batch(lengths_q, lengths_k, heads, head_dim, dtype, device, seed, v_head_dim)
     causal, scale, options = feature_options(feature, len(lengths_q), heads[0], device, seed)
     scale = head_dim**-0.5 if scale is None else scale
     out, lse = run_forward(q, k, v, scale, causal, **options, **varlen)
-    assert out.shape == q.shape and lse.shape == (heads[0], q.shape[0])
+    assert out.shape == out_shape(q, v) and lse.shape == (heads[0], q.shape[0])
     for b, (rows, keys) in enumerate(sequences(varlen)):
         assert_matches_reference(
             out[rows][None], lse[:, rows][None], q[rows][None], k[keys][None], v[keys][None], scale, causal,
@@ -144,11 +148,13 @@ def _check_forward(device, feature, dtype, head_dim, lengths, heads) -> None:
         )  # fmt: skip
 
 
-def _check_backward(device, feature, dtype, head_dim, lengths, heads, deterministic=False) -> None:
+def _check_backward(device, feature, dtype, head_dim, lengths, heads, deterministic=False, v_head_dim=None) -> None:
     lengths_q, lengths_k = LENGTHS.get(lengths) or GPU_LENGTHS[lengths]
-    seed = case_seed("varlen backward", device, feature, dtype, head_dim, lengths, heads)
-    q, k, v, varlen = packed_batch(lengths_q, lengths_k, heads, head_dim, dtype, device, seed)
-    dout = torch.randn(q.shape, generator=torch.Generator(device).manual_seed(seed + 1), dtype=dtype, device=device)
+    dims = head_dim if v_head_dim is None else (head_dim, v_head_dim)
+    seed = case_seed("varlen backward", device, feature, dtype, dims, lengths, heads)
+    q, k, v, varlen = packed_batch(lengths_q, lengths_k, heads, head_dim, dtype, device, seed, v_head_dim)
+    dout = torch.randn(out_shape(q, v), generator=torch.Generator(device).manual_seed(seed + 1), dtype=dtype,
+                       device=device)
     causal, scale, options = feature_options(feature, len(lengths_q), heads[0], device, seed)
     scale = head_dim**-0.5 if scale is None else scale
     dq, dk, dv = run_backward(q, k, v, dout, scale, causal, deterministic, **options, **varlen)
