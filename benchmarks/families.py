@@ -12,11 +12,9 @@ the correctness check). FlashAttention-4 gets a column when it imports (benchmar
 flash_attention_4, FLASHATTN_FA4_DIR). TFLOP/s = 4 * B * H * S^2 * D, halved for causal, over the
 median time.
 
-Each in-process backend of a row (the default family, cuDNN, FlashAttention-4) is timed ROUNDS times in
-turn (ours, cuDNN, FA4, ours, ...) and keeps its best median; the child family's shapes likewise, in
-its own process. One window per backend let a single slow window decide a row: the first timing of
-d128 S 8k causal in a process read 494 TFLOP/s where the next rounds of the same process read 568-591
-(NOTES.md, eighth session).
+Each in-process backend of a row (the default family, cuDNN, FlashAttention-4) is timed three times in
+turn (ours, cuDNN, FA4, ours, ...) and keeps its best median (benchmarks/timing.py: best_of_rounds, which
+says why); the child family's shapes likewise, in its own process.
 """
 from __future__ import annotations
 
@@ -31,12 +29,12 @@ import torch
 from benchmarks.arguments import add_out, int_list
 from benchmarks.backends import SDPA_BACKENDS, fa4_fn, flash_attention_4, sdpa_fn
 from benchmarks.environment import REPO_ROOT, dated_folder, header_lines, results_folder, slug, start_gpu_run
+from benchmarks.timing import best_of_rounds
 from flashattn.testing import attention_flops
 
 HELP = "the forward of each kernel family against SDPA cuDNN, one run (GPU)"
 TOKENS, WIDTH = 16384, 2048  # B * S and H * D of every shape
 WARMUP_MS, REP_MS = 25, 100
-ROUNDS = 3  # timings of each backend per row, taken in turn; the best median is kept
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 OTHER_FAMILIES = ["sm80"]  # forced in a child process where the default family is another one
 
@@ -62,23 +60,17 @@ def inputs(head_dim, seqlen, dtype):
     return [torch.randn(shape, generator=gen, dtype=dtype, device="cuda") for _ in range(3)]
 
 
-def best_of_rounds(timer, fns):
-    """{name: ms}: every fn of `fns` ({name: fn}) timed ROUNDS times in turn, the best median kept."""
-    best = {}
-    for _ in range(ROUNDS):
-        for name, fn in fns.items():
-            best[name] = min(best.get(name, float("inf")), timer(fn))
-    return best
-
-
 def time_flashattn(args, timer):
     """{(head_dim, seqlen, causal): ms} of this process's family (the child's timings)."""
     import flashattn
     times = {}
     for head_dim, seqlen, causal in shapes(args):
         q, k, v = inputs(head_dim, seqlen, DTYPES[args.dtype])
-        fn = lambda: flashattn.flash_attn_func(q, k, v, causal=causal)  # noqa: E731
-        times[(head_dim, seqlen, causal)] = best_of_rounds(timer, {"ours": fn})["ours"]
+        best, failed = best_of_rounds(
+            {"ours": lambda: timer(lambda: flashattn.flash_attn_func(q, k, v, causal=causal))})
+        if failed:
+            raise RuntimeError(failed["ours"])
+        times[(head_dim, seqlen, causal)] = best["ours"]
     return times
 
 
@@ -129,18 +121,19 @@ def run(args):
             with torch.nn.attention.sdpa_kernel(SDPA_BACKENDS["cudnn"]):
                 return sdpa_cudnn()
 
-        fns = {family: lambda q=q, k=k, v=v, causal=causal: flashattn.flash_attn_func(q, k, v, causal=causal),
-               "cuDNN": cudnn}
-        if fa4 is not None:
-            try:  # a shape it refuses (or fails to compile) is a gap in its column, not the end of the run
-                fa4_call = fa4_fn(fa4, q, k, v, causal, head_dim**-0.5)
-                fa4_call()
-                fns["FA4"] = fa4_call
-            except Exception as exc:
-                print(f"benchmarks families: FlashAttention-4 at {shape}: {type(exc).__name__}: {exc}",
-                      file=sys.stderr)
-        diff = (fns[family]().float() - cudnn().float()).abs().max().item()
-        best = best_of_rounds(timer, fns)
+        def ours(q=q, k=k, v=v, causal=causal):
+            return flashattn.flash_attn_func(q, k, v, causal=causal)
+
+        fns = {family: ours, "cuDNN": cudnn}
+        if fa4 is not None:  # a shape it refuses (or fails to compile) is a gap in its column, not the end of the run
+            fns["FA4"] = fa4_fn(fa4, q, k, v, causal, head_dim**-0.5)
+        diff = (ours().float() - cudnn().float()).abs().max().item()
+        best, failed = best_of_rounds({name: (lambda fn=fn: timer(fn)) for name, fn in fns.items()})
+        for name in (family, "cuDNN"):
+            if name in failed:
+                raise RuntimeError(f"{name} at {shape}: {failed[name]}")
+        if "FA4" in failed:
+            print(f"benchmarks families: FlashAttention-4 at {shape}: {failed['FA4']}", file=sys.stderr)
         row = {"head dim": head_dim, "S": seqlen, "B": TOKENS // seqlen, "H": WIDTH // head_dim,
                "causal": causal, family: flops / best[family] / 1e9}
         for name, times in others.items():

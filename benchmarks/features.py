@@ -41,6 +41,7 @@ import torch.nn.functional as F
 
 from benchmarks.arguments import add_out
 from benchmarks.environment import RESULTS_ROOT, header_lines, results_folder, start_gpu_run
+from benchmarks.timing import best_of_rounds
 from flashattn.testing import PASS_FLOP_FACTORS, attention_flops
 
 PROG = "python -m benchmarks features"
@@ -89,31 +90,24 @@ def timed(timer, fn, pass_, leaves):
     return timer(step)
 
 
-ROUNDS = 3  # timings of each backend per (case, pass), taken in turn; the best median is kept
-
-
 def rows_for(section, case, fns, flops, timers, passes):
     """FeatureRows of every (backend, pass): fns maps backend -> (fn, leaves). The backends of a pass
-    are timed ROUNDS times in turn and keep their best median, so that one slow timing window does
-    not decide a ratio (benchmarks/families.py says what one window did)."""
+    are timed in turn, several rounds, each keeping its best median (timing.best_of_rounds)."""
     rows = []
     for pass_ in passes:
         factor = PASS_FLOP_FACTORS[pass_]
-        best, notes = {}, {}
-        for _ in range(ROUNDS):
-            for backend, (fn, leaves) in fns.items():
-                if backend in notes:
-                    continue
-                try:
-                    best[backend] = min(best.get(backend, float("inf")), timed(timers[pass_], fn, pass_, leaves))
-                except torch.cuda.OutOfMemoryError:
-                    notes[backend] = "OOM"
-                except Exception as exc:  # a backend that refuses the shape: say so, keep going
-                    notes[backend] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
+
+        def measure(fn, leaves, pass_=pass_):
+            try:
+                return timed(timers[pass_], fn, pass_, leaves)
+            finally:
                 torch.cuda.empty_cache()
+
+        best, failed = best_of_rounds({backend: (lambda fn=fn, leaves=leaves: measure(fn, leaves))
+                                       for backend, (fn, leaves) in fns.items()})
         for backend in fns:
-            if backend in notes:
-                rows.append(FeatureRow(section, case, backend, pass_, None, None, notes[backend]))
+            if backend in failed:
+                rows.append(FeatureRow(section, case, backend, pass_, None, None, failed[backend]))
             else:
                 ms = best[backend]
                 rows.append(FeatureRow(section, case, backend, pass_, ms, flops * factor / ms / 1e9))

@@ -69,6 +69,31 @@ def cuda_timers(settings):
             f"CUDA events median ({how}; triton not importable)")
 
 
+# Timings of each backend of one comparison, taken in turn (A, B, C, A, B, ...); each keeps its best
+# median. One window per backend let a slow window decide a ratio: the first timing of d128 S 8k causal
+# in a process read 494 TFLOP/s where the next rounds of the same process read 568-591 (NOTES.md,
+# eighth session).
+ROUNDS = 3
+
+
+def best_of_rounds(measures, rounds=ROUNDS):
+    """measures: {name: zero-argument function returning milliseconds}. Each is called `rounds` times,
+    in turn; returns ({name: best ms}, {name: why it failed}). A measure that raises (OOM, a backend
+    that refuses the shape) is not called again and gets "OOM" or the exception's first line."""
+    best, failed = {}, {}
+    for _ in range(rounds):
+        for name, measure in measures.items():
+            if name in failed:
+                continue
+            try:
+                best[name] = min(best.get(name, float("inf")), measure())
+            except torch.cuda.OutOfMemoryError:
+                failed[name] = "OOM"
+            except Exception as exc:  # noqa: BLE001 - a backend's refusal is a result, not the end of the run
+                failed[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}"
+    return {name: ms for name, ms in best.items() if name not in failed}, failed
+
+
 def cpu_timer(budget_s, min_reps=3, max_reps=7):
     """A timer of fn() in median milliseconds of wall-clock time: one warm-up call, then
     min_reps to max_reps calls, as many as fit budget_s seconds."""

@@ -159,17 +159,22 @@ def _check_qkv(q: Tensor, k: Tensor, v: Tensor, varlen: bool, paged: bool = Fals
         check_last_dim_contiguous(name, t)
 
 
+def _check_float32_param(name: str, t: Tensor, q: Tensor, shapes: tuple, accepted: str) -> None:
+    """A float32 tensor argument of one of `shapes`, on q's device; the errors say `accepted`."""
+    if t.dtype != torch.float32:
+        raise TypeError(f"flashattn: {name} must be {accepted}, got dtype {t.dtype}")
+    if tuple(t.shape) not in shapes:
+        raise ValueError(f"flashattn: {name} must be {accepted}, got shape {_shape(t)}")
+    check_same_device(name, t, q)
+
+
 def check_alibi_slopes(alibi_slopes: Tensor | None, q: Tensor, batch: int) -> None:
     """None, or fp32 slopes (nheads,) or (batch, nheads) on q's device."""
     if alibi_slopes is None:
         return
     num_heads = q.shape[-2]
     accepted = f"a float32 tensor of shape (nheads,) = ({num_heads},) or (batch, nheads) = ({batch}, {num_heads})"
-    if alibi_slopes.dtype != torch.float32:
-        raise TypeError(f"flashattn: alibi_slopes must be {accepted}, got dtype {alibi_slopes.dtype}")
-    if alibi_slopes.shape not in ((num_heads,), (batch, num_heads)):
-        raise ValueError(f"flashattn: alibi_slopes must be {accepted}, got shape {_shape(alibi_slopes)}")
-    check_same_device("alibi_slopes", alibi_slopes, q)
+    _check_float32_param("alibi_slopes", alibi_slopes, q, ((num_heads,), (batch, num_heads)), accepted)
 
 
 def check_learnable_sink(learnable_sink: Tensor | None, q: Tensor) -> None:
@@ -178,11 +183,7 @@ def check_learnable_sink(learnable_sink: Tensor | None, q: Tensor) -> None:
         return
     num_heads = q.shape[-2]
     accepted = f"a float32 tensor of shape (nheads,) = ({num_heads},)"
-    if learnable_sink.dtype != torch.float32:
-        raise TypeError(f"flashattn: learnable_sink must be {accepted}, got dtype {learnable_sink.dtype}")
-    if tuple(learnable_sink.shape) != (num_heads,):
-        raise ValueError(f"flashattn: learnable_sink must be {accepted}, got shape {_shape(learnable_sink)}")
-    check_same_device("learnable_sink", learnable_sink, q)
+    _check_float32_param("learnable_sink", learnable_sink, q, ((num_heads,),), accepted)
 
 
 def check_dlse(dlse: Tensor | None, softmax_lse: Tensor) -> None:

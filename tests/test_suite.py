@@ -158,3 +158,25 @@ def test_decode_check_passes_the_cpu_path_and_fails_a_wrong_output(layout: str) 
     assert error <= bound
     error, bound = check_decode(lambda: ours() * 1.05, q, k, v)
     assert error > bound
+
+
+def test_best_of_rounds_takes_turns_keeps_each_best_and_drops_a_failing_measure() -> None:
+    """benchmarks.timing.best_of_rounds: backends timed in turn, round after round; the best of each;
+    one that raises is reported and not called again, the others go on."""
+    from benchmarks.timing import best_of_rounds
+
+    calls = []
+    times = {"a": iter([5.0, 3.0, 4.0]), "b": iter([2.0, 2.5, 1.5])}
+
+    def measure(name):
+        calls.append(name)
+        return next(times[name])
+
+    def refuses():
+        calls.append("c")
+        raise ValueError("shape not supported\nsecond line")
+
+    best, failed = best_of_rounds({"a": lambda: measure("a"), "b": lambda: measure("b"), "c": refuses}, rounds=3)
+    assert calls == ["a", "b", "c", "a", "b", "a", "b"]
+    assert best == {"a": 3.0, "b": 1.5}
+    assert failed == {"c": "ValueError: shape not supported"}

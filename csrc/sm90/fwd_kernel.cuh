@@ -672,9 +672,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         // zeros; but the rows after a packed sequence (the next sequence's, or
         // what follows seqused_k, or a page's unused rows) are memory it copies
         // as is, or boxes it skips (stale), and a NaN or Inf there would turn
-        // P's zeros into NaN in O += P V (0 * Inf). Both consumer warpgroups
-        // zero those rows of the stage before either issues its P V: uniform
-        // across the block, once per query tile.
+        // P's zeros into NaN in O += P V (0 * Inf). The consumer warpgroups
+        // zero those rows of the stage together before any issues its P V:
+        // uniform across the block, once per query tile.
         auto zero_tail_rows_of_v = [&](const StageOf<Traits>& s, int n_block) {
             const int first_row = seq.seqlen_k - n_block * kBlockN;  // of the tile
             // Gathered keys (KeyCopy::kGather) arrive with those rows zero-filled already.

@@ -146,8 +146,7 @@ using FwdTraitsFor = FwdTraits<kHeadDim, FwdConfig<kHeadDim, Is_local>::kBlockN,
 // spare, the barriers and the gathered rows' addresses, 16 bytes a key of the
 // tile), and the output tile it would add ("local": a causal
 // mask or a window, Is_local).
-//   d64:                24 + 4 x 16 = 89, + 24 -> 113 (192 query rows); local
-//                       16 + 4 x 16 = 81, + 16 -> 97: staged
+//   d64  (both):        24 + 4 x 16 = 89, + 24 -> 113: staged (192 query rows)
 //   d96  (both):        32 + 4 x 32 = 161, + 32 -> 193: staged (128 columns wide;
 //                       the store clips them at the head dim)
 //   d128 local (N 128): 32 + 4 x 32 = 161, + 32 -> 193: staged
