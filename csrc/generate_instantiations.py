@@ -19,6 +19,9 @@ EXTRAS = [False, True]  # softcap, ALiBi or dropout
 # The sm90 family's forward (csrc/sm90/): its own head dims (kernel_traits.h,
 # FwdConfig; head dims up to 32 run on sm80) and softcap as its only extra.
 SM90_HEAD_DIMS = [64, 96, 128, 192, 256]
+# A narrower V head dim compiled for a head dim (kernel_traits.h: kNarrowHeadDimV):
+# DeepSeek MLA's 192 / 128.
+SM90_NARROW_V = {192: 128}
 SOFTCAP = [False, True]
 # The sm90 family's backward (csrc/sm90/bwd_kernel.cuh): head dims 64 and 128
 # (the rest up to 128 run padded on them), softcap as its only extra
@@ -67,7 +70,7 @@ SM90_FWD_TEMPLATE = """\
 #include "sm90/fwd_launch.cuh"
 
 namespace flash::sm90 {{
-template cudaError_t run_fwd_<{element}, {head_dim}, {local}, {softcap}>(const FwdParams&, KeyCopy, cudaStream_t);
+template cudaError_t run_fwd_<{element}, {head_dim}, {head_dim_v}, {local}, {softcap}>(const FwdParams&, KeyCopy, cudaStream_t);
 }}  // namespace flash::sm90
 """
 
@@ -100,11 +103,15 @@ def expected_files() -> dict[str, str]:
                     PAGED_TEMPLATE.format(element=element, head_dim=head_dim, extras=str(extras).lower())
     for dtype, element in DTYPES.items():
         for head_dim in SM90_HEAD_DIMS:
-            for local in LOCAL:
-                for softcap in SOFTCAP:
-                    name = f"sm90_fwd_{dtype}_hdim{head_dim}{'_local' if local else ''}{'_softcap' if softcap else ''}.cu"
-                    files[name] = SM90_FWD_TEMPLATE.format(element=element, head_dim=head_dim,
-                                                           local=str(local).lower(), softcap=str(softcap).lower())
+            for head_dim_v in [head_dim] + ([SM90_NARROW_V[head_dim]] if head_dim in SM90_NARROW_V else []):
+                v_name = "" if head_dim_v == head_dim else f"_v{head_dim_v}"
+                for local in LOCAL:
+                    for softcap in SOFTCAP:
+                        name = (f"sm90_fwd_{dtype}_hdim{head_dim}{v_name}{'_local' if local else ''}"
+                                f"{'_softcap' if softcap else ''}.cu")
+                        files[name] = SM90_FWD_TEMPLATE.format(element=element, head_dim=head_dim,
+                                                               head_dim_v=head_dim_v, local=str(local).lower(),
+                                                               softcap=str(softcap).lower())
     for dtype, element in DTYPES.items():
         for head_dim in SM90_BWD_HEAD_DIMS:
             for local in LOCAL:

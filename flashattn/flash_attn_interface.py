@@ -35,7 +35,7 @@ from torch import Tensor
 
 from . import interface
 from .interface import *  # noqa: F403 (flash_attn_func and the other public functions, re-exported)
-from .cpu import check_bwd, out_shape
+from .cpu import out_shape
 from .interface import _S_DMASK_ROUND, _attn_probs, _kernel_padding, _new_rng_state, _pad, _round_up, _window_sides
 from .kvcache import flash_attn_with_kvcache
 
@@ -182,10 +182,7 @@ def _backward(dout, q, k, v, out, softmax_lse, dropout_p, softmax_scale, causal,
         alibi_slopes = alibi_slopes.contiguous()
     options = (softcap, alibi_slopes, dropout_p, rng_state if dropout_p > 0 else None, *varlen)
 
-    def check_tensors() -> None:
-        check_bwd(dout, q, k, v, out, softmax_lse, alibi_slopes, dropout_p, options[3], *(varlen[:2] or (None, None)))
-
-    padding = _kernel_padding(q, (k, v), check_tensors=check_tensors)
+    padding = _kernel_padding(q, (k, v))
     widths = (q.shape[-1], k.shape[-1], v.shape[-1])
     q, k = _pad(q, padding.qk), _pad(k, padding.qk)
     dout, v, out = (_pad(t, padding.v) for t in (dout, v, out))

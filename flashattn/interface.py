@@ -133,14 +133,15 @@ def flash_attn_func(
 
     Runs on CUDA tensors (fp16, bf16; GPU sm_80 or newer; kernels built) and on
     CPU tensors (fp16, bf16, fp32) with a PyTorch implementation of the same
-    algorithm. On CUDA the kernel needs a head dim that is a multiple of 8 and
-    16-byte aligned rows: a head dim that is not is zero-padded (which leaves
-    q @ k^T unchanged) and the output and gradients sliced back; an input whose
-    start or strides other than the last are not multiples of 8 elements is
-    copied. Everything else is read in place, e.g. slices of a packed qkv. The
-    kernels take headdim_v == headdim only, for now: a smaller headdim_v runs
-    on v zero-padded to headdim (exact: zero columns of v give zero columns of
-    out), out sliced back; on CPU it is computed as it is.
+    algorithm. On CUDA the kernel needs head dims (q's and k's, and v's) that
+    are multiples of 8 and 16-byte aligned rows: a head dim that is not is
+    zero-padded (which leaves q @ k^T unchanged, and adds zero columns to out)
+    and the output and gradients sliced back; an input whose start or strides
+    other than the last are not multiples of 8 elements is copied. Everything
+    else is read in place, e.g. slices of a packed qkv. A headdim_v below
+    headdim is read as it is (the kernels' V tiles and P V are that wide where
+    a kernel for it is compiled: 192 / 128 on sm90; elsewhere V's columns past
+    headdim_v are zeros in shared memory, never read from memory).
     """
     _check_tensors(q=q, k=k, v=v)
     return _attention(
@@ -541,12 +542,7 @@ def _flash_attn_forward(
     if learnable_sink is not None:
         options = (*options, learnable_sink)
 
-    def check_tensors() -> None:
-        cpu.check_fwd(q, k, v, alibi_slopes, dropout_p, rng_state, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
-                      leftpad_k, block_table)
-        cpu.check_learnable_sink(learnable_sink, q)
-
-    padding = _kernel_padding(q, (k, v), check_tensors=check_tensors, paged=block_table is not None)
+    padding = _kernel_padding(q, (k, v), paged=block_table is not None)
     if not any(padding):
         return ops.fwd(q, k, v, softmax_scale, causal, deterministic, left, right, *options)
     # Fresh tensors: zero columns change neither q @ k^T nor any other column of the output or the gradients.
@@ -564,61 +560,34 @@ class _Padding(NamedTuple):
     v: int = 0
 
 
-def _kernel_padding(
-    q: Tensor, *kv_pairs: tuple[Tensor | None, Tensor | None], check_tensors: Callable[[], None],
-    paged: bool = False,
-) -> _Padding:
+def _kernel_padding(q: Tensor, *kv_pairs: tuple[Tensor | None, Tensor | None], paged: bool = False) -> _Padding:
     """The padding of CUDA q and kv_pairs ((k, v) pairs, None where absent: k and v, or the KV cache and
-    the new rows) for the kernels: q's and k's head dim d up to the multiple of 8 that they read, and
-    v's dv up to the same width while they take dv == d only (_v_padding_until_the_kernels_take_dv,
-    which runs check_tensors, the operator's checks in flashattn.cpu, on the caller's tensors first).
-    No padding on CPU, which computes any head dims as they are, nor for inputs that padding would not
-    make valid (ranks or shapes that disagree, head dims out of range, a last dimension that is not
-    contiguous): those reach the operator as given, whose error then shows the caller's shapes and
-    strides. `paged`: k and v are pages, one rank above q."""
+    the new rows) for the kernels: q's and k's head dim d, and v's dv (at most d: DeepSeek MLA's 192 /
+    128), each up to the multiple of 8 that the kernels read. No padding on CPU, which computes any head
+    dims as they are, nor for inputs that padding would not make valid (ranks or shapes that disagree,
+    head dims out of range, a last dimension that is not contiguous): those reach the operator as given,
+    whose error then shows the caller's shapes and strides. `paged`: k and v are pages, one rank above q."""
     pairs = [(k, v) for k, v in kv_pairs if k is not None and v is not None]
     if not _runs_on_kernels(q) or q.dim() == 0 or not pairs:
         return _Padding()
-    v_padding = _v_padding_until_the_kernels_take_dv(*pairs[0], check_tensors)
     kv_rank = q.dim() + paged
-    head_dim, v_head_dim = q.shape[-1], pairs[0][1].shape[-1] if pairs[0][1].dim() else 0
+    head_dim = q.shape[-1]
+    v_head_dim = pairs[0][1].shape[-1] if pairs[0][1].dim() else 0
     for k, v in pairs:
         if k.dim() != kv_rank or v.dim() != kv_rank or k.shape[:-1] != v.shape[:-1]:
             return _Padding()
         if k.shape[-1] != head_dim or v.shape[-1] != v_head_dim:
             return _Padding()
-    if not 0 < head_dim <= MAX_HEAD_DIM:
+    if not 0 < v_head_dim <= head_dim <= MAX_HEAD_DIM:
         return _Padding()
     if any(t.stride(-1) != 1 and t.shape[-1] > 1 for t in (q, *itertools.chain(*pairs))):
         return _Padding()
-    qk = -head_dim % _KERNEL_CHUNK_ELEMS
-    return _Padding(qk, qk + v_padding)
+    return _Padding(-head_dim % _KERNEL_CHUNK_ELEMS, -v_head_dim % _KERNEL_CHUNK_ELEMS)
 
 
 def _runs_on_kernels(q: Tensor) -> bool:
     """Whether the CUDA kernels run a call on q (the tests force this path on CPU tensors too)."""
     return q.is_cuda
-
-
-def _v_padding_until_the_kernels_take_dv(k: Tensor, v: Tensor, check_tensors: Callable[[], None]) -> int:
-    """INTERIM (issue 21, item 2): the zero columns that bring v's head dim dv up to k's (and q's) d for
-    the CUDA kernels and the binding, which take dv == d only.
-
-    A head dim of v smaller than q's and k's (DeepSeek MLA's 192 / 128 in training and prefill) runs on
-    CUDA as v zero-padded to d: the kernels compute d output columns, of which the last d - dv are 0
-    (zero columns of V add nothing to the softmax), and the callers slice out[..., :dv]; autograd
-    through the padding gives dV v's shape. That is exact, but it costs what padding by hand costs:
-    issue 21's speed target (1.15x over padding) needs kernels that read dv columns of V and write dv
-    of out and dV. They replace this function (their padding of v: -dv % 8, to the width they read).
-    Until then the binding (csrc/api/checks.h) sees only padded tensors, so the operator's checks of
-    the caller's tensors, flashattn.cpu's (check_tensors: the CPU implementation's own, with the
-    binding's messages), run here first: a CUDA call then fails as a CPU call does, with dv out of
-    range named as flashattn.cpu.check_v_head_dim names it. On CPU nothing is padded (flashattn.cpu
-    computes dv columns)."""
-    if k.dim() == 0 or v.dim() == 0 or v.shape[-1] == k.shape[-1]:
-        return 0
-    check_tensors()
-    return k.shape[-1] - v.shape[-1]
 
 
 def _pad(t: Tensor | None, columns: int) -> Tensor | None:

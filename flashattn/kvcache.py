@@ -94,8 +94,7 @@ def flash_attn_with_kvcache(
             speculative decoding or chunked prefill.
         k_cache, v_cache: (batch_cache, seqlen_cache, nheads_k, headdim), or with block_table a paged
             cache (num_blocks, page_block_size, nheads_k, headdim) of pages of any size (16, 256, ...).
-            v_cache's headdim may be smaller than q's and k_cache's (as flash_attn_func's v; on CUDA
-            for now that runs on a zero-padded copy of the whole v_cache, see below).
+            v_cache's headdim may be smaller than q's and k_cache's (as flash_attn_func's v).
         k, v: (batch, seqlen_new, nheads_k, headdim) or None (v with v_cache's headdim): written into the
             cache at rows cache_seqlens[b] .. cache_seqlens[b] + seqlen_new - 1 before attending.
         rotary_cos, rotary_sin: (seqlen_ro, rotary_dim / 2) or None: rotary embedding applied to k
@@ -127,9 +126,7 @@ def flash_attn_with_kvcache(
     runs as FlashAttention-2 runs it: on zero-padded copies of q, k, v and the whole k_cache and
     v_cache, the appended rows then copied back into the caller's caches; that copies the caches on
     every call (slow: memory traffic of the whole cache, and its size again in memory). Head dims that
-    are multiples of 8 run in place. A v_cache headdim smaller than q's runs on CUDA, until the kernels take
-    it (flashattn.interface._v_padding_until_the_kernels_take_dv), on a copy of v_cache and v zero-padded
-    to q's headdim, made on every call likewise. The index tensors are
+    are multiples of 8 run in place (v_cache's too, when it is narrower than k_cache). The index tensors are
     not read on the host (no synchronisation): on CUDA each kernel checks the values it reads where it
     reads them, and a value out of range (cache_seqlens + seqlen_new beyond the cache, cache_leftpad
     beyond cache_seqlens, cache_batch_idx or a used block_table entry outside k_cache, a rotary
@@ -154,10 +151,7 @@ def flash_attn_with_kvcache(
                  block_table, scale, bool(causal), window_left, window_right, float(softcap),
                  bool(rotary_interleaved), alibi_slopes, int(num_splits), learnable_sink]  # fmt: skip
 
-    def check_tensors() -> None:
-        _check_kvcache_tensors(*arguments[:11], alibi_slopes, learnable_sink)
-
-    padding = _kernel_padding(q, (k_cache, v_cache), (k, v), check_tensors=check_tensors)
+    padding = _kernel_padding(q, (k_cache, v_cache), (k, v))
     if not any(padding):
         out, lse = torch.ops.flashattn.fwd_kvcache(*arguments)
     else:

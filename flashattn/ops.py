@@ -13,10 +13,8 @@ block_table=None, learnable_sink=None) -> (out, softmax_lse)``
   [H, total_q]; max_seqlen_q/k bound every sequence's length (the CUDA grid is
   sized from them). H % Hk == 0, any strides; out in q's dtype and softmax_lse
   in fp32, both contiguous. 1 <= Dv <= D <= 256: v's head dim may be smaller
-  than q's and k's (DeepSeek MLA's 192 / 128). The CPU implementation computes
-  that as it is; the CUDA kernels take Dv == D only for now, and the public
-  functions pad v to D for them
-  (flashattn.interface._v_padding_until_the_kernels_take_dv).
+  than q's and k's (DeepSeek MLA's 192 / 128), on CPU and CUDA alike (the
+  CUDA kernels need both to be multiples of 8: the public functions pad them).
   Variable-length batches also take, each int32 [B] or None: seqused_q (sequence
   b uses its first seqused_q[b] query rows), seqused_k and leftpad_k (its keys
   are rows leftpad_k[b] to seqused_k[b] of its cu_seqlens_k range); and

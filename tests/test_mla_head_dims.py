@@ -2,10 +2,10 @@
 training and prefill) and QK 128 / V 64 style pairs.
 
 q and k have d, v has dv <= d; out, dout and dV have dv, dQ and dK d; the LSE does not depend on v. On
-CPU tensors flashattn.cpu computes dv columns as they are. On CUDA the kernels take dv == d only, for
-now: the public functions pad v with zeros to d and slice out back
-(flashattn.interface._v_padding_until_the_kernels_take_dv); the `interim` cases run that path on CPU
-tensors too, forced, so that CI covers it. The checks and bounds are those of each layout's own sweep
+CPU tensors flashattn.cpu computes dv columns as they are. On CUDA the kernels read dv columns of v
+(kernels compiled for a narrower V where one is: sm90's 192 / 128); the public functions pad d and dv
+each to a multiple of 8 for them and slice the results back (flashattn.interface._kernel_padding). The
+`kernel_path` cases run that padding on CPU tensors too, forced, so that CI covers it. The checks and bounds are those of each layout's own sweep
 (style.md's: the fp32 reference, twice PyTorch's same-dtype error for outputs, three times for
 gradients, poisoned outputs): tests/test_features.py (padded batches: causal, windows, softcap, ALiBi,
 dropout, MHA/GQA/MQA, Sq != Sk both ways), tests/test_varlen.py (cu_seqlens, lengths 0 and 1),
@@ -38,7 +38,9 @@ from flashattn import (
     flash_attn_varlen_func,
     flash_attn_varlen_kvpacked_func,
     flash_attn_with_kvcache,
+    flash_attn_interface,
     interface,
+    kvcache,
 )
 from flashattn.flash_attn_interface import _flash_attn_backward, _flash_attn_varlen_backward
 from flashattn.flash_attn_interface import _wrapped_flash_attn_forward, _wrapped_flash_attn_varlen_forward
@@ -60,20 +62,26 @@ def _id(*parts: object) -> str:
 
 
 @pytest.fixture
-def interim(monkeypatch) -> list[int]:
-    """Runs the CUDA path's padding on CPU tensors (interface._runs_on_kernels forced): v zero-padded to d
-    (and q, k, v to the kernels' multiple of 8), out and the gradients sliced back. The list collects
-    the interim padding of v of each call, so that a test sees that the path ran."""
+def kernel_path(monkeypatch) -> list[tuple[int, int]]:
+    """Runs the CUDA path's padding on CPU tensors (interface._runs_on_kernels forced): q and k zero-padded
+    to the kernels' multiple of 8, v to its own, out and the gradients sliced back. The list collects
+    each call's padding (of q and k, of v), so that a test sees that the path ran and what it padded."""
     paddings = []
-    v_padding = interface._v_padding_until_the_kernels_take_dv
+    kernel_padding = interface._kernel_padding
 
-    def recorded(*args):
-        paddings.append(v_padding(*args))
-        return paddings[-1]
+    def recorded(*args, **kwargs):
+        paddings.append(tuple(kernel_padding(*args, **kwargs)))
+        return kernel_padding(*args, **kwargs)
 
     monkeypatch.setattr(interface, "_runs_on_kernels", lambda q: True)
-    monkeypatch.setattr(interface, "_v_padding_until_the_kernels_take_dv", recorded)
+    for module in (interface, flash_attn_interface, kvcache):
+        monkeypatch.setattr(module, "_kernel_padding", recorded)
     return paddings
+
+
+def _kernel_paddings(*dims: tuple[int, int]) -> set[tuple[int, int]]:
+    """The padding of q and k, and of v, that the kernel path gives each (d, dv)."""
+    return {(-d % 8, -dv % 8) for d, dv in dims}
 
 
 # ------------------------------------------------------------------------------------- padded batches
@@ -126,12 +134,12 @@ def test_backward_gpu(feature, dtype, dims, seqlens, heads, deterministic):
 
 @pytest.mark.parametrize("feature", ["causal", "everything"])
 @pytest.mark.parametrize("dims", [(192, 128), (59, 17)], ids=_dims_id)
-def test_interim_padding_on_cpu(interim, dims, feature):
-    """The CUDA path (v zero-padded to d, out sliced back, dV sliced by autograd), forced on CPU tensors:
-    out, LSE and gradients within the bounds, and each call padded v by d - dv."""
+def test_kernel_padding_on_cpu(kernel_path, dims, feature):
+    """The CUDA path (d and dv each zero-padded to a multiple of 8, out sliced back, the gradients by
+    autograd), forced on CPU tensors: out, LSE and gradients within the bounds, v never padded to d."""
     check_padded_forward("cpu", feature, torch.bfloat16, dims[0], (113, 203), (4, 2), v_head_dim=dims[1])
     check_padded_backward("cpu", feature, torch.bfloat16, dims[0], (203, 113), (4, 1), v_head_dim=dims[1])
-    assert interim and set(interim) == {dims[0] - dims[1]}
+    assert kernel_path and set(kernel_path) == _kernel_paddings(dims)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -176,10 +184,10 @@ def test_varlen_gpu(feature, dtype, dims, lengths, heads):
 
 
 @pytest.mark.parametrize("dims", [(192, 128), (59, 17)], ids=_dims_id)
-def test_varlen_interim_padding_on_cpu(interim, dims):
+def test_varlen_kernel_padding_on_cpu(kernel_path, dims):
     check_varlen_forward("cpu", "everything", torch.bfloat16, dims[0], "mixed", (4, 2), v_head_dim=dims[1])
     check_varlen_backward("cpu", "causal", torch.float16, dims[0], "mixed", (4, 1), v_head_dim=dims[1])
-    assert interim and set(interim) == {dims[0] - dims[1]}
+    assert kernel_path and set(kernel_path) == _kernel_paddings(dims)
 
 
 # (feature, page size): pages of 16 rows, of one row, of 7 (not a tile fraction).
@@ -205,10 +213,10 @@ def test_paged_gpu(dims, feature, page_size, dtype):
     check_paged_backward("cuda", feature, dtype, dims[0], "mixed", (4, 1), page_size, True, v_head_dim=dims[1])
 
 
-def test_paged_interim_padding_on_cpu(interim):
+def test_paged_kernel_padding_on_cpu(kernel_path):
     check_paged_forward("cpu", "causal", torch.bfloat16, 59, "mixed", (4, 2), 16, v_head_dim=17)
     check_paged_backward("cpu", "causal", torch.bfloat16, 192, "mixed", (4, 2), 7, False, v_head_dim=128)
-    assert interim and set(interim) == {59 - 17, 192 - 128}
+    assert kernel_path and set(kernel_path) == _kernel_paddings((59, 17), (192, 128))
 
 
 # ------------------------------------------------------------------------------------- learnable sinks
@@ -282,12 +290,12 @@ def test_kvcache_gpu(dims, case, dtype):
 
 
 @pytest.mark.parametrize("dims", [(192, 128), (59, 17)], ids=_dims_id)
-def test_kvcache_interim_padding_on_cpu(interim, dims):
-    """The CUDA path: a padded copy of v_cache (and of k_cache where d is not a multiple of 8), the
-    appended rows copied back into the caller's caches."""
+def test_kvcache_kernel_padding_on_cpu(kernel_path, dims):
+    """The CUDA path: the caches in place where their head dims are multiples of 8; padded copies where
+    not (59 / 17), the appended rows copied back into the caller's caches."""
     for case in KVCACHE_CASES:
         _check_kvcache("cpu", torch.bfloat16, dims, case)
-    assert interim and set(interim) == {dims[0] - dims[1]}
+    assert kernel_path and set(kernel_path) == _kernel_paddings(dims)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -365,15 +373,15 @@ def test_opcheck(varlen):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("path", ["native", "interim"])
+@pytest.mark.parametrize("path", ["native", "kernel_path"])
 def test_torch_compile(request, device, path):
     """A training step with dv < d traces into one graph (fullgraph) whose out and gradients are eager's,
-    bit for bit: the fake implementations give out dv columns (natively, or d before the slice on the
-    padded path)."""
-    if path == "interim":
+    bit for bit: the fake implementations give out dv columns (natively, or dv's multiple of 8 before the
+    slice on the kernel path)."""
+    if path == "kernel_path":
         if device == "cuda":
-            pytest.skip("on CUDA the interim path is the path: the native case runs it")
-        request.getfixturevalue("interim")
+            pytest.skip("on CUDA the kernel path is the path: the native case runs it")
+        request.getfixturevalue("kernel_path")
 
     def loss_of(q, k, v):
         return (flash_attn_func(q, k, v, softmax_scale=0.2, causal=True, deterministic=True) * 2).sum()
@@ -398,13 +406,13 @@ def _shapes(**tensors: torch.Tensor) -> str:
     return ", ".join(f"{name} {tuple(t.shape)}" for name, t in tensors.items())
 
 
-@pytest.mark.parametrize("device", [*DEVICES, pytest.param("interim", id="cpu-interim")])
+@pytest.mark.parametrize("device", [*DEVICES, pytest.param("kernel_path", id="cpu-kernel-path")])
 @pytest.mark.parametrize("v_head_dim", [40, 0], ids=["dv-over-d", "dv-zero"])
 def test_bad_v_head_dim(request, device, v_head_dim):
     """dv > d or dv = 0: a ValueError that names v (v_cache) with the shapes and says what is accepted,
     from every function that takes v, on CPU, on CUDA and on the CUDA path forced on CPU."""
-    if device == "interim":
-        request.getfixturevalue("interim")
+    if device == "kernel_path":
+        request.getfixturevalue("kernel_path")
         device = "cpu"
     dtype = torch.float32 if device == "cpu" else torch.float16
     q, k, v = random_qkv(1, 6, 6, 4, 2, 32, dtype, device, 0, v_head_dim=v_head_dim)

@@ -13,12 +13,14 @@
 
 #include <ATen/ATen.h>
 
+#include <array>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <cstdlib>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -173,6 +175,18 @@ Layout check_varlen(const at::Tensor& q, const std::optional<at::Tensor>& cu_seq
     return {true};
 }
 
+// v's head dim dv: 1 to q's and k's (DeepSeek MLA's 192 / 128), not more
+// (flashattn/cpu.py: check_v_head_dim, the same words). names: how q, k and v
+// are called in the message (the KV cache's too).
+void check_v_head_dim(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                      const std::array<const char*, 3>& names) {
+    const int64_t head_dim = q.size(-1), v_head_dim = v.size(-1);
+    TORCH_CHECK_VALUE(v_head_dim >= 1 && v_head_dim <= head_dim, "flashattn: ", names[2], " has headdim ",
+                      str(v_head_dim), " (", names[0], " ", str(q.sizes()), ", ", names[1], " ", str(k.sizes()), ", ",
+                      names[2], " ", str(v.sizes()), "); accepted: 1 to ", str(head_dim), ", the headdim of ",
+                      names[0], " and ", names[1], " (", names[2], "'s may be smaller, not larger)");
+}
+
 // The checks q, k, v get in both passes. Rows the kernels cannot read in place
 // are copied (flash_api.cpp's aligned()); a head dim that is not a multiple of
 // 8 is refused here and zero-padded by flash_attn_func. softmax_scale is the
@@ -191,12 +205,13 @@ void check_qkv(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, co
         TORCH_CHECK_VALUE(k.size(0) == q.size(0) && v.size(0) == q.size(0), "flashattn: batch sizes differ (", shapes,
                           "); they must be equal");
     }
-    TORCH_CHECK_VALUE(k.sizes() == v.sizes(), "flashattn: k and v must have the same shape ", layout.shape("k"),
-                      ", got ", shapes);
+    TORCH_CHECK_VALUE(k.sizes().slice(0, k.dim() - 1) == v.sizes().slice(0, v.dim() - 1),
+                      "flashattn: k and v must have the same shape ", layout.shape("k"), ", got ", shapes);
     TORCH_CHECK_VALUE(k.size(-1) == head_dim, "flashattn: head dims differ (", shapes,
-                      "); q, k and v must share one headdim");
+                      "); q and k must share one headdim");
     TORCH_CHECK_VALUE(head_dim >= 1 && head_dim <= flash::kMaxHeadDim, "flashattn: headdim ", str(head_dim), " (",
                       shapes, ") is not supported; accepted: 1 to ", str(flash::kMaxHeadDim));
+    check_v_head_dim(q, k, v, {"q", "k", "v"});
     const std::string heads_dim = str(layout.rank("q") - 2), heads_dim_k = str(layout.rank("k") - 2);
     // Heads that disagree but agree read as SDPA's (batch, nheads, seqlen, headdim): say so
     // (the same words as flashattn/cpu.py's _sdpa_layout_hint).
@@ -214,8 +229,10 @@ void check_qkv(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, co
     check_last_dim_contiguous(k, "k");
     check_last_dim_contiguous(v, "v");
     // What only the kernels need comes last, so that the checks cpu.py shares come in its order.
-    TORCH_CHECK_VALUE(head_dim % kAlignElems == 0, "flashattn: the kernel needs head_dim to be a multiple of ",
-                      str(kAlignElems), " (got ", str(head_dim), "); flash_attn_func pads it for you");
+    TORCH_CHECK_VALUE(head_dim % kAlignElems == 0 && v.size(-1) % kAlignElems == 0,
+                      "flashattn: the kernel needs head dims that are multiples of ", str(kAlignElems), " (got ",
+                      str(head_dim), v.size(-1) == head_dim ? "" : " and v's " + str(v.size(-1)),
+                      "); flash_attn_func pads them for you");
     TORCH_CHECK_VALUE(num_heads <= 65535 && (layout.varlen || q.size(0) <= 65535), "flashattn: batch and heads (",
                       str(num_heads), ") must each be at most 65535");
     TORCH_CHECK_VALUE(layout.rows(q) <= INT32_MAX && layout.rows(k) <= INT32_MAX,
@@ -378,8 +395,8 @@ void check_kvcache(const at::Tensor& q, const at::Tensor& k_cache, const at::Ten
     TORCH_CHECK_VALUE(readable_in_place(k_cache) && readable_in_place(v_cache),
                       "flashattn: k_cache and v_cache must start at 16-byte aligned addresses (they are written "
                       "in place)");
-    TORCH_CHECK_VALUE(k_cache.sizes() == v_cache.sizes(), "flashattn: k_cache ", str(k_cache.sizes()),
-                      " and v_cache ", str(v_cache.sizes()), " must have the same shape");
+    TORCH_CHECK_VALUE(k_cache.sizes().slice(0, 3) == v_cache.sizes().slice(0, 3), "flashattn: k_cache ",
+                      str(k_cache.sizes()), " and v_cache ", str(v_cache.sizes()), " must have the same shape");
     const int64_t batch = q.size(0), num_heads = q.size(2), head_dim = q.size(3);
     const int64_t num_heads_k = k_cache.size(2);
     TORCH_CHECK_VALUE(k_cache.size(3) == head_dim, "flashattn: head dims differ: q ", str(q.sizes()), ", k_cache ",
@@ -387,8 +404,11 @@ void check_kvcache(const at::Tensor& q, const at::Tensor& k_cache, const at::Ten
     TORCH_CHECK_VALUE(head_dim >= 1 && head_dim <= flash::kMaxHeadDim,
                       "flashattn: headdim ", str(head_dim), " is not supported by flash_attn_with_kvcache; "
                       "accepted: 1 to ", str(flash::kMaxHeadDim));
-    TORCH_CHECK_VALUE(head_dim % kAlignElems == 0, "flashattn: the KV-cache kernels need head_dim to be a "
-                      "multiple of ", str(kAlignElems), " (got ", str(head_dim), ")");
+    check_v_head_dim(q, k_cache, v_cache, {"q", "k_cache", "v_cache"});
+    TORCH_CHECK_VALUE(head_dim % kAlignElems == 0 && v_cache.size(3) % kAlignElems == 0,
+                      "flashattn: the KV-cache kernels need head dims that are multiples of ", str(kAlignElems),
+                      " (got ", str(head_dim), v_cache.size(3) == head_dim ? "" : " and v_cache's " +
+                      str(v_cache.size(3)), ")");
     TORCH_CHECK_VALUE(num_heads_k > 0 && num_heads % num_heads_k == 0, "flashattn: the number of query heads (",
                       str(num_heads), ") must be a multiple of the number of key/value heads in k_cache (",
                       str(num_heads_k), ")");
@@ -403,14 +423,15 @@ void check_kvcache(const at::Tensor& q, const at::Tensor& k_cache, const at::Ten
                       str(batch));
     TORCH_CHECK_VALUE(k_new.has_value() == v_new.has_value(), "flashattn: k and v must be given together");
     if (k_new.has_value()) {
-        for (const auto& [name, t] : {std::pair<const char*, const at::Tensor&>{"k", *k_new},
-                                      std::pair<const char*, const at::Tensor&>{"v", *v_new}}) {
+        for (const auto& [name, t, cache] :
+             {std::tuple<const char*, const at::Tensor&, const at::Tensor&>{"k", *k_new, k_cache},
+              std::tuple<const char*, const at::Tensor&, const at::Tensor&>{"v", *v_new, v_cache}}) {
             check_input(t, name, q, layout);
-            TORCH_CHECK_VALUE(t.size(0) == batch && t.size(2) == num_heads_k && t.size(3) == head_dim,
+            TORCH_CHECK_VALUE(t.size(0) == batch && t.size(2) == num_heads_k && t.size(3) == cache.size(3),
                               "flashattn: ", name, " must have shape (", str(batch), ", seqlen_new, ",
-                              str(num_heads_k), ", ", str(head_dim), "), got ", str(t.sizes()));
+                              str(num_heads_k), ", ", str(cache.size(3)), "), got ", str(t.sizes()));
         }
-        TORCH_CHECK_VALUE(k_new->sizes() == v_new->sizes(), "flashattn: k ", str(k_new->sizes()), " and v ",
+        TORCH_CHECK_VALUE(k_new->size(1) == v_new->size(1), "flashattn: k ", str(k_new->sizes()), " and v ",
                           str(v_new->sizes()), " must have the same seqlen_new");
     }
     // The kernels clamp a bad index into its range (common/index_check.cuh): every range must hold a value.

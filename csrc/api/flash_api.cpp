@@ -42,6 +42,13 @@ std::optional<at::Tensor> contiguous_if_given(const std::optional<at::Tensor>& t
     return t.has_value() ? std::optional<at::Tensor>(t->contiguous()) : std::nullopt;
 }
 
+// The shape of out (and dout): q's, with v's head dim.
+std::vector<int64_t> out_shape(const at::Tensor& q, const at::Tensor& v) {
+    std::vector<int64_t> sizes = q.sizes().vec();
+    sizes.back() = v.size(-1);
+    return sizes;
+}
+
 // Fills the params both passes share. out and lse are written by the forward
 // and read by the backward.
 void set_params(flash::FwdParams& params, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -70,6 +77,7 @@ void set_params(flash::FwdParams& params, const at::Tensor& q, const at::Tensor&
     params.num_heads = static_cast<int>(q.size(-2));
     params.num_heads_k = static_cast<int>(k.size(-2));
     params.head_dim = static_cast<int>(q.size(-1));
+    params.head_dim_v = static_cast<int>(v.size(-1));
     params.heads_per_kv_head = params.num_heads / params.num_heads_k;
 
     params.cu_seqlens_q = layout.varlen ? cu_seqlens_q->data_ptr<int>() : nullptr;
@@ -159,7 +167,7 @@ at::Tensor zeroed_counters(const at::Tensor& q, int64_t count, cudaStream_t stre
 // the forward's arguments; the forward is deterministic either way.
 std::tuple<at::Tensor, at::Tensor> mha_fwd(const at::Tensor& q,  // [B, Sq, H, D] or [total_q, H, D]
                                            const at::Tensor& k,  // [B, Sk, Hk, D] or [total_k, Hk, D]
-                                           const at::Tensor& v,  // like k
+                                           const at::Tensor& v,  // like k, with head dim Dv <= D
                                            double softmax_scale, bool causal, bool /*deterministic*/,
                                            int64_t window_left, int64_t window_right, double softcap,
                                            const std::optional<at::Tensor>& alibi_slopes, double dropout_p,
@@ -187,7 +195,7 @@ std::tuple<at::Tensor, at::Tensor> mha_fwd(const at::Tensor& q,  // [B, Sq, H, D
     // which batches padded for CUDA graphs carry, or past a sequence's
     // seqused_q) get out 0 and lse -inf, as on CPU: from the family's forward
     // (sm80.h: run_fwd_unwritten_rows), or here when there is no sequence.
-    at::Tensor out = at::empty(q.sizes(), q.options());
+    at::Tensor out = at::empty(out_shape(q, v), q.options());
     at::Tensor lse = layout.varlen ? at::empty({num_heads, rows}, q.options().dtype(at::kFloat))
                                    : at::empty({batch, num_heads, rows}, q.options().dtype(at::kFloat));
     if (batch == 0 || rows == 0 || num_heads == 0) return {out.zero_(), lse.fill_(-INFINITY)};
@@ -234,11 +242,11 @@ at::Tensor sink_gradient_without_keys(const at::Tensor& dout, const at::Tensor& 
 // gradient starts anywhere), and it is copied when the kernels cannot read it
 // in place.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> mha_bwd(
-    const at::Tensor& dout,  // like q
+    const at::Tensor& dout,  // like out
     const at::Tensor& q,     // [B, Sq, H, D] or [total_q, H, D]
     const at::Tensor& k,     // [B, Sk, Hk, D] or [total_k, Hk, D]
-    const at::Tensor& v,     // like k
-    const at::Tensor& out,   // like q
+    const at::Tensor& v,     // like k, with head dim Dv <= D
+    const at::Tensor& out,   // like q, with v's head dim
     const at::Tensor& lse,   // [B, H, Sq] or [H, total_q], fp32
     double softmax_scale, bool causal, bool deterministic, int64_t window_left, int64_t window_right,
     double softcap, const std::optional<at::Tensor>& alibi_slopes, double dropout_p,
@@ -257,8 +265,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> mha_bwd(
     check_sequences(q, k, layout, batch, seqused_q, seqused_k, leftpad_k, std::nullopt);
     check_tensor(dout, "dout", q, layout);
     check_input(out, "out", q, layout);
-    TORCH_CHECK(dout.sizes() == q.sizes() && out.sizes() == q.sizes(), "flashattn: dout ", str(dout.sizes()),
-                " and out ", str(out.sizes()), " must have the shape of q ", str(q.sizes()));
+    const std::vector<int64_t> out_sizes = out_shape(q, v);
+    TORCH_CHECK(dout.sizes() == out_sizes && out.sizes() == out_sizes, "flashattn: dout ", str(dout.sizes()),
+                " and out ", str(out.sizes()), " must have the shape of q ", str(q.sizes()), " with v's headdim, ",
+                str(at::IntArrayRef(out_sizes)));
     const int64_t rows = layout.rows(q), num_heads = q.size(-2);
     const bool lse_ok = lse.is_cuda() && lse.device() == q.device() && lse.scalar_type() == at::kFloat &&
                         lse.is_contiguous() &&
@@ -352,7 +362,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> mha_bwd(
 std::tuple<at::Tensor, at::Tensor> mha_fwd_kvcache(
     const at::Tensor& q,        // [B, Sq, H, D]
     const at::Tensor& k_cache,  // [B_cache, S_cache, Hk, D] or [num_blocks, page_size, Hk, D]
-    const at::Tensor& v_cache,  // like k_cache
+    const at::Tensor& v_cache,  // like k_cache, with head dim Dv <= D
     const std::optional<at::Tensor>& k_new, const std::optional<at::Tensor>& v_new,  // [B, Snew, Hk, D]
     const std::optional<at::Tensor>& rotary_cos, const std::optional<at::Tensor>& rotary_sin,
     const at::Tensor& cache_seqlens, const std::optional<at::Tensor>& cache_batch_idx,
@@ -418,7 +428,7 @@ std::tuple<at::Tensor, at::Tensor> mha_fwd_kvcache(
         ap.batch = static_cast<int>(batch), ap.seqlen_q = static_cast<int>(seqlen_q);
         ap.seqlen_knew = static_cast<int>(seqlen_knew);
         ap.num_heads = static_cast<int>(num_heads), ap.num_heads_k = static_cast<int>(num_heads_k);
-        ap.head_dim = static_cast<int>(head_dim);
+        ap.head_dim = static_cast<int>(head_dim), ap.head_dim_v = static_cast<int>(v_cache.size(3));
         ap.dtype = q.scalar_type() == at::kBFloat16 ? flash::DType::kBFloat16 : flash::DType::kFloat16;
         if (seqlen_knew > 0 || rotary_dim > 0) {
             const cudaError_t err = kernels.family->run_kvcache_append(ap, stream);
@@ -427,7 +437,7 @@ std::tuple<at::Tensor, at::Tensor> mha_fwd_kvcache(
         }
     }
 
-    at::Tensor out = at::empty(q.sizes(), q.options());
+    at::Tensor out = at::empty(out_shape(q, v_cache), q.options());
     at::Tensor lse = at::empty({batch, num_heads, seqlen_q}, q.options().dtype(at::kFloat));
     if (batch == 0 || seqlen_q == 0) return {out, lse};
 

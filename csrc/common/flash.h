@@ -38,11 +38,12 @@ struct FaultSink {
     IndexFault* record;
 };
 
-// Forward attention over q [B, Sq, H, D], k/v [B, Sk, Hk, D] (any strides, last
-// dim contiguous, rows 16-byte aligned), writing out [B, Sq, H, D] and the
+// Forward attention over q [B, Sq, H, D], k [B, Sk, Hk, D], v [B, Sk, Hk, Dv]
+// (Dv <= D: DeepSeek MLA's 192 / 128; any strides, last dim contiguous, rows
+// 16-byte aligned), writing out [B, Sq, H, Dv] and the
 // natural-log log-sum-exp lse [B, H, Sq] (contiguous fp32). Variable-length
-// batches pack the sequences instead: q [total_q, H, D], k/v [total_k, Hk, D],
-// out [total_q, H, D], lse [H, total_q], sequence b at rows [cu_seqlens[b],
+// batches pack the sequences instead: q [total_q, H, D], k [total_k, Hk, D],
+// v [total_k, Hk, Dv], out [total_q, H, Dv], lse [H, total_q], sequence b at rows [cu_seqlens[b],
 // cu_seqlens[b + 1]); every rule below then holds per sequence.
 struct FwdParams {
     const void* __restrict__ q_ptr;
@@ -60,7 +61,9 @@ struct FwdParams {
     int batch;
     int seqlen_q, seqlen_k;
     int num_heads, num_heads_k;
-    int head_dim;           // actual head dim: a multiple of 8, <= the kernel's kHeadDim
+    int head_dim;           // q's and k's head dim: a multiple of 8, <= the kernel's kHeadDim
+    int head_dim_v;         // v's, out's (and the backward's dout's and dv's): a multiple of 8, <= head_dim
+                            // and <= the kernel's kHeadDimV; columns past it are read as zeros, never written
     int heads_per_kv_head;  // num_heads / num_heads_k (GQA group size)
 
     // Variable-length batches: cu_seqlens_q/k [B + 1] (int32, device), or nullptr
@@ -162,7 +165,7 @@ struct FwdParams {
     bool pack_gqa;
     // Split-KV: num_splits > 1 cuts each row's key tiles into num_splits ranges,
     // one block each, which write their partial out and lse (fp32, [splits, B, H,
-    // Sq, head_dim] and [splits, B, H, Sq]) to be merged by their LSE.
+    // Sq, head_dim_v] and [splits, B, H, Sq]) to be merged by their LSE.
     int num_splits;
     float* __restrict__ o_accum_ptr;
     float* __restrict__ lse_accum_ptr;
@@ -186,8 +189,8 @@ struct FwdParams {
 };
 
 // Backward over the same tensors as the forward (the FwdParams part: q, k, v,
-// out, lse, read only), plus dout [B, Sq, H, D] and the gradients dq [B, Sq, H, D],
-// dk and dv [B, Sk, Hk, D]; dk/dv of a KV head sum its query heads' shares.
+// out, lse, read only), plus dout [B, Sq, H, Dv] and the gradients dq [B, Sq, H, D],
+// dk [B, Sk, Hk, D] and dv [B, Sk, Hk, Dv]; dk/dv of a KV head sum its query heads' shares.
 struct BwdParams : FwdParams {
     const void* __restrict__ do_ptr;
     void* __restrict__ dq_ptr;
@@ -233,11 +236,11 @@ struct BwdParams : FwdParams {
 // whatever the leftpad: flash-attn's convention).
 struct AppendParams {
     const void* __restrict__ k_new_ptr;  // [B, Snew, Hk, D]
-    const void* __restrict__ v_new_ptr;
+    const void* __restrict__ v_new_ptr;  // [B, Snew, Hk, Dv]
     int64_t knew_batch_stride, knew_row_stride, knew_head_stride;
     int64_t vnew_batch_stride, vnew_row_stride, vnew_head_stride;
     void* __restrict__ k_cache_ptr;  // [B_cache, S_cache, Hk, D] or pages [num_blocks, page_size, Hk, D]
-    void* __restrict__ v_cache_ptr;
+    void* __restrict__ v_cache_ptr;  // the same with Dv
     int64_t kc_batch_stride, kc_row_stride, kc_head_stride;
     int64_t vc_batch_stride, vc_row_stride, vc_head_stride;
     const void* __restrict__ q_ptr;  // [B, Sq, H, D]
@@ -256,7 +259,7 @@ struct AppendParams {
     int rotary_dim;
     bool rotary_interleaved;  // rotate pairs (2i, 2i + 1); else (i, i + rotary_dim / 2)
     bool q_positions_per_row;  // causal/local: query i at position cache_seqlens + i; else all at cache_seqlens
-    int batch, seqlen_q, seqlen_knew, num_heads, num_heads_k, head_dim;
+    int batch, seqlen_q, seqlen_knew, num_heads, num_heads_k, head_dim, head_dim_v;
     DType dtype;
 };
 

@@ -2,5 +2,5 @@
 #include "sm90/fwd_launch.cuh"
 
 namespace flash::sm90 {
-template cudaError_t run_fwd_<__nv_bfloat16, 96, true, true>(const FwdParams&, KeyCopy, cudaStream_t);
+template cudaError_t run_fwd_<__nv_bfloat16, 96, 96, true, true>(const FwdParams&, KeyCopy, cudaStream_t);
 }  // namespace flash::sm90

@@ -2,5 +2,5 @@
 #include "sm90/fwd_launch.cuh"
 
 namespace flash::sm90 {
-template cudaError_t run_fwd_<__half, 64, true, false>(const FwdParams&, KeyCopy, cudaStream_t);
+template cudaError_t run_fwd_<__half, 64, 64, true, false>(const FwdParams&, KeyCopy, cudaStream_t);
 }  // namespace flash::sm90

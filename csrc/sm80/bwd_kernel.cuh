@@ -56,7 +56,7 @@ __global__ void __launch_bounds__(128) bwd_dot_do_o_kernel(const BwdParams param
     const Element* out = static_cast<const Element*>(params.o_ptr) + b * params.o_batch_stride +
                          i * params.o_row_stride + h * params.o_head_stride;
     float sum = 0.f;
-    for (int col = lane * 8; col < params.head_dim; col += 32 * 8) {  // 16-byte chunks
+    for (int col = lane * 8; col < params.head_dim_v; col += 32 * 8) {  // 16-byte chunks
         const uint4 d4 = *reinterpret_cast<const uint4*>(dout + col);
         const uint4 o4 = *reinterpret_cast<const uint4*>(out + col);
         const uint32_t d_words[4] = {d4.x, d4.y, d4.z, d4.w};
@@ -204,7 +204,7 @@ __device__ __forceinline__ void load_key_value_tiles_async(
     const Element* v = static_cast<const Element*>(params.v_ptr) + batch * params.v_batch_stride +
                        head_k * params.v_head_stride + (seq.k_start + n0) * params.v_row_stride;
     own_copy.load_async(tiles.k_smem, k, params.k_row_stride, seq.seqlen_k - n0, params.head_dim);
-    own_copy.load_async(tiles.v_smem, v, params.v_row_stride, seq.seqlen_k - n0, params.head_dim);
+    own_copy.load_async(tiles.v_smem, v, params.v_row_stride, seq.seqlen_k - n0, params.head_dim_v);
 }
 
 // Starts a step's Q and dO copies (queries m0 .. m0 + kStreamRows of query head
@@ -222,7 +222,8 @@ __device__ __forceinline__ void load_query_tiles_async(
     const Element* dout = static_cast<const Element*>(params.do_ptr) + batch * params.do_batch_stride +
                           head * params.do_head_stride + (seq.q_start + m0) * params.do_row_stride;
     stream_copy.load_async(tiles.q_stage(stage), q, params.q_row_stride, seq.seqlen_q - m0, params.head_dim);
-    stream_copy.load_async(tiles.do_stage(stage), dout, params.do_row_stride, seq.seqlen_q - m0, params.head_dim);
+    stream_copy.load_async(tiles.do_stage(stage), dout, params.do_row_stride, seq.seqlen_q - m0,
+                           params.head_dim_v);
     if (tid < Traits::kStreamRows) {
         const int64_t row = batch * params.lse_batch_stride + head * params.lse_head_stride + seq.q_start + m0 + tid;
         const bool valid = m0 + tid < seq.seqlen_q;
@@ -360,7 +361,7 @@ __device__ __forceinline__ void store_dk_dv(float (&dk)[DkDvWarp<Traits>::kKeyMT
     if constexpr (Has_dV) {
         Element* dv_out = static_cast<Element*>(params.dv_ptr) + batch * params.dv_batch_stride +
                           head_k * params.dv_head_stride + (seq.k_start + n0) * params.dv_row_stride;
-        own_copy.store(tiles.v_smem_ptr, dv_out, params.dv_row_stride, seq.seqlen_k - n0, params.head_dim);
+        own_copy.store(tiles.v_smem_ptr, dv_out, params.dv_row_stride, seq.seqlen_k - n0, params.head_dim_v);
     }
 }
 
@@ -604,7 +605,7 @@ __global__ void __launch_bounds__(Traits::kNThreads) bwd_dq_kernel(const BwdPara
     const Element* v = static_cast<const Element*>(params.v_ptr) + batch * params.v_batch_stride +
                        head_k * params.v_head_stride + seq.k_start * params.v_row_stride;
     own_copy.load_async(q_smem, q, params.q_row_stride, seqlen_q - m0, params.head_dim);
-    own_copy.load_async(do_smem, dout, params.do_row_stride, seqlen_q - m0, params.head_dim);
+    own_copy.load_async(do_smem, dout, params.do_row_stride, seqlen_q - m0, params.head_dim_v);
     cp_async_commit();
 
     float lse_log2[2], dsum[2];  // this thread's two rows (g and g + 8 of the warp's 16)
@@ -621,7 +622,7 @@ __global__ void __launch_bounds__(Traits::kNThreads) bwd_dq_kernel(const BwdPara
         stream_copy.load_async(k_smem, k + n0 * params.k_row_stride, params.k_row_stride, seqlen_k - n0,
                                params.head_dim);
         stream_copy.load_async(v_smem, v + n0 * params.v_row_stride, params.v_row_stride, seqlen_k - n0,
-                               params.head_dim);
+                               params.head_dim_v);
         cp_async_commit();
         cp_async_wait<0>();
         __syncthreads();

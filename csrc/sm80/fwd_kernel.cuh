@@ -186,7 +186,7 @@ __global__ void __launch_bounds__(Traits::kNThreads) fwd_kernel(const FwdParams 
     __syncthreads();
     Element* out = static_cast<Element*>(params.o_ptr) + batch * params.o_batch_stride +
                    head * params.o_head_stride + (seq.q_start + m0) * params.o_row_stride;
-    q_copy.store(smem + Traits::kSmemQOffset, out, params.o_row_stride, seqlen_q - m0, params.head_dim);
+    q_copy.store(smem + Traits::kSmemQOffset, out, params.o_row_stride, seqlen_q - m0, params.head_dim_v);
 }
 
 }  // namespace flash::sm80

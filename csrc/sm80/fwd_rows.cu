@@ -48,7 +48,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock) unwritten_rows_kernel(con
     if (written) return;
     Bits* row = static_cast<Bits*>(params.o_ptr) + r * params.o_row_stride;
     for (int h = 0; h < params.num_heads; ++h) {
-        for (int d = lane; d < params.head_dim; d += 32) row[h * params.o_head_stride + d] = Bits(0);
+        for (int d = lane; d < params.head_dim_v; d += 32) row[h * params.o_head_stride + d] = Bits(0);
     }
     for (int h = lane; h < params.num_heads; h += 32) params.lse_ptr[h * params.lse_head_stride + r] = -INFINITY;
 }

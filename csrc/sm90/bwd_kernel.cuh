@@ -747,6 +747,8 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& params, const BwdS
             if (col < params.head_dim) {
                 *reinterpret_cast<uint32_t*>(dk_row + col) =
                     pack2<Element>(dk[0][j][2 * half] * params.softmax_scale, dk[0][j][2 * half + 1] * params.softmax_scale);
+            }
+            if (col < params.head_dim_v) {
                 *reinterpret_cast<uint32_t*>(dv_row + col) = pack2<Element>(dv[0][j][2 * half], dv[0][j][2 * half + 1]);
             }
         }

@@ -15,7 +15,7 @@
 namespace flash::sm90 {
 
 // Defined in instantiations/sm90_fwd_*.cu and sm90_bwd_*.cu.
-template <typename Element, int kHeadDim, bool Is_local, bool Has_softcap>
+template <typename Element, int kHeadDim, int kHeadDimV, bool Is_local, bool Has_softcap>
 cudaError_t run_fwd_(const FwdParams& params, KeyCopy key_copy, cudaStream_t stream);
 template <typename Element, int kHeadDim, bool Is_local, bool Has_softcap, bool Is_deterministic>
 cudaError_t run_bwd_(const BwdParams& params, cudaStream_t stream);
@@ -26,23 +26,38 @@ namespace {
 template <int kHeadDim>
 constexpr bool kHasKernel = kHeadDim > 32;
 
+// The compiled (head dim, V head dim) of the forward kernel that serves a
+// call: the head dim's (FLASH_HEADDIM_SWITCH), and V's the narrower one compiled
+// for it where v fits (kernel_traits.h: kNarrowHeadDimV), else the same. f is
+// called as f.template operator()<kHeadDim, kHeadDimV>().
+template <typename F>
+auto fwd_head_dims_switch(const FwdParams& params, F&& f) {
+    return FLASH_HEADDIM_SWITCH(params.head_dim, kHeadDim, [&] {
+        constexpr int kNarrowV = kNarrowHeadDimV<kHeadDim>;
+        if constexpr (kNarrowV > 0) {
+            if (params.head_dim_v <= kNarrowV) return f.template operator()<kHeadDim, kNarrowV>();
+        }
+        return f.template operator()<kHeadDim, kHeadDim>();
+    });
+}
+
 // The forward's shared memory at a compiled head dim (the same for both dtypes).
-template <int kHeadDim>
+template <int kHeadDim, int kHeadDimV>
 int fwd_smem_bytes(bool is_local) {
     if constexpr (kHasKernel<kHeadDim>) {
-        return is_local ? FwdTraitsFor<kHeadDim, __half, true>::kSmemBytes
-                        : FwdTraitsFor<kHeadDim, __half, false>::kSmemBytes;
+        return is_local ? FwdTraitsFor<kHeadDim, __half, true, kHeadDimV>::kSmemBytes
+                        : FwdTraitsFor<kHeadDim, __half, false, kHeadDimV>::kSmemBytes;
     } else {
         return 0;
     }
 }
 
-template <typename Element, int kHeadDim>
+template <typename Element, int kHeadDim, int kHeadDimV>
 cudaError_t run_fwd_head_dim(const FwdParams& params, KeyCopy key_copy, cudaStream_t stream) {
     if constexpr (kHasKernel<kHeadDim>) {
         return FLASH_BOOL_SWITCH(params.is_local, Is_local, [&] {
             return FLASH_BOOL_SWITCH(params.softcap > 0.f, Has_softcap, [&] {
-                return run_fwd_<Element, kHeadDim, Is_local, Has_softcap>(params, key_copy, stream);
+                return run_fwd_<Element, kHeadDim, kHeadDimV, Is_local, Has_softcap>(params, key_copy, stream);
             });
         });
     } else {
@@ -51,10 +66,10 @@ cudaError_t run_fwd_head_dim(const FwdParams& params, KeyCopy key_copy, cudaStre
 }
 
 // Keys per tile at a head dim (0: no sm90 kernel).
-template <int kHeadDim>
+template <int kHeadDim, int kHeadDimV>
 int fwd_block_n(bool is_local) {
     if constexpr (kHasKernel<kHeadDim>) {
-        return is_local ? FwdConfig<kHeadDim, true>::kBlockN : FwdConfig<kHeadDim, false>::kBlockN;
+        return is_local ? FwdConfig<kHeadDim, true, kHeadDimV>::kBlockN : FwdConfig<kHeadDim, false, kHeadDimV>::kBlockN;
     } else {
         return 0;
     }
@@ -92,7 +107,9 @@ KeyCopy key_copy_for(const FwdParams& params, PagedCopy requested, int block_n) 
 
 // Keys per tile of the kernel that serves a call's head dim (0: none).
 int block_n_of(const FwdParams& params) {
-    return FLASH_HEADDIM_SWITCH(params.head_dim, kHeadDim, [&] { return fwd_block_n<kHeadDim>(params.is_local); });
+    return fwd_head_dims_switch(params, [&]<int kHeadDim, int kHeadDimV>() {
+        return fwd_block_n<kHeadDim, kHeadDimV>(params.is_local);
+    });
 }
 
 // The head dim of the backward kernel that serves a call's (0: none). Head
@@ -123,7 +140,9 @@ cudaError_t run_bwd_head_dim(const BwdParams& params, cudaStream_t stream) {
 }  // namespace
 
 bool serves(const FwdParams& params) {
-    const int smem = FLASH_HEADDIM_SWITCH(params.head_dim, kHeadDim, [&] { return fwd_smem_bytes<kHeadDim>(params.is_local); });
+    const int smem = fwd_head_dims_switch(params, [&]<int kHeadDim, int kHeadDimV>() {
+        return fwd_smem_bytes<kHeadDim, kHeadDimV>(params.is_local);
+    });
     // Paged keys: gathered rows take any page size; TMA boxes only pages whose
     // boxes are whole swizzle atoms (kv_box_rows). Keys are counted from each
     // sequence's first page (leftpad_k, which the block table cannot carry,
@@ -151,8 +170,9 @@ cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream) {
     const KeyCopy key_copy = key_copy_for(params, requested, block_n_of(params));
     if (const cudaError_t err = sm80::run_fwd_unwritten_rows(params, stream); err != cudaSuccess) return err;
     return FLASH_DTYPE_SWITCH(params.dtype, Element, [&] {
-        return FLASH_HEADDIM_SWITCH(params.head_dim, kHeadDim,
-                                    [&] { return run_fwd_head_dim<Element, kHeadDim>(params, key_copy, stream); });
+        return fwd_head_dims_switch(params, [&]<int kHeadDim, int kHeadDimV>() {
+            return run_fwd_head_dim<Element, kHeadDim, kHeadDimV>(params, key_copy, stream);
+        });
     });
 }
 

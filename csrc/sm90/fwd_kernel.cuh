@@ -60,7 +60,7 @@ struct SmemLayout {
     }
     __device__ __forceinline__ uint32_t q() const { return base + Traits::kSmemQOffset; }
     __device__ __forceinline__ uint32_t k(int stage) const { return base + Traits::kSmemKOffset + stage * Traits::kKVBytes; }
-    __device__ __forceinline__ uint32_t v(int stage) const { return base + Traits::kSmemVOffset + stage * Traits::kKVBytes; }
+    __device__ __forceinline__ uint32_t v(int stage) const { return base + Traits::kSmemVOffset + stage * Traits::kVBytes; }
     // Consumer warpgroup c's rows of the output tile's first column block (kOStaged).
     __device__ __forceinline__ uint32_t o_group(int c) const {
         return base + Traits::kSmemOOffset + c * Traits::kOGroupBoxBytes;
@@ -86,12 +86,15 @@ struct SmemLayout {
 // keys (block_table): the tile is cut into boxes of kv_box_rows rows, each in
 // one page; lane j looks up box j's page (recorded and clamped when out of
 // range, index_check.cuh) and copies it. Boxes wholly past the sequence are not
-// copied: the consumers mask their keys and zero their value rows.
+// copied: the consumers mask their keys and zero their value rows. A tile
+// is copied in column blocks: K's kColBlocks, V's those of kColBlocksV that
+// hold a column of v (value_col_blocks; the rest, wholly past its head dim, are
+// not copied: they only reach O's columns past it, which are never written).
 template <typename Traits>
 struct KeyTileSource {
     struct Box {
-        int count;  // boxes this lane copies: 0 or 1 (paged), kColBlocks' worth at lane 0 (contiguous)
-        int bytes;  // the tile's bytes in all (lane 0 expects them on the barrier)
+        int count;       // boxes this lane copies: 0 or 1 (paged), all of the tile's at lane 0 (contiguous)
+        int block_bytes;  // the bytes of one column block of the tile in all (expected on the barrier)
         int row, page, shared_offset;
     };
 
@@ -110,14 +113,19 @@ struct KeyTileSource {
         box_rows = paged ? kv_box_rows(page_size, Traits::kBlockN) : Traits::kBlockN;
     }
 
+    // The column blocks of V that hold a column of v.
+    __device__ __forceinline__ int value_col_blocks() const {
+        return min(Traits::kColBlocksV, (params.head_dim_v + kSwizzleCols - 1) / kSwizzleCols);
+    }
+
     // The box this lane copies of the tile of keys [n0, n0 + kBlockN).
     __device__ __forceinline__ Box box_of(int n0) const {
         if (!paged) {
             const int row = seq.k_start + n0;
-            return {lane == 0 ? 1 : 0, Traits::kKVBytes, row, params.cu_seqlens_k == nullptr ? batch : 0, 0};
+            return {lane == 0 ? 1 : 0, Traits::kKVBlockBytes, row, params.cu_seqlens_k == nullptr ? batch : 0, 0};
         }
         const int boxes = min(Traits::kBlockN / box_rows, (seq.seqlen_k - n0 + box_rows - 1) / box_rows);
-        const int bytes = boxes * box_rows * kSwizzleBytes * Traits::kColBlocks;
+        const int bytes = boxes * box_rows * kSwizzleBytes;
         if (lane >= boxes) return {0, bytes, 0, 0, 0};
         const int key = n0 + lane * box_rows;  // paged keys count from 0 (sequence_of)
         const int entry = key / page_size;
@@ -125,13 +133,16 @@ struct KeyTileSource {
         return {1, bytes, key - entry * page_size, page, lane * box_rows * kSwizzleBytes};
     }
 
-    // Copies the box into a stage (dst) whose arrival `full` tracks.
-    __device__ __forceinline__ void load(uint32_t dst, const CUtensorMap* map, uint32_t full, const Box& box) const {
-        if (lane == 0) mbarrier_arrive_expect_tx(full, box.bytes);
+    // Copies the box's first col_blocks column blocks into a stage (dst)
+    // whose arrival `full` tracks.
+    __device__ __forceinline__ void load(uint32_t dst, const CUtensorMap* map, uint32_t full, const Box& box,
+                                         int col_blocks) const {
+        if (lane == 0) mbarrier_arrive_expect_tx(full, box.block_bytes * col_blocks);
         if (paged) __syncwarp();  // the expected bytes are set before any box lands
         if (box.count == 0) return;
 #pragma unroll
         for (int cb = 0; cb < Traits::kColBlocks; ++cb) {
+            if (cb == col_blocks) break;
             tma_load_4d(dst + cb * Traits::kKVBlockBytes + box.shared_offset, map, full, cb * kSwizzleCols, box.row,
                         head_k, box.page);
         }
@@ -139,7 +150,7 @@ struct KeyTileSource {
 };
 
 // Writes a consumer warpgroup's normalised O (its fp32 accumulator, 64 rows x
-// kTileCols) as Element into its rows of the output tile (`group`: those of the
+// kTileColsV) as Element into its rows of the output tile (`group`: those of the
 // first column block), in the 128-byte swizzle the bulk store reads: one
 // stmatrix.x4 per pair of n8 blocks, its four 8 x 8 matrices rows 0-7 and 8-15
 // of the warp's 16 under each block. Lane i addresses row (i / 8 % 2) * 8 + i % 8
@@ -277,7 +288,8 @@ struct KeyTileGather {
         const int t = thread();
         const uint32_t dst = stage + row(t) * kSwizzleBytes + (chunk(t) ^ (row(t) % kAtomRows)) * kChunkBytes;
         const int rows_left = seqlen_k - n0 - row(t);  // in the sequence from this thread's row of pass 0
-        const int cols_left = params.head_dim - chunk(t) * kChunkCols;  // in the head from this chunk
+        // Columns in the head from this chunk (zero-filled past it).
+        const int cols_left = (kValues ? params.head_dim_v : params.head_dim) - chunk(t) * kChunkCols;
         const uint32_t src_of_row = rows + row(t) * Traits::kGatherRowBytes + (kValues ? sizeof(uint64_t) : 0);
 #pragma unroll
         for (int p = 0; p < kPasses; ++p) {
@@ -286,7 +298,7 @@ struct KeyTileGather {
                               chunk(t) * kChunkBytes;
             const bool in_sequence = p * kRowsPerPass < rows_left;
 #pragma unroll
-            for (int cb = 0; cb < Traits::kColBlocks; ++cb) {
+            for (int cb = 0; cb < (kValues ? Traits::kColBlocksV : Traits::kColBlocks); ++cb) {
                 cp_async_16(dst + cb * Traits::kKVBlockBytes + p * kRowsPerPass * kSwizzleBytes,
                             src + cb * kSwizzleBytes,
                             /*fill_zeros=*/!in_sequence || cb * kSwizzleCols >= cols_left);
@@ -539,9 +551,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                 const auto box = source.box_of((work.key_tiles.n_end - 1 - i) * kBlockN);
                 // A stage's first use needs no release; its u-th waits for release u - 1.
                 if (tile_count >= kStages) mbarrier_wait(layout.k_empty(s.stage), s.phase ^ 1);
-                source.load(layout.k(s.stage), &tma_k, layout.k_full(s.stage), box);
+                source.load(layout.k(s.stage), &tma_k, layout.k_full(s.stage), box, Traits::kColBlocks);
                 if (tile_count >= kStages) mbarrier_wait(layout.v_empty(s.stage), s.phase ^ 1);
-                source.load(layout.v(s.stage), &tma_v, layout.v_full(s.stage), box);
+                source.load(layout.v(s.stage), &tma_v, layout.v_full(s.stage), box, source.value_col_blocks());
             }
         }
         return;
@@ -636,7 +648,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
 #pragma unroll
             for (int k = 0; k < Traits::kKStepsPV; ++k) {
                 // k16 step k: 16 keys = 16 rows of 128 bytes further.
-                Wgmma<Traits::kTileCols>::template rs<Element>(flat(o), p[k],
+                Wgmma<Traits::kTileColsV>::template rs<Element>(flat(o), p[k],
                                                                 advance_descriptor(v_desc, k * 16 * kSwizzleBytes),
                                                                 /*scale_d=*/1);
             }
@@ -683,7 +695,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             const int chunks = (kBlockN - first_row) * kChunksPerRow;
             mbarrier_wait(layout.v_full(s.stage), s.phase);
             const int thread = threadIdx.x - 128;
-            for (int cb = 0; cb < Traits::kColBlocks; ++cb) {
+            for (int cb = 0; cb < Traits::kColBlocksV; ++cb) {
                 const uint32_t block = layout.v(s.stage) + cb * Traits::kKVBlockBytes + first_row * kSwizzleBytes;
                 for (int c = thread; c < chunks; c += Traits::kConsumerWarpgroups * 128) {
                     store_zero_16(block + 16 * c);
@@ -816,7 +828,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                 named_barrier_sync(kOBarrier + consumer, 128);
                 if (o_issuer) {
 #pragma unroll
-                    for (int cb = 0; cb < Traits::kColBlocks; ++cb) {
+                    for (int cb = 0; cb < Traits::kColBlocksV; ++cb) {
+                        if (cb * kSwizzleCols >= params.head_dim_v) break;  // a box wholly past out's columns
                         tma_store_4d(&tma_o, layout.o_group(consumer) + cb * Traits::kOBlockBytes, cb * kSwizzleCols,
                                      seq.q_start + group_row0, work.head,
                                      params.cu_seqlens_q == nullptr ? work.batch : 0);
@@ -841,7 +854,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
 #pragma unroll
             for (int j = 0; j < Traits::kNTilesO; ++j) {
                 const int col = j * 8 + (lane % 4) * 2;
-                if (col < params.head_dim) {
+                if (col < params.head_dim_v) {
                     *reinterpret_cast<uint32_t*>(out_row + col) =
                         pack2<Element>(o[0][j][2 * half], o[0][j][2 * half + 1]);
                 }

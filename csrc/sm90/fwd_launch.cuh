@@ -1,5 +1,5 @@
-// Launches the sm90 forward kernel for one (dtype, head dim, local, softcap)
-// instantiation (instantiations/sm90_fwd_*.cu).
+// Launches the sm90 forward kernel for one (dtype, head dim, V's head dim,
+// local, softcap) instantiation (instantiations/sm90_fwd_*.cu).
 #pragma once
 
 #include <cuda.h>
@@ -13,9 +13,9 @@ namespace flash::sm90 {
 
 // key_copy: how paged keys are copied (dispatch.cu: key_copy_for); contiguous
 // keys are copied by TMA whatever it says.
-template <typename Element, int kHeadDim, bool Is_local, bool Has_softcap>
+template <typename Element, int kHeadDim, int kHeadDimV, bool Is_local, bool Has_softcap>
 cudaError_t run_fwd_(const FwdParams& params, KeyCopy key_copy, cudaStream_t stream) {
-    using Traits = FwdTraitsFor<kHeadDim, Element, Is_local>;
+    using Traits = FwdTraitsFor<kHeadDim, Element, Is_local, kHeadDimV>;
     if (params.block_table == nullptr) key_copy = KeyCopy::kTma;
     CUtensorMap tma_q{}, tma_k{}, tma_v{};
     // Gathered keys need no map of k and v (box rows 0).

@@ -26,11 +26,14 @@ constexpr int registers_at_entry(int threads) { return 65536 / threads / 8 * 8; 
 // CTA: one producer warpgroup (one thread issues every bulk copy and the rest
 // of it exits; or, gathering paged keys, all 128 threads copy) and
 // kConsumerWarpgroups consumer warpgroups of 64 query rows each (the M of
-// wgmma), which walk the same key tiles.
-template <int kHeadDim_, int kBlockN_, typename Element_, int kConsumerWarpgroups_ = 2>
+// wgmma), which walk the same key tiles. kHeadDimV: V's (and O's) head dim,
+// kHeadDim's or a narrower one (DeepSeek MLA: 192 for Q and K, 128 for V):
+// V tiles and the P V GEMM are that wide.
+template <int kHeadDim_, int kBlockN_, typename Element_, int kConsumerWarpgroups_ = 2, int kHeadDimV_ = kHeadDim_>
 struct FwdTraits {
     using Element = Element_;  // __half or __nv_bfloat16
     static constexpr int kHeadDim = kHeadDim_;
+    static constexpr int kHeadDimV = kHeadDimV_;
     static constexpr int kWarpgroupRows = 64;
     static constexpr int kConsumerWarpgroups = kConsumerWarpgroups_;
     static constexpr int kBlockM = kConsumerWarpgroups * kWarpgroupRows;  // query rows per block
@@ -52,17 +55,20 @@ struct FwdTraits {
     // since the swizzle atom of V, read MN-major, is 64 columns wide.
     static constexpr int kColBlocks = (kHeadDim + kSwizzleCols - 1) / kSwizzleCols;
     static constexpr int kTileCols = kColBlocks * kSwizzleCols;
+    static constexpr int kColBlocksV = (kHeadDimV + kSwizzleCols - 1) / kSwizzleCols;  // of V and O
+    static constexpr int kTileColsV = kColBlocksV * kSwizzleCols;
     static constexpr int kKStepsQK = kHeadDim / 16;  // k16 steps of S = Q K^T
     static constexpr int kKStepsPV = kBlockN / 16;   // k16 steps of O += P V
     static constexpr int kNTilesS = kBlockN / 8;     // n8 blocks of a warp's S fragment
-    static constexpr int kNTilesO = kTileCols / 8;   // n8 blocks of a warp's O fragment
+    static constexpr int kNTilesO = kTileColsV / 8;  // n8 blocks of a warp's O fragment
 
     // Bytes of one column block, and of a whole tile (what a tile's copies
     // deliver, out-of-bounds zeros included).
     static constexpr int kQBlockBytes = kBlockM * kSwizzleBytes;
-    static constexpr int kKVBlockBytes = kBlockN * kSwizzleBytes;
+    static constexpr int kKVBlockBytes = kBlockN * kSwizzleBytes;  // of K and of V
     static constexpr int kQBytes = kColBlocks * kQBlockBytes;
-    static constexpr int kKVBytes = kColBlocks * kKVBlockBytes;
+    static constexpr int kKVBytes = kColBlocks * kKVBlockBytes;  // a K tile
+    static constexpr int kVBytes = kColBlocksV * kKVBlockBytes;
 
     // O's way out of the block (issue 18). Where the output tile, [kBlockM, kTileCols] in Q's
     // layout, fits beside Q and the stages (kOStaged), each consumer warpgroup writes its
@@ -72,7 +78,7 @@ struct FwdTraits {
     // warpgroup's GEMMs. Elsewhere the consumers store O from registers (the table under
     // FwdConfig says which configs and why).
     static constexpr int kOBlockBytes = kBlockM * kSwizzleBytes;
-    static constexpr int kOBytes = kColBlocks * kOBlockBytes;
+    static constexpr int kOBytes = kColBlocksV * kOBlockBytes;
     static constexpr int kOGroupBoxBytes = kWarpgroupRows * kSwizzleBytes;  // a warpgroup's box of a column block
 
     // Q, then kStages K tiles, then kStages V tiles, then (kOStaged) the output tile, then the
@@ -82,7 +88,7 @@ struct FwdTraits {
     static constexpr int kSmemQOffset = 0;
     static constexpr int kSmemKOffset = kSmemQOffset + kQBytes;
     static constexpr int kSmemVOffset = kSmemKOffset + kStages * kKVBytes;
-    static constexpr int kSmemOOffset = kSmemVOffset + kStages * kKVBytes;
+    static constexpr int kSmemOOffset = kSmemVOffset + kStages * kVBytes;
     // Q full and empty; K, V full and empty per stage; the work exchange's full and empty per slot.
     static constexpr int kWorkSlots = 2;  // query tiles handed from the producer to the consumers
     static constexpr int kBarriers = 2 + 4 * kStages + 2 * kWorkSlots;
@@ -99,6 +105,7 @@ struct FwdTraits {
     static constexpr int kSmemBytes = kSmemGatherOffset + kBlockN * kGatherRowBytes + kSmemAlign;
 
     static_assert(kHeadDim % 32 == 0 && kHeadDim <= 256, "head dims 64, 96, 128, 192, 256");
+    static_assert(kHeadDimV % 32 == 0 && kHeadDimV <= kHeadDim, "V's head dim: Q's and K's, or narrower");
     static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "wgmma N and the k16 steps of P V");
     static_assert(kQBlockBytes % kSwizzleAtomBytes == 0 && kKVBlockBytes % kSwizzleAtomBytes == 0 &&
                       kOGroupBoxBytes % kSwizzleAtomBytes == 0,
@@ -120,7 +127,8 @@ struct FwdTraits {
 // loop (ptxas: 88-168 bytes) while they overlapped the last tile's P V, so
 // there they wait for it first (fwd_kernel.cuh: kSerialMaskedSteps); what is
 // left is 12 bytes stored once per query tile, outside the key loop.
-template <int kHeadDim, bool Is_local> struct FwdConfig;
+// kHeadDimV: a narrower V (FwdTraits) where a config for it is listed.
+template <int kHeadDim, bool Is_local, int kHeadDimV = kHeadDim> struct FwdConfig;
 template <bool Is_local> struct FwdConfig<64, Is_local> {
     static constexpr int kBlockN = 128, kConsumerWarpgroups = 3;
 };
@@ -136,10 +144,20 @@ template <bool Is_local> struct FwdConfig<192, Is_local> {
 template <bool Is_local> struct FwdConfig<256, Is_local> {
     static constexpr int kBlockN = 80, kConsumerWarpgroups = 2;
 };
+// DeepSeek MLA (Q and K 192, V 128): the V stages take 2/3 of d192's, so
+// non-local tiles take 128 keys (48 + 2 x 48 + 2 x 32 = 208 KB).
+template <bool Is_local> struct FwdConfig<192, Is_local, 128> {
+    static constexpr int kBlockN = Is_local ? 96 : 128, kConsumerWarpgroups = 2;
+};
 
-template <int kHeadDim, typename Element, bool Is_local>
-using FwdTraitsFor = FwdTraits<kHeadDim, FwdConfig<kHeadDim, Is_local>::kBlockN, Element,
-                               FwdConfig<kHeadDim, Is_local>::kConsumerWarpgroups>;
+// The narrower V head dim compiled for a head dim, 0 where there is none
+// (dispatch.cu runs a call whose V is at most that wide on it).
+template <int kHeadDim> constexpr int kNarrowHeadDimV = 0;
+template <> constexpr int kNarrowHeadDimV<192> = 128;
+
+template <int kHeadDim, typename Element, bool Is_local, int kHeadDimV = kHeadDim>
+using FwdTraitsFor = FwdTraits<kHeadDim, FwdConfig<kHeadDim, Is_local, kHeadDimV>::kBlockN, Element,
+                               FwdConfig<kHeadDim, Is_local, kHeadDimV>::kConsumerWarpgroups, kHeadDimV>;
 
 // Which configs write O through shared memory (FwdTraits::kOStaged), in KB of
 // the 227 a block may take: Q + two K and two V stages (+ the 1 KB alignment

@@ -34,6 +34,7 @@ struct View {
     const void* ptr;
     int64_t rows, heads, batches;
     int64_t row_stride, head_stride, batch_stride;  // elements
+    int64_t cols;  // the head dim: q's and k's (and dq_accum's), or v's (and out's, dout's)
 };
 
 // A dimension of extent 1 is never stepped: any stride the encoder accepts.
@@ -48,7 +49,7 @@ cudaError_t encode(CUtensorMap* map, const FwdParams& params, const View& view, 
     if (view.rows == 0) return cudaSuccess;  // no row to copy: the kernel never reads this map
     const auto fn = encode_tiled();
     if (fn == nullptr) return cudaErrorSymbolNotFound;
-    const cuuint64_t dims[4] = {static_cast<cuuint64_t>(params.head_dim), static_cast<cuuint64_t>(view.rows),
+    const cuuint64_t dims[4] = {static_cast<cuuint64_t>(view.cols), static_cast<cuuint64_t>(view.rows),
                                 static_cast<cuuint64_t>(view.heads), static_cast<cuuint64_t>(view.batches)};
     const cuuint64_t strides[3] = {stride_bytes(view.rows, view.row_stride, element_bytes),
                                    stride_bytes(view.heads, view.head_stride, element_bytes),
@@ -72,25 +73,35 @@ cudaError_t encode(CUtensorMap* map, const FwdParams& params, const View& view, 
 View q_view(const FwdParams& params) {
     const bool varlen = params.cu_seqlens_q != nullptr;
     return {params.q_ptr, varlen ? params.total_q : params.seqlen_q, params.num_heads, varlen ? 1 : params.batch,
-            params.q_row_stride, params.q_head_stride, params.q_batch_stride};
+            params.q_row_stride, params.q_head_stride, params.q_batch_stride, params.head_dim};
 }
 
 View o_view(const FwdParams& params) {
     const bool varlen = params.cu_seqlens_q != nullptr;
     return {params.o_ptr, varlen ? params.total_q : params.seqlen_q, params.num_heads, varlen ? 1 : params.batch,
-            params.o_row_stride, params.o_head_stride, params.o_batch_stride};
+            params.o_row_stride, params.o_head_stride, params.o_batch_stride, params.head_dim_v};
 }
 
 // Paged keys: (head dim, row in page, head, page), the pages as the batch.
 View kv_view(const FwdParams& params, const void* ptr, int64_t row_stride, int64_t head_stride,
-             int64_t batch_stride) {
+             int64_t batch_stride, int cols) {
     if (params.block_table != nullptr) {
         return {ptr, params.page_size, params.num_heads_k, params.kv_cache_batch, row_stride, head_stride,
-                batch_stride};
+                batch_stride, cols};
     }
     const bool varlen = params.cu_seqlens_k != nullptr;
     return {ptr, varlen ? params.total_k : params.seqlen_k, params.num_heads_k, varlen ? 1 : params.batch,
-            row_stride, head_stride, batch_stride};
+            row_stride, head_stride, batch_stride, cols};
+}
+
+View k_view(const FwdParams& params) {
+    return kv_view(params, params.k_ptr, params.k_row_stride, params.k_head_stride, params.k_batch_stride,
+                   params.head_dim);
+}
+
+View v_view(const FwdParams& params) {
+    return kv_view(params, params.v_ptr, params.v_row_stride, params.v_head_stride, params.v_batch_stride,
+                   params.head_dim_v);
 }
 
 bool fits(const View& view) {
@@ -113,14 +124,14 @@ bool aligned_16(const View& view, int element_bytes) {
 View dout_view(const BwdParams& params) {
     const bool varlen = params.cu_seqlens_q != nullptr;
     return {params.do_ptr, varlen ? params.total_q : params.seqlen_q, params.num_heads, varlen ? 1 : params.batch,
-            params.do_row_stride, params.do_head_stride, params.do_batch_stride};
+            params.do_row_stride, params.do_head_stride, params.do_batch_stride, params.head_dim_v};
 }
 
 View dq_accum_view(const BwdParams& params) {
     const bool varlen = params.cu_seqlens_q != nullptr;
     return {params.dq_accum_ptr, varlen ? params.total_q : params.seqlen_q, params.num_heads,
             varlen ? 1 : params.batch, static_cast<int64_t>(params.num_heads) * params.head_dim, params.head_dim,
-            params.dq_accum_batch_stride};
+            params.dq_accum_batch_stride, params.head_dim};
 }
 
 }  // namespace
@@ -130,14 +141,10 @@ cudaError_t make_fwd_tensor_maps(const FwdParams& params, int box_rows_q, int bo
     cudaError_t err = encode(q, params, q_view(params), box_rows_q);
     if (box_rows_kv == 0) return err;  // k and v gathered, without maps
     if (err == cudaSuccess) {
-        err = encode(k, params,
-                     kv_view(params, params.k_ptr, params.k_row_stride, params.k_head_stride, params.k_batch_stride),
-                     box_rows_kv);
+        err = encode(k, params, k_view(params), box_rows_kv);
     }
     if (err == cudaSuccess) {
-        err = encode(v, params,
-                     kv_view(params, params.v_ptr, params.v_row_stride, params.v_head_stride, params.v_batch_stride),
-                     box_rows_kv);
+        err = encode(v, params, v_view(params), box_rows_kv);
     }
     return err;
 }
@@ -157,9 +164,7 @@ cudaError_t make_bwd_tensor_maps(const BwdParams& params, int box_rows_q, int bo
 }
 
 bool tensor_maps_fit(const FwdParams& params) {
-    return fits(q_view(params)) &&
-           fits(kv_view(params, params.k_ptr, params.k_row_stride, params.k_head_stride, params.k_batch_stride)) &&
-           fits(kv_view(params, params.v_ptr, params.v_row_stride, params.v_head_stride, params.v_batch_stride));
+    return fits(q_view(params)) && fits(k_view(params)) && fits(v_view(params));
 }
 
 bool bwd_tensor_maps_fit(const BwdParams& params) { return tensor_maps_fit(params) && fits(dout_view(params)); }

@@ -103,8 +103,10 @@ __global__ void __launch_bounds__(256) kvcache_append_kernel(const AppendParams 
         const RotaryPair pair = rotary_pair(t, rotary ? p.rotary_dim : 0, p.rotary_interleaved);
         rotate_pair(k_src, k_dst, pair, p.rotary_cos, p.rotary_sin, rotary_position(p, b, cache_row),
                     p.rotary_dim);
-        v_dst[2 * t] = v_src[2 * t];
-        v_dst[2 * t + 1] = v_src[2 * t + 1];
+        if (2 * t < p.head_dim_v) {  // v's head dim may be below k's (a multiple of 8 too)
+            v_dst[2 * t] = v_src[2 * t];
+            v_dst[2 * t + 1] = v_src[2 * t + 1];
+        }
         return;
     }
     idx -= kv_threads;

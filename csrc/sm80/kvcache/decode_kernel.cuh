@@ -239,12 +239,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) de
             kv_copy.load_async_pages(k_stage(stage), k, params.k_batch_stride, params.k_row_stride, pages.pages,
                                      pages.in_page, seqlen_k - n0, params.head_dim);
             kv_copy.load_async_pages(v_stage(stage), v, params.v_batch_stride, params.v_row_stride, pages.pages,
-                                     pages.in_page, seqlen_k - n0, params.head_dim);
+                                     pages.in_page, seqlen_k - n0, params.head_dim_v);
         } else {
             kv_copy.load_async(k_stage(stage), k + n0 * params.k_row_stride, params.k_row_stride, seqlen_k - n0,
                                params.head_dim);
             kv_copy.load_async(v_stage(stage), v + n0 * params.v_row_stride, params.v_row_stride, seqlen_k - n0,
-                               params.head_dim);
+                               params.head_dim_v);
         }
     };
 
@@ -320,7 +320,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) de
     constexpr int kQuads = Traits::kHeadDim / 4;  // 4 columns per thread and step
     for (int idx = tid; idx < kRows * kQuads; idx += Traits::kNThreads) {
         const int row = idx / kQuads, col = (idx % kQuads) * 4;
-        if (row >= seqlen_q || col >= params.head_dim) continue;
+        if (row >= seqlen_q || col >= params.head_dim_v) continue;
         float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
         for (int w = 0; w < Traits::kNWarps; ++w) {
@@ -328,7 +328,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) de
             acc.x += part.x, acc.y += part.y, acc.z += part.z, acc.w += part.w;
         }
         if (partial) {
-            *reinterpret_cast<float4*>(params.o_accum_ptr + (accum_row0 + row) * params.head_dim + col) = acc;
+            *reinterpret_cast<float4*>(params.o_accum_ptr + (accum_row0 + row) * params.head_dim_v + col) = acc;
         } else {
             *reinterpret_cast<uint2*>(out + row * params.o_row_stride + col) =
                 make_uint2(pack2<Element>(acc.x, acc.y), pack2<Element>(acc.z, acc.w));

@@ -130,11 +130,12 @@ struct KeyValueRows {
     template <typename Copy>
     __device__ __forceinline__ void load(const Copy& copy, uint32_t smem_tile, const Element* rows,
                                          int64_t row_stride, bool rows_of_v, int n0) const {
+        const int cols = rows_of_v ? params.head_dim_v : params.head_dim;  // past them: zeros
         if (Is_kvcache && paged) {
             const Element* const* addresses = staged + (buffer_of(n0) * 2 + rows_of_v) * kRows;
-            copy.template load_async_rows<Element>(smem_tile, addresses, seqlen_k - n0, params.head_dim);
+            copy.template load_async_rows<Element>(smem_tile, addresses, seqlen_k - n0, cols);
         } else {
-            copy.load_async(smem_tile, rows + n0 * row_stride, row_stride, seqlen_k - n0, params.head_dim);
+            copy.load_async(smem_tile, rows + n0 * row_stride, row_stride, seqlen_k - n0, cols);
         }
     }
 };

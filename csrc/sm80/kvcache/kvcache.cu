@@ -115,7 +115,7 @@ KvcacheWorkspace plan_kvcache(FwdParams& params, int64_t requested_splits) {
     if (params.num_splits <= 1) return {0, 0, 0};
     const int64_t rows = static_cast<int64_t>(params.num_splits) * params.batch * params.num_heads * params.seqlen_q;
     const bool decode = params.seqlen_q <= kDecodeRows;  // the decoding kernel merges its own splits
-    return {rows * params.head_dim, rows, decode ? static_cast<int64_t>(params.batch) * params.num_heads : 0};
+    return {rows * params.head_dim_v, rows, decode ? static_cast<int64_t>(params.batch) * params.num_heads : 0};
 }
 
 cudaError_t run_kvcache_append(const AppendParams& params, cudaStream_t stream) {

@@ -3,7 +3,7 @@
 // group's rows, merge_splits_kernel does the same for every row after the
 // tiled KV-cache forward. store_partial_fragment stores a split's part.
 //
-// Partial rows: fp32 [splits, B, H, Sq, head_dim] (o_accum_ptr) and [splits,
+// Partial rows: fp32 [splits, B, H, Sq, head_dim_v] (o_accum_ptr) and [splits,
 // B, H, Sq] (lse_accum_ptr); row r = (b * H + h) * Sq + i of split s is at
 // s * split_rows + r, split_rows = B * H * Sq.
 #pragma once
@@ -29,7 +29,7 @@ namespace flash::sm80 {
 template <int kBatch, typename Element>
 __device__ __forceinline__ void merge_split_columns(const FwdParams& params, int64_t row, int h, int i,
                                                     int64_t split_rows, int col, Element* out_row, float* out_lse) {
-    const bool has_col = col < params.head_dim;
+    const bool has_col = col < params.head_dim_v;
     LseMerge merge;
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
     for (int s0 = 0; s0 < params.num_splits; s0 += kBatch) {
@@ -41,7 +41,7 @@ __device__ __forceinline__ void merge_split_columns(const FwdParams& params, int
             const bool valid = s0 + j < params.num_splits;
             l[j] = valid ? __ldcg(params.lse_accum_ptr + at) : -INFINITY;
             o[j] = valid && has_col
-                       ? __ldcg(reinterpret_cast<const float4*>(params.o_accum_ptr + at * params.head_dim + col))
+                       ? __ldcg(reinterpret_cast<const float4*>(params.o_accum_ptr + at * params.head_dim_v + col))
                        : make_float4(0.f, 0.f, 0.f, 0.f);
         }
         float batch_max = merge.max_lse;
@@ -81,10 +81,10 @@ __device__ __forceinline__ void store_partial_fragment(const FwdParams& params, 
             const int row = row0 + mt * 16 + half * 8 + lane / 4;
             if (row >= seqlen_q) continue;
             if (lane % 4 == 0) params.lse_accum_ptr[split_row0 + row] = lse[mt * 2 + half];
-            float* dst = params.o_accum_ptr + (split_row0 + row) * params.head_dim + (lane % 4) * 2;
+            float* dst = params.o_accum_ptr + (split_row0 + row) * params.head_dim_v + (lane % 4) * 2;
 #pragma unroll
             for (int j = 0; j < kNTilesO; ++j) {
-                if (j * 8 < params.head_dim) {
+                if (j * 8 < params.head_dim_v) {
                     *reinterpret_cast<float2*>(dst + j * 8) = make_float2(o[mt][j][2 * half], o[mt][j][2 * half + 1]);
                 }
             }
@@ -99,7 +99,7 @@ constexpr int kMergeThreads = 256;
 
 template <typename Element>
 __global__ void __launch_bounds__(kMergeThreads) merge_splits_kernel(const FwdParams params) {
-    const int quads = params.head_dim / 4;
+    const int quads = params.head_dim_v / 4;
     const int64_t split_rows = static_cast<int64_t>(params.batch) * params.num_heads * params.seqlen_q;
     const int64_t idx = static_cast<int64_t>(blockIdx.x) * kMergeThreads + threadIdx.x;
     if (idx >= split_rows * quads) return;
@@ -116,7 +116,7 @@ __global__ void __launch_bounds__(kMergeThreads) merge_splits_kernel(const FwdPa
 
 inline int64_t merge_splits_blocks(const FwdParams& params) {
     const int64_t threads =
-        static_cast<int64_t>(params.batch) * params.num_heads * params.seqlen_q * (params.head_dim / 4);
+        static_cast<int64_t>(params.batch) * params.num_heads * params.seqlen_q * (params.head_dim_v / 4);
     return (threads + kMergeThreads - 1) / kMergeThreads;
 }
 
