@@ -25,7 +25,11 @@ causal): softcap=30, ALiBi and dropout_p=0.1 against plain attention. Sinks (iss
 plain, forward and backward): learnable_sink, and with it a gradient through the LSE, against plain
 attention at D=64 and D=128 (bf16, B=2, H=16, S=8192, causal). Combine (issue 21: at least 70% of copy
 bandwidth): flash_attn_combine of 8 fp32 splits of (B=1, S=8192, H=32, D=128) into bf16, in GB/s of the
-bytes it must move, against a device copy of out_partial (torch's copy_, read and write).
+bytes it must move, against a device copy of out_partial (torch's copy_, read and write). MLA head dims
+(issue 21: at least 1.15x faster than v padded, forward and backward): q and k of head dim 192, v of
+128 (DeepSeek's training and prefill shapes; bf16, B=2, H=16, S=8192, causal and not) against the same
+call with v zero-padded to 192 and out sliced back (what a caller without dv != d support runs); TFLOP/s
+count q k^T at 192 and P V at 128 for both.
 
 Each timed pass is fwd (out = fn()) and fwdbwd (forward and backward of out against a random dout);
 the backends of a case are timed three times in turn, each keeping its best median.
@@ -270,9 +274,31 @@ def combine_rows(timers, quick):
     return rows
 
 
+def mla_rows(timers, passes, quick):
+    from flashattn import flash_attn_func
+
+    seqlen, head_dim, v_head_dim = 4096 if quick else 8192, 192, 128
+    gen = torch.Generator(device="cuda").manual_seed(6)
+    q, k = (torch.randn(2, seqlen, HEADS, head_dim, generator=gen, device="cuda", dtype=DTYPE).requires_grad_()
+            for _ in range(2))
+    v = torch.randn(2, seqlen, HEADS, v_head_dim, generator=gen, device="cuda", dtype=DTYPE).requires_grad_()
+    rows = []
+    for causal in (False, True):
+        fns = {
+            f"v of {v_head_dim}": ((lambda causal=causal: flash_attn_func(q, k, v, causal=causal)), (q, k, v)),
+            f"v padded to {head_dim}": ((lambda causal=causal: flash_attn_func(
+                q, k, F.pad(v, (0, head_dim - v_head_dim)), causal=causal)[..., :v_head_dim]), (q, k, v)),
+        }
+        # Useful FLOPs: q k^T over 192 columns, P V over 128 (attention_flops counts both at its head dim).
+        flops = 2 * attention_flops(1, HEADS, seqlen, (head_dim + v_head_dim) // 2, causal=causal)
+        case = f"B=2 S={seqlen} H={HEADS} D={head_dim} Dv={v_head_dim}{' causal' if causal else ''}"
+        rows += rows_for("mla", case, fns, flops, timers, passes)
+    return rows
+
+
 def feature_rows(timers, quick=False, passes=PASSES):
     return (varlen_rows(timers, passes, quick) + window_rows(timers, passes, quick) + extras_rows(timers, passes, quick)
-            + sink_rows(timers, passes, quick) + combine_rows(timers, quick))
+            + sink_rows(timers, passes, quick) + combine_rows(timers, quick) + mla_rows(timers, passes, quick))
 
 
 def markdown(rows):
@@ -283,7 +309,8 @@ def markdown(rows):
               "window": "Sliding window (bf16; TFLOP/s as if full non-causal; time vs full non-causal)",
               "extras": "Softcap, ALiBi, dropout (bf16, causal; time vs plain)",
               "sinks": "Learnable sinks (bf16, causal; time vs plain)",
-              "combine": "flash_attn_combine (the TFLOP/s column is GB/s moved; time vs the combine)"}
+              "combine": "flash_attn_combine (the TFLOP/s column is GB/s moved; time vs the combine)",
+              "mla": "MLA head dims, v narrower than q and k (bf16; time vs v of 128)"}
     for section, title in titles.items():
         sec = [r for r in rows if r.section == section]
         if not sec:
