@@ -220,9 +220,9 @@ def paged_calls(dtype) -> int:
 
 def model_feature_calls(dtype) -> int:
     """Learnable sinks (forward, and backward through out and the LSE: dsink and dlse), a KV-cache
-    decode with a sink over split-KV, and flash_attn_combine with head dims that leave lanes of a
-    warp without a column; returns the number of calls."""
-    from flashattn import flash_attn_combine, flash_attn_func, flash_attn_with_kvcache
+    decode with a sink over split-KV, flash_attn_combine with head dims that leave lanes of a warp
+    without a column, and v narrower than q and k; returns the number of calls."""
+    from flashattn import flash_attn_combine, flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache
 
     calls = 0
     for head_dim, causal in itertools.product((64, 128, 200), (False, True)):
@@ -243,6 +243,26 @@ def model_feature_calls(dtype) -> int:
         lse_partial = torch.randn(splits, *shape[:-1], device="cuda")
         flash_attn_combine(out_partial, lse_partial, out_dtype=dtype)
         calls += 1
+    # v narrower than q and k (issue 21): sm90's forward compiled for 192 / 128, and kernels whose V tiles
+    # have whole column blocks past v's head dim (192 / 40, 128 / 8: not copied on sm90), forward and
+    # backward, padded and packed rows, and a split-KV decode and an append with a narrower v_cache.
+    for (head_dim, v_head_dim), causal in itertools.product(((192, 128), (192, 40), (128, 8), (64, 24)),
+                                                            (False, True)):
+        q, k = (torch.randn(2, s, 4, head_dim, device="cuda", dtype=dtype, requires_grad=True) for s in (190, 211))
+        v = torch.randn(2, 211, 4, v_head_dim, device="cuda", dtype=dtype, requires_grad=True)
+        out = flash_attn_func(q, k, v, causal=causal)
+        out.backward(torch.randn_like(out))
+        cu = torch.tensor([0, 100, 190], device="cuda", dtype=torch.int32)
+        out = flash_attn_varlen_func(q[0], k[0, :190], v[0, :190], cu, cu, 90, 100, causal=causal)
+        out.backward(torch.randn_like(out))
+        calls += 4
+    cache_k = torch.randn(2, 300, 2, 192, device="cuda", dtype=dtype)
+    cache_v = torch.randn(2, 300, 2, 128, device="cuda", dtype=dtype)
+    flash_attn_with_kvcache(torch.randn(2, 1, 4, 192, device="cuda", dtype=dtype), cache_k, cache_v,
+                            k=torch.randn(2, 1, 2, 192, device="cuda", dtype=dtype),
+                            v=torch.randn(2, 1, 2, 128, device="cuda", dtype=dtype),
+                            cache_seqlens=torch.tensor([290, 17], device="cuda", dtype=torch.int32), num_splits=3)
+    calls += 1
     return calls
 
 
@@ -268,7 +288,7 @@ def main() -> None:
     flashattn.check_faults()  # the block tables' out-of-range entries past each sequence were never read
     print(f"sanitize driver: {forward_calls} forward and {backward_calls} backward calls completed "
           f"(sweep {args.sweep}), {kvcache} KV-cache calls, {paged} paged varlen calls and {features} "
-          "calls of sinks and combine")
+          "calls of sinks, combine and narrower v")
 
 
 if __name__ == "__main__":

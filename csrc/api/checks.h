@@ -391,6 +391,10 @@ void check_kvcache(const at::Tensor& q, const at::Tensor& k_cache, const at::Ten
     const Layout layout{false};
     check_input(q, "q", q, layout);
     check_input(k_cache, "k_cache", q, layout);
+    // v_cache's head dim before its strides: an empty one (dv 0) has no row to align.
+    if (q.dim() == 4 && k_cache.dim() == 4 && v_cache.dim() == 4) {
+        check_v_head_dim(q, k_cache, v_cache, {"q", "k_cache", "v_cache"});
+    }
     check_input(v_cache, "v_cache", q, layout);
     TORCH_CHECK_VALUE(readable_in_place(k_cache) && readable_in_place(v_cache),
                       "flashattn: k_cache and v_cache must start at 16-byte aligned addresses (they are written "
@@ -404,7 +408,6 @@ void check_kvcache(const at::Tensor& q, const at::Tensor& k_cache, const at::Ten
     TORCH_CHECK_VALUE(head_dim >= 1 && head_dim <= flash::kMaxHeadDim,
                       "flashattn: headdim ", str(head_dim), " is not supported by flash_attn_with_kvcache; "
                       "accepted: 1 to ", str(flash::kMaxHeadDim));
-    check_v_head_dim(q, k_cache, v_cache, {"q", "k_cache", "v_cache"});
     TORCH_CHECK_VALUE(head_dim % kAlignElems == 0 && v_cache.size(3) % kAlignElems == 0,
                       "flashattn: the KV-cache kernels need head dims that are multiples of ", str(kAlignElems),
                       " (got ", str(head_dim), v_cache.size(3) == head_dim ? "" : " and v_cache's " +
