@@ -3,8 +3,9 @@ training and prefill) and QK 128 / V 64 style pairs.
 
 q and k have d, v has dv <= d; out, dout and dV have dv, dQ and dK d; the LSE does not depend on v. On
 CPU tensors flashattn.cpu computes dv columns as they are. On CUDA the kernels read dv columns of v
-(kernels compiled for a narrower V where one is: sm90's 192 / 128); the public functions pad d and dv
-each to a multiple of 8 for them and slice the results back (flashattn.interface._kernel_padding). The
+(kernels compiled for a narrower V where one is: 192 / 128 in sm90's forward and sm80's backward);
+the public functions pad d and dv each to a multiple of 8 for them and slice the results back
+(flashattn.interface._kernel_padding). The
 `kernel_path` cases run that padding on CPU tensors too, forced, so that CI covers it. The checks and bounds are those of each layout's own sweep
 (style.md's: the fp32 reference, twice PyTorch's same-dtype error for outputs, three times for
 gradients, poisoned outputs): tests/test_features.py (padded batches: causal, windows, softcap, ALiBi,

@@ -2,5 +2,5 @@
 #include "sm80/bwd_launch.cuh"
 
 namespace flash::sm80 {
-template cudaError_t run_bwd_<__nv_bfloat16, 256, true, true>(const BwdParams&, cudaStream_t);
+template cudaError_t run_bwd_<__nv_bfloat16, 256, 256, true, true>(const BwdParams&, cudaStream_t);
 }  // namespace flash::sm80

@@ -137,9 +137,10 @@ __device__ __forceinline__ void add_dq_share(float* dq_accum, int64_t dq_row_str
 }
 
 // The dK/dV kernel's shared memory (BwdKernelTraits): the block's K and V tiles
-// (read by every step, then reused to stage dK and dV on the way out),
-// kStages stages of Q and dO, the step's query rows' lse and D, and the step's
-// P^T and dS^T tiles, which the dV, dK and dQ GEMMs read back.
+// (read by every step, then reused to stage dK and dV on the way out; V's is
+// kHeadDimV wide), kStages stages of Q and dO (dO's kHeadDimV wide), the
+// step's query rows' lse and D, and the step's P^T and dS^T tiles, which the
+// dV, dK and dQ GEMMs read back.
 template <typename Traits>
 struct DkDvSmem {
     // Generic pointers for the fragment stores and the final copy out; shared-
@@ -173,7 +174,7 @@ struct DkDvSmem {
 
 // This thread's place in the dK/dV kernel's warp grid (BwdKernelTraits): its
 // warp's keys (rows of S^T, dK and dV), queries (columns of S^T) and head-dim
-// chunks (n8 tiles of dK and dV).
+// chunks (n8 tiles of dK, and of dV, which is kHeadDimV wide).
 template <typename Traits>
 struct DkDvWarp {
     static constexpr int kWarpKeys = 32;  // two m16 tiles, so each operand read serves both
@@ -182,14 +183,16 @@ struct DkDvWarp {
     int lane, warp;
     int key_row0;    // of the K tile
     int query_col0;  // of the streamed Q tile
-    int d_chunk0;
+    int d_chunk0;   // of dK
+    int dv_chunk0;  // of dV
 
     __device__ __forceinline__ explicit DkDvWarp(int tid)
         : lane(tid % 32),
           warp(tid / 32),
           key_row0((warp / Traits::kQueryWarps) * kWarpKeys),
           query_col0((warp % Traits::kQueryWarps) * Traits::kWarpQueries),
-          d_chunk0((warp % Traits::kQueryWarps) * Traits::kNTilesDkv) {}
+          d_chunk0((warp % Traits::kQueryWarps) * Traits::kNTilesDk),
+          dv_chunk0((warp % Traits::kQueryWarps) * Traits::kNTilesDv) {}
 };
 
 // Starts the copies of the block's K and V tiles (keys n0 .. n0 + kOwnRows of
@@ -197,14 +200,15 @@ struct DkDvWarp {
 template <typename Traits>
 __device__ __forceinline__ void load_key_value_tiles_async(
     const BwdParams& params, const TileCopy<typename Traits::OwnTile, Traits::kNThreads>& own_copy,
-    const DkDvSmem<Traits>& tiles, int batch, int head_k, const Sequence& seq, int n0) {
+    const TileCopy<typename Traits::OwnTileV, Traits::kNThreads>& own_copy_v, const DkDvSmem<Traits>& tiles,
+    int batch, int head_k, const Sequence& seq, int n0) {
     using Element = typename Traits::Element;
     const Element* k = static_cast<const Element*>(params.k_ptr) + batch * params.k_batch_stride +
                        head_k * params.k_head_stride + (seq.k_start + n0) * params.k_row_stride;
     const Element* v = static_cast<const Element*>(params.v_ptr) + batch * params.v_batch_stride +
                        head_k * params.v_head_stride + (seq.k_start + n0) * params.v_row_stride;
     own_copy.load_async(tiles.k_smem, k, params.k_row_stride, seq.seqlen_k - n0, params.head_dim);
-    own_copy.load_async(tiles.v_smem, v, params.v_row_stride, seq.seqlen_k - n0, params.head_dim_v);
+    own_copy_v.load_async(tiles.v_smem, v, params.v_row_stride, seq.seqlen_k - n0, params.head_dim_v);
 }
 
 // Starts a step's Q and dO copies (queries m0 .. m0 + kStreamRows of query head
@@ -214,16 +218,16 @@ __device__ __forceinline__ void load_key_value_tiles_async(
 template <typename Traits>
 __device__ __forceinline__ void load_query_tiles_async(
     const BwdParams& params, const TileCopy<typename Traits::StreamTile, Traits::kNThreads>& stream_copy,
-    const DkDvSmem<Traits>& tiles, int stage, int batch, int head, const Sequence& seq, int m0, int tid,
-    float& step_lse, float& step_dsum) {
+    const TileCopy<typename Traits::StreamTileV, Traits::kNThreads>& stream_copy_v, const DkDvSmem<Traits>& tiles,
+    int stage, int batch, int head, const Sequence& seq, int m0, int tid, float& step_lse, float& step_dsum) {
     using Element = typename Traits::Element;
     const Element* q = static_cast<const Element*>(params.q_ptr) + batch * params.q_batch_stride +
                        head * params.q_head_stride + (seq.q_start + m0) * params.q_row_stride;
     const Element* dout = static_cast<const Element*>(params.do_ptr) + batch * params.do_batch_stride +
                           head * params.do_head_stride + (seq.q_start + m0) * params.do_row_stride;
     stream_copy.load_async(tiles.q_stage(stage), q, params.q_row_stride, seq.seqlen_q - m0, params.head_dim);
-    stream_copy.load_async(tiles.do_stage(stage), dout, params.do_row_stride, seq.seqlen_q - m0,
-                           params.head_dim_v);
+    stream_copy_v.load_async(tiles.do_stage(stage), dout, params.do_row_stride, seq.seqlen_q - m0,
+                             params.head_dim_v);
     if (tid < Traits::kStreamRows) {
         const int64_t row = batch * params.lse_batch_stride + head * params.lse_head_stride + seq.q_start + m0 + tid;
         const bool valid = m0 + tid < seq.seqlen_q;
@@ -306,8 +310,8 @@ __device__ __forceinline__ void store_ds_transposed(
     const int lane = warp_tile.lane;
     float ds[kKeyMTiles][kNTilesS][4];
     clear(ds);
-    gemm_smem_smem<Element, kKeyMTiles, kNTilesS, Traits::kKStepsD, typename Traits::OwnTile,
-                   typename Traits::StreamTile>(ds, tiles.v_smem, key_row0, do_smem, query_col0, opaque(lane));
+    gemm_smem_smem<Element, kKeyMTiles, kNTilesS, Traits::kKStepsDv, typename Traits::OwnTileV,
+                   typename Traits::StreamTileV>(ds, tiles.v_smem, key_row0, do_smem, query_col0, opaque(lane));
 #pragma unroll
     for (int j = 0; j < kNTilesS; ++j) {
 #pragma unroll
@@ -331,26 +335,26 @@ __device__ __forceinline__ void store_ds_transposed(
 // out of every step; they are staged through the K and V tiles (no longer
 // read) and stored with 16-byte writes.
 template <typename Traits, bool Has_dK, bool Has_dV>
-__device__ __forceinline__ void store_dk_dv(float (&dk)[DkDvWarp<Traits>::kKeyMTiles][Traits::kNTilesDkv][4],
-                                            float (&dv)[DkDvWarp<Traits>::kKeyMTiles][Traits::kNTilesDkv][4],
+__device__ __forceinline__ void store_dk_dv(float (&dk)[DkDvWarp<Traits>::kKeyMTiles][Traits::kNTilesDk][4],
+                                            float (&dv)[DkDvWarp<Traits>::kKeyMTiles][Traits::kNTilesDv][4],
                                             const BwdParams& params,
                                             const TileCopy<typename Traits::OwnTile, Traits::kNThreads>& own_copy,
+                                            const TileCopy<typename Traits::OwnTileV, Traits::kNThreads>& own_copy_v,
                                             const DkDvSmem<Traits>& tiles, const DkDvWarp<Traits>& warp_tile, int batch,
                                             int head_k, const Sequence& seq, int n0, bool has_dropout) {
     using Element = typename Traits::Element;
-    using OwnTile = typename Traits::OwnTile;
     const int key_row0 = warp_tile.key_row0;
-    const int d_chunk0 = warp_tile.d_chunk0;
     const int lane = warp_tile.lane;
     cp_async_wait<0>();  // with no query tile the K/V copies may still be in flight
     __syncthreads();     // and every warp is done reading K and V
     if constexpr (Has_dK) {
         scale(dk, params.softmax_scale);
-        store_fragment<Element, OwnTile>(dk, tiles.k_smem_ptr, key_row0, d_chunk0, lane);
+        store_fragment<Element, typename Traits::OwnTile>(dk, tiles.k_smem_ptr, key_row0, warp_tile.d_chunk0, lane);
     }
     if constexpr (Has_dV) {
         if (has_dropout) scale(dv, params.dropout_rescale);
-        store_fragment<Element, OwnTile>(dv, tiles.v_smem_ptr, key_row0, d_chunk0, lane);
+        store_fragment<Element, typename Traits::OwnTileV>(dv, tiles.v_smem_ptr, key_row0, warp_tile.dv_chunk0,
+                                                           lane);
     }
     __syncthreads();  // every warp's rows are staged
     if constexpr (Has_dK) {
@@ -361,7 +365,7 @@ __device__ __forceinline__ void store_dk_dv(float (&dk)[DkDvWarp<Traits>::kKeyMT
     if constexpr (Has_dV) {
         Element* dv_out = static_cast<Element*>(params.dv_ptr) + batch * params.dv_batch_stride +
                           head_k * params.dv_head_stride + (seq.k_start + n0) * params.dv_row_stride;
-        own_copy.store(tiles.v_smem_ptr, dv_out, params.dv_row_stride, seq.seqlen_k - n0, params.head_dim_v);
+        own_copy_v.store(tiles.v_smem_ptr, dv_out, params.dv_row_stride, seq.seqlen_k - n0, params.head_dim_v);
     }
 }
 
@@ -376,12 +380,14 @@ __global__ void __launch_bounds__(Traits::kNThreads) bwd_dk_dv_kernel(const BwdP
     static_assert(!Has_dQ || Has_dK, "dQ needs dS, which the dK pass computes");
     using Element = typename Traits::Element;
     using StreamTile = typename Traits::StreamTile;
+    using StreamTileV = typename Traits::StreamTileV;
     using ScoreTile = typename Traits::ScoreTile;
     constexpr int kOwnRows = Traits::kOwnRows;
     constexpr int kStreamRows = Traits::kStreamRows;
     constexpr int kNThreads = Traits::kNThreads;
     constexpr int kNTilesS = Traits::kNTilesS;
-    constexpr int kNTilesDkv = Traits::kNTilesDkv;
+    constexpr int kNTilesDk = Traits::kNTilesDk;
+    constexpr int kNTilesDv = Traits::kNTilesDv;
     constexpr int kKeyMTiles = DkDvWarp<Traits>::kKeyMTiles;
 
     extern __shared__ __align__(128) char smem[];
@@ -399,12 +405,14 @@ __global__ void __launch_bounds__(Traits::kNThreads) bwd_dk_dv_kernel(const BwdP
     const bool has_dropout = Has_extras && params.rng_state != nullptr;
 
     const TileCopy<typename Traits::OwnTile, kNThreads> own_copy(tid);
+    const TileCopy<typename Traits::OwnTileV, kNThreads> own_copy_v(tid);
     const TileCopy<StreamTile, kNThreads> stream_copy(tid);
-    load_key_value_tiles_async<Traits>(params, own_copy, tiles, batch, head_k, seq, n0);
+    const TileCopy<StreamTileV, kNThreads> stream_copy_v(tid);
+    load_key_value_tiles_async<Traits>(params, own_copy, own_copy_v, tiles, batch, head_k, seq, n0);
     cp_async_commit();
 
-    float dk[kKeyMTiles][kNTilesDkv][4];
-    float dv[kKeyMTiles][kNTilesDkv][4];
+    float dk[kKeyMTiles][kNTilesDk][4];
+    float dv[kKeyMTiles][kNTilesDv][4];
     clear(dk);
     clear(dv);
 
@@ -420,8 +428,8 @@ __global__ void __launch_bounds__(Traits::kNThreads) bwd_dk_dv_kernel(const BwdP
     auto m0_of = [&](int t) { return (m_begin + t % m_tiles) * kStreamRows; };
     float step_lse = -INFINITY, step_dsum = 0.f;  // the loading step's row, this thread's
     auto load_step = [&](int t, int stage) {
-        load_query_tiles_async<Traits>(params, stream_copy, tiles, stage, batch, head_of(t), seq, m0_of(t), tid,
-                                       step_lse, step_dsum);
+        load_query_tiles_async<Traits>(params, stream_copy, stream_copy_v, tiles, stage, batch, head_of(t), seq,
+                                       m0_of(t), tid, step_lse, step_dsum);
     };
 
     // dQ buffer [B, Sq, H, D] ([total_q, H, D]; fp32, contiguous) of the current query head.
@@ -443,12 +451,12 @@ __global__ void __launch_bounds__(Traits::kNThreads) bwd_dk_dv_kernel(const BwdP
         __syncthreads();  // the whole P^T and dS^T tiles, every warp's part, are in place
 
         if constexpr (Has_dV) {  // dV += P^T dO
-            gemm_smem_kn<Element, false, kKeyMTiles, kNTilesDkv, Traits::kKStepsStream, ScoreTile, StreamTile>(
-                dv, smem_addr(tiles.p_smem_ptr), warp_tile.key_row0, do_smem, warp_tile.d_chunk0,
+            gemm_smem_kn<Element, false, kKeyMTiles, kNTilesDv, Traits::kKStepsStream, ScoreTile, StreamTileV>(
+                dv, smem_addr(tiles.p_smem_ptr), warp_tile.key_row0, do_smem, warp_tile.dv_chunk0,
                 opaque(warp_tile.lane));
         }
         if constexpr (Has_dK) {  // dK += dS^T Q (scaled once, at the end)
-            gemm_smem_kn<Element, false, kKeyMTiles, kNTilesDkv, Traits::kKStepsStream, ScoreTile, StreamTile>(
+            gemm_smem_kn<Element, false, kKeyMTiles, kNTilesDk, Traits::kKStepsStream, ScoreTile, StreamTile>(
                 dk, smem_addr(tiles.ds_smem_ptr), warp_tile.key_row0, q_smem, warp_tile.d_chunk0,
                 opaque(warp_tile.lane));
         }
@@ -498,8 +506,8 @@ __global__ void __launch_bounds__(Traits::kNThreads) bwd_dk_dv_kernel(const BwdP
         }
     }
 
-    store_dk_dv<Traits, Has_dK, Has_dV>(dk, dv, params, own_copy, tiles, warp_tile, batch, head_k, seq, n0,
-                                        has_dropout);
+    store_dk_dv<Traits, Has_dK, Has_dV>(dk, dv, params, own_copy, own_copy_v, tiles, warp_tile, batch, head_k, seq,
+                                        n0, has_dropout);
 }
 
 // The forward's lse (in base 2) and D of this thread's two rows of the dQ
@@ -564,7 +572,9 @@ __global__ void __launch_bounds__(Traits::kNThreads) bwd_dq_kernel(const BwdPara
     static_assert(Traits::kOwnRows == 16 * Traits::kNWarps, "each warp owns 16 query rows");
     using Element = typename Traits::Element;
     using OwnTile = typename Traits::OwnTile;
+    using OwnTileV = typename Traits::OwnTileV;
     using StreamTile = typename Traits::StreamTile;
+    using StreamTileV = typename Traits::StreamTileV;
     constexpr int kOwnRows = Traits::kOwnRows;
     constexpr int kStreamRows = Traits::kStreamRows;
     constexpr int kNThreads = Traits::kNThreads;
@@ -595,7 +605,9 @@ __global__ void __launch_bounds__(Traits::kNThreads) bwd_dq_kernel(const BwdPara
                                        : DropoutRng{};
 
     const TileCopy<OwnTile, kNThreads> own_copy(tid);
+    const TileCopy<OwnTileV, kNThreads> own_copy_v(tid);
     const TileCopy<StreamTile, kNThreads> stream_copy(tid);
+    const TileCopy<StreamTileV, kNThreads> stream_copy_v(tid);
     const Element* q = static_cast<const Element*>(params.q_ptr) + batch * params.q_batch_stride +
                        head * params.q_head_stride + (seq.q_start + m0) * params.q_row_stride;
     const Element* dout = static_cast<const Element*>(params.do_ptr) + batch * params.do_batch_stride +
@@ -605,7 +617,7 @@ __global__ void __launch_bounds__(Traits::kNThreads) bwd_dq_kernel(const BwdPara
     const Element* v = static_cast<const Element*>(params.v_ptr) + batch * params.v_batch_stride +
                        head_k * params.v_head_stride + seq.k_start * params.v_row_stride;
     own_copy.load_async(q_smem, q, params.q_row_stride, seqlen_q - m0, params.head_dim);
-    own_copy.load_async(do_smem, dout, params.do_row_stride, seqlen_q - m0, params.head_dim_v);
+    own_copy_v.load_async(do_smem, dout, params.do_row_stride, seqlen_q - m0, params.head_dim_v);
     cp_async_commit();
 
     float lse_log2[2], dsum[2];  // this thread's two rows (g and g + 8 of the warp's 16)
@@ -621,8 +633,8 @@ __global__ void __launch_bounds__(Traits::kNThreads) bwd_dq_kernel(const BwdPara
         __syncthreads();  // every warp is done with the previous K, V
         stream_copy.load_async(k_smem, k + n0 * params.k_row_stride, params.k_row_stride, seqlen_k - n0,
                                params.head_dim);
-        stream_copy.load_async(v_smem, v + n0 * params.v_row_stride, params.v_row_stride, seqlen_k - n0,
-                               params.head_dim_v);
+        stream_copy_v.load_async(v_smem, v + n0 * params.v_row_stride, params.v_row_stride, seqlen_k - n0,
+                                 params.head_dim_v);
         cp_async_commit();
         cp_async_wait<0>();
         __syncthreads();
@@ -642,7 +654,7 @@ __global__ void __launch_bounds__(Traits::kNThreads) bwd_dq_kernel(const BwdPara
         if constexpr (Is_masked) apply_mask<Is_local>(p, m0 + warp_row0, n0, window, lane);
         float ds[1][Traits::kNTilesStream][4];  // dP = dO V^T, then dS
         clear(ds);
-        gemm_smem_smem<Element, 1, Traits::kNTilesStream, Traits::kKStepsD, OwnTile, StreamTile>(
+        gemm_smem_smem<Element, 1, Traits::kNTilesStream, Traits::kKStepsDv, OwnTileV, StreamTileV>(
             ds, do_smem, warp_row0, v_smem, 0, lane);
         ds_from_dp<Has_extras>(ds, p, dtanh, keep_bits, lse_log2, dsum, params, has_dropout);
         // dQ += dS K (scaled once, at the end)

@@ -1,4 +1,4 @@
-// Launches the backward kernels for one (dtype, head dim, local, extras) instantiation.
+// Launches the backward kernels for one (dtype, head dim, V head dim, local, extras) instantiation.
 #pragma once
 
 #include "sm80/bwd_kernel.cuh"
@@ -85,7 +85,7 @@ cudaError_t launch_bwd(const BwdParams& params, cudaStream_t stream) {
         const dim3 grid_q((params.seqlen_q + Traits::kOwnRows - 1) / Traits::kOwnRows, params.num_heads,
                           params.batch);
         using DqTraits = BwdKernelTraits<Traits::kHeadDim, typename Traits::Element,
-                                         BwdDqConfig<typename Traits::Config>>;
+                                         BwdDqConfig<typename Traits::Config>, Traits::kHeadDimV>;
         return launch_with_smem(&bwd_dq_kernel<DqTraits, Is_local, Has_extras>, grid_q, DqTraits::kNThreads,
                                 DqTraits::kSmemBytesDq, params, stream);
     }
@@ -95,16 +95,20 @@ cudaError_t launch_bwd(const BwdParams& params, cudaStream_t stream) {
     return launch_convert_dq<typename Traits::Element>(params, stream);
 }
 
-template <typename Element, int kHeadDim, bool Is_local, bool Has_extras>
+// kHeadDimV: kHeadDim, or the narrower V head dim compiled for it
+// (kernel_traits.h: kNarrowHeadDimV), which the call's head_dim_v fits. Its
+// smaller V and dO tiles may bring the fast config within sm_86/sm_89's 99 KB
+// (DeepSeek MLA's 192 / 128: 96.5 KB), so that those GPUs run it too.
+template <typename Element, int kHeadDim, int kHeadDimV, bool Is_local, bool Has_extras>
 cudaError_t run_bwd_(const BwdParams& params, cudaStream_t stream) {
     cudaError_t err = launch_dot_do_o<Element>(params, stream);
     if (err != cudaSuccess) return err;
 
-    using Fast = BwdKernelTraits<kHeadDim, Element>;
+    using Fast = BwdKernelTraits<kHeadDim, Element, BwdConfig<kHeadDim>, kHeadDimV>;
     if constexpr (Fast::kSmemBytes <= kSmallSmemPerBlock) {
         return launch_bwd<Fast, Is_local, Has_extras>(params, stream);
     } else {
-        using Small = BwdKernelTraits<kHeadDim, Element, BwdSmallSmemConfig<kHeadDim>>;
+        using Small = BwdKernelTraits<kHeadDim, Element, BwdSmallSmemConfig<kHeadDim>, kHeadDimV>;
         static_assert(Small::kSmemBytes <= kSmallSmemPerBlock, "the small-smem config must fit sm_86/sm_89");
         return params.max_smem_per_block >= Fast::kSmemBytes
                    ? launch_bwd<Fast, Is_local, Has_extras>(params, stream)

@@ -1,7 +1,9 @@
 // The sm80 family's forward and backward entry points (sm80.h): runtime (dtype,
-// head dim, local, extras; paged keys) -> one compiled instantiation.
+// head dim, local, extras; paged keys; the backward's V head dim) -> one
+// compiled instantiation.
 #include "common/flash.h"
 #include "common/static_switch.h"
+#include "sm80/kernel_traits.h"
 #include "sm80/sm80.h"
 
 namespace flash::sm80 {
@@ -9,11 +11,31 @@ namespace flash::sm80 {
 // Defined in instantiations/sm80_{fwd,bwd}_*.cu.
 template <typename Element, int kHeadDim, bool Is_local, bool Has_extras>
 cudaError_t run_fwd_(const FwdParams& params, cudaStream_t stream);
-template <typename Element, int kHeadDim, bool Is_local, bool Has_extras>
+template <typename Element, int kHeadDim, int kHeadDimV, bool Is_local, bool Has_extras>
 cudaError_t run_bwd_(const BwdParams& params, cudaStream_t stream);
 // Defined in instantiations/sm80_fwd_paged_*.cu.
 template <typename Element, int kHeadDim, bool Has_extras>
 cudaError_t run_fwd_paged_(const FwdParams& params, cudaStream_t stream);
+
+namespace {
+
+// The compiled (head dim, V head dim) of the backward kernel that serves a
+// call: the head dim's (FLASH_HEADDIM_SWITCH), and V's the narrower one
+// compiled for it where v (so dout and dv) fits (kernel_traits.h:
+// kNarrowHeadDimV), else the same. f is called as
+// f.template operator()<kHeadDim, kHeadDimV>().
+template <typename F>
+auto bwd_head_dims_switch(const BwdParams& params, F&& f) {
+    return FLASH_HEADDIM_SWITCH(params.head_dim, kHeadDim, [&] {
+        constexpr int kNarrowV = kNarrowHeadDimV<kHeadDim>;
+        if constexpr (kNarrowV > 0) {
+            if (params.head_dim_v <= kNarrowV) return f.template operator()<kHeadDim, kNarrowV>();
+        }
+        return f.template operator()<kHeadDim, kHeadDim>();
+    });
+}
+
+}  // namespace
 
 int fwd_counters(const FwdParams&) { return 0; }
 
@@ -39,10 +61,10 @@ cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream) {
 
 cudaError_t run_bwd(const BwdParams& params, cudaStream_t stream) {
     return FLASH_DTYPE_SWITCH(params.dtype, Element, [&] {
-        return FLASH_HEADDIM_SWITCH(params.head_dim, kHeadDim, [&] {
+        return bwd_head_dims_switch(params, [&]<int kHeadDim, int kHeadDimV>() {
             return FLASH_BOOL_SWITCH(params.is_local, Is_local, [&] {
                 return FLASH_BOOL_SWITCH(params.has_extras, Has_extras, [&] {
-                    return run_bwd_<Element, kHeadDim, Is_local, Has_extras>(params, stream);
+                    return run_bwd_<Element, kHeadDim, kHeadDimV, Is_local, Has_extras>(params, stream);
                 });
             });
         });

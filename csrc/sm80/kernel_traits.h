@@ -155,40 +155,55 @@ template <typename Config> struct BwdDqConfig {
     static constexpr int kStages = 1;
 };
 
+// The narrower V head dim the backward is compiled for under a head dim, 0
+// where there is none (dispatch.cu runs a call whose v, dout and dv are at most
+// that wide on it): DeepSeek MLA's 128 under Q and K's 192, whose dV, dO and
+// the dP = dO V^T and dV = P^T dO GEMMs are then 128 wide instead of 192. The
+// tile config stays the head dim's (BwdConfig): Q and K decide the tile shape.
+template <int kHeadDim> constexpr int kNarrowHeadDimV = 0;
+template <> constexpr int kNarrowHeadDimV<192> = 128;
+
 // Backward tiles and warp layouts. In the dK/dV kernel each step recomputes
 // the transposed scores S^T = K Q^T [own keys, streamed queries]: the warps
 // form a grid of kKeyWarps x kQueryWarps, each holding 32 keys x
 // kStreamRows / kQueryWarps queries, which writes P^T and dS^T to shared
 // memory; then dV += P^T dO and dK += dS^T Q split the same warps into
-// kKeyWarps x kQueryWarps tiles of 32 keys x kHeadDim / kQueryWarps columns,
-// and dQ = dS K (fused path) is cut into units of kDqRows queries x kDqCols
-// columns dealt round-robin to the warps. Each GEMM operand a warp reads from
-// shared memory then serves two m16 tiles, which is what bounds this kernel
-// (NOTES.md, b4). The dQ kernel gives each warp 16 own query rows (BwdDqConfig).
-template <int kHeadDim_, typename Element_, typename Config_ = BwdConfig<kHeadDim_>>
+// kKeyWarps x kQueryWarps tiles of 32 keys x kHeadDimV / kQueryWarps (dV) or
+// kHeadDim / kQueryWarps (dK) columns, and dQ = dS K (fused path) is cut into
+// units of kDqRows queries x kDqCols columns dealt round-robin to the warps.
+// Each GEMM operand a warp reads from shared memory then serves two m16 tiles,
+// which is what bounds this kernel (NOTES.md, b4). The dQ kernel gives each
+// warp 16 own query rows (BwdDqConfig). kHeadDimV is V's head dim (dO's and
+// dV's): kHeadDim's, or a narrower one (kNarrowHeadDimV); Q, K, dQ and dK keep
+// kHeadDim.
+template <int kHeadDim_, typename Element_, typename Config_ = BwdConfig<kHeadDim_>, int kHeadDimV_ = kHeadDim_>
 struct BwdKernelTraits {
     using Element = Element_;
     using Config = Config_;
     static constexpr int kHeadDim = kHeadDim_;
+    static constexpr int kHeadDimV = kHeadDimV_;
     static constexpr int kNWarps = Config::kNWarps;
     static constexpr int kNThreads = kNWarps * 32;
     static constexpr int kOwnRows = Config::kOwnRows;
     static constexpr int kStreamRows = Config::kStreamRows;
-    static constexpr int kKStepsD = kHeadDim / 16;          // k16 steps of a GEMM over the head dim
+    static constexpr int kKStepsD = kHeadDim / 16;          // k16 steps of S = Q K^T (S^T = K Q^T)
+    static constexpr int kKStepsDv = kHeadDimV / 16;        // k16 steps of dP = dO V^T (dP^T = V dO^T)
     static constexpr int kKStepsStream = kStreamRows / 16;  // k16 steps of a GEMM over the stream rows
     static constexpr int kKStepsOwn = kOwnRows / 16;        // k16 steps of a GEMM over the own rows
-    // dK and dV accumulators take 2 * kOwnRows * kHeadDim / kNThreads fp32
-    // registers per thread: past 128 the dK/dV kernel runs twice, once per
-    // gradient.
-    static constexpr bool kSplitDkDv = 2 * kOwnRows * kHeadDim / kNThreads > 128;
+    // dK and dV accumulators take kOwnRows * (kHeadDim + kHeadDimV) / kNThreads
+    // fp32 registers per thread: past 128 the dK/dV kernel runs twice, once
+    // per gradient.
+    static constexpr bool kSplitDkDv = kOwnRows * (kHeadDim + kHeadDimV) / kNThreads > 128;
 
     // dK/dV kernel warp grid.
     static constexpr int kKeyWarps = kOwnRows / 32;
     static constexpr int kQueryWarps = kNWarps / kKeyWarps;
     static constexpr int kWarpQueries = kStreamRows / kQueryWarps;  // of S^T, per warp
     static constexpr int kNTilesS = kWarpQueries / 8;               // n8 tiles of a warp's S^T
-    static constexpr int kWarpCols = kHeadDim / kQueryWarps;        // of dK, dV, per warp
-    static constexpr int kNTilesDkv = kWarpCols / 8;                // n8 tiles of a warp's dK, dV
+    static constexpr int kWarpCols = kHeadDim / kQueryWarps;        // of dK, per warp
+    static constexpr int kNTilesDk = kWarpCols / 8;                 // n8 tiles of a warp's dK
+    static constexpr int kWarpColsV = kHeadDimV / kQueryWarps;      // of dV, per warp
+    static constexpr int kNTilesDv = kWarpColsV / 8;                // n8 tiles of a warp's dV
     // dQ units of the fused path: 32 x 32, or smaller where that leaves warps idle.
     static constexpr bool kDqWide = (kStreamRows / 32) * (kHeadDim / 32) >= kNWarps;
     static constexpr bool kDqTall = kDqWide || (kStreamRows / 32) * (kHeadDim / 16) >= kNWarps;
@@ -200,17 +215,22 @@ struct BwdKernelTraits {
     static constexpr int kNTilesStream = kStreamRows / 8;  // n8 tiles of a dQ-kernel warp's S
     static constexpr int kNTilesD = kHeadDim / 8;          // n8 tiles of a dQ-kernel warp's dQ
 
+    // Each side's tiles in pairs, the one kHeadDim wide first, then the one
+    // kHeadDimV wide: K, V own and Q, dO streamed in the dK/dV kernel; Q, dO
+    // own and K, V streamed in the dQ kernel.
     using OwnTile = SmemTile<kOwnRows, kHeadDim>;
+    using OwnTileV = SmemTile<kOwnRows, kHeadDimV>;
     using StreamTile = SmemTile<kStreamRows, kHeadDim>;
+    using StreamTileV = SmemTile<kStreamRows, kHeadDimV>;
     using ScoreTile = SmemTile<kOwnRows, kStreamRows>;  // P^T and dS^T [keys, queries]
     // dK/dV kernel: K, V own; kStages stages of Q, dO streamed; their rows' lse
     // and D; P^T, dS^T. dQ kernel: Q, dO own; one stage of K, V streamed.
     static constexpr int kStages = Config::kStages;
     static constexpr int kSmemOwnOffset0 = 0;
     static constexpr int kSmemOwnOffset1 = OwnTile::kBytes;
-    static constexpr int kSmemStreamOffset0 = 2 * OwnTile::kBytes;
+    static constexpr int kSmemStreamOffset0 = kSmemOwnOffset1 + OwnTileV::kBytes;
     static constexpr int kSmemStreamOffset1 = kSmemStreamOffset0 + StreamTile::kBytes;
-    static constexpr int kSmemStageBytes = 2 * StreamTile::kBytes;
+    static constexpr int kSmemStageBytes = StreamTile::kBytes + StreamTileV::kBytes;
     static constexpr int kSmemBytesDq = kSmemStreamOffset0 + kSmemStageBytes;
     static constexpr int kSmemRowStatsOffset = kSmemStreamOffset0 + kStages * kSmemStageBytes;
     static constexpr int kSmemPOffset = kSmemRowStatsOffset + 2 * kStreamRows * 4;
@@ -219,7 +239,12 @@ struct BwdKernelTraits {
     static constexpr int kSmemBytes = kSmemBytesDkDv;  // the larger of the two
 
     static_assert(kOwnRows % 32 == 0 && kNWarps % kKeyWarps == 0, "32 keys per warp of the S^T grid");
-    static_assert(kNTilesS % 2 == 0 && kNTilesDkv % 2 == 0 && kNTilesStream % 2 == 0 && kDqCols % 16 == 0,
+    static_assert(kHeadDimV <= kHeadDim && kHeadDimV % 32 == 0,
+                  "V's head dim: kHeadDim's or narrower, whole 32-column tiles (SmemTile)");
+    static_assert(kHeadDim % (16 * kQueryWarps) == 0 && kHeadDimV % (16 * kQueryWarps) == 0,
+                  "each warp's dK and dV columns are whole pairs of n8 tiles");
+    static_assert(kNTilesS % 2 == 0 && kNTilesDk % 2 == 0 && kNTilesDv % 2 == 0 && kNTilesStream % 2 == 0 &&
+                      kDqCols % 16 == 0,
                   "ldmatrix.x4 loads two n8 tiles");
     static_assert(kWarpQueries % 16 == 0, "a warp's P^T columns are whole k16 steps of the dQ GEMM");
     static_assert(kStreamRows % kDqRows == 0 && kHeadDim % kDqCols == 0, "whole dQ units");
