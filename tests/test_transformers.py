@@ -33,6 +33,13 @@ def calls(monkeypatch):
     return seen
 
 
+@pytest.fixture(autouse=True)
+def fresh_fallback_warnings(monkeypatch):
+    """The fallback warns once per reason and process: each test starts with none given, so that a
+    fallback in it warns whatever ran before."""
+    monkeypatch.setattr(fa_hf, "_warned", set())
+
+
 def tiny_llama(seed: int):
     config = transformers.LlamaConfig(vocab_size=97, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
                                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
@@ -123,3 +130,19 @@ def test_sinks_and_softcap_fall_back_exactly():
     scores = 2.0 * torch.tanh((query @ key.repeat_interleave(2, 1).transpose(-1, -2)) * 0.25 / 2.0)
     probs = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
     torch.testing.assert_close(capped, (probs @ value.repeat_interleave(2, 1)).transpose(1, 2))
+
+
+def test_fallback_without_a_mask_masks_as_flashattn_would():
+    """A call without a mask (transformers builds none for plain causal attention) that falls back (here
+    for a position_bias) attends causally and in the window, as flash_attn_func would have."""
+    gen = torch.Generator().manual_seed(case_seed("no mask"))
+    query, key, value = (torch.randn(1, 2, 7, 8, generator=gen) for _ in range(3))
+    bias = torch.randn(1, 2, 7, 7, generator=gen)
+    module = _Module().eval()
+    with pytest.warns(UserWarning, match="position_bias"):
+        ours, _ = fa_hf.attention_forward(module, query, key, value, None, scaling=0.5, position_bias=bias,
+                                          sliding_window=3)
+    rows, cols = torch.arange(7).unsqueeze(1), torch.arange(7)
+    hidden = (cols > rows) | (cols <= rows - 3)  # keys after the query, or 3 and more before it
+    probs = torch.softmax((query @ key.transpose(-1, -2) * 0.5 + bias).masked_fill(hidden, float("-inf")), dim=-1)
+    torch.testing.assert_close(ours, (probs @ value).transpose(1, 2))

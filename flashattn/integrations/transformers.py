@@ -60,18 +60,21 @@ def attention_forward(module, query: Tensor, key: Tensor, value: Tensor, attenti
     window = kwargs.get("sliding_window") or getattr(module, "sliding_window", None)
     softcap = kwargs.get("softcap") or 0.0
     extras = {"softcap": softcap, "s_aux": kwargs.get("s_aux"), "position_bias": kwargs.get("position_bias")}
+    options = {"softmax_scale": scaling, "softcap": softcap,
+               "window_size": (window - 1, -1) if window else (-1, -1),  # W keys: this one and W - 1 before
+               "dropout_p": dropout if module.training else 0.0}
+    seqlen_q, seqlen_k = query.shape[2], key.shape[2]
+    if attention_mask is None and causal and seqlen_q > 1 and seqlen_k > seqlen_q:
+        # As transformers' SDPA path: an empty static cache's slots past the prompt (top-left causal).
+        key, value, seqlen_k = key[:, :, :seqlen_q], value[:, :, :seqlen_q], seqlen_q
     if extras["s_aux"] is not None or extras["position_bias"] is not None:
         _fallback("attention sinks (s_aux) or a position_bias, which flashattn's kernels do not take")
+        if attention_mask is None:  # what flash_attn_func would mask: the causal (or full) pattern in the window
+            every_key = torch.ones(query.shape[0], seqlen_k, dtype=torch.bool, device=query.device)
+            attention_mask = _pattern(every_key, seqlen_q, causal, options["window_size"][0]).unsqueeze(1)
         return _eager(module, query, key, value, attention_mask, dropout, scaling, **extras), None
-    options = {"softmax_scale": scaling, "softcap": softcap,
-               "window_size": (window - 1, -1) if window else (-1, -1),
-               "dropout_p": dropout if module.training else 0.0}
     q, k, v = (t.transpose(1, 2) for t in (query, key, value))  # (B, S, H, D) views
-    seqlen_q, seqlen_k = q.shape[1], k.shape[1]
     if attention_mask is None:
-        if causal and seqlen_q > 1 and seqlen_k > seqlen_q:
-            # As transformers' SDPA path: an empty static cache's slots past the prompt (top-left causal).
-            k, v = k[:, :seqlen_q], v[:, :seqlen_q]
         return flash_attn_func(q, k, v, causal=causal and seqlen_q > 1, **options), None
     if attention_mask.dtype != torch.bool or attention_mask.dim() != 4 or attention_mask.shape[1] != 1:
         _fallback(f"an attention mask of dtype {attention_mask.dtype} and shape {tuple(attention_mask.shape)}")
