@@ -105,12 +105,18 @@ class _Module(torch.nn.Module):
     sliding_window = None
 
 
-def test_sinks_and_softcap_fall_back_exactly():
-    """Attention sinks (s_aux, as gpt-oss passes them) are not in flashattn's kernels: the call warns and
-    computes them as transformers' own gpt-oss eager function does; a softcap with an arbitrary mask
-    keeps the softcap in the fallback."""
+def _gpt_oss_eager(module, query, key, value, mask, scaling, sinks):
+    """transformers' gpt-oss eager attention on a boolean mask (it adds the mask: 0 / -inf)."""
     from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward
 
+    module.sinks = torch.nn.Parameter(sinks.to(query.dtype), requires_grad=False)  # it reads them from the module
+    float_mask = torch.zeros(mask.shape, dtype=query.dtype).masked_fill(~mask, float("-inf"))
+    return eager_attention_forward(module, query, key, value, float_mask, scaling=scaling, dropout=0.0)[0]
+
+
+def test_fallback_keeps_sinks_and_softcap_exactly():
+    """A mask flashattn cannot serve (an arbitrary one) warns and runs the attention the way transformers'
+    eager functions do: with gpt-oss's sinks, as its own eager function computes them; with a softcap."""
     gen = torch.Generator().manual_seed(case_seed("sinks"))
     query, key, value = (torch.randn(2, h, 9, 16, generator=gen, dtype=torch.float64) for h in (4, 2, 2))
     mask = torch.rand(2, 1, 9, 9, generator=gen) < 0.7
@@ -118,13 +124,10 @@ def test_sinks_and_softcap_fall_back_exactly():
     module = _Module().eval()
     module.num_key_value_groups = 2
     sinks = torch.randn(4, generator=gen, dtype=torch.float64)
-    module.sinks = torch.nn.Parameter(sinks, requires_grad=False)  # gpt-oss's eager reads them from the module
-    with pytest.warns(UserWarning, match="sinks"):
+    with pytest.warns(UserWarning, match="not the causal or full pattern"):
         ours, _ = fa_hf.attention_forward(module, query, key, value, mask, scaling=0.25, s_aux=sinks)
-    float_mask = torch.zeros(mask.shape, dtype=torch.float64).masked_fill(~mask, float("-inf"))
-    expected, _ = eager_attention_forward(module, query, key, value, float_mask, scaling=0.25, dropout=0.0,
-                                          s_aux=sinks)
-    torch.testing.assert_close(ours, expected)
+    torch.testing.assert_close(ours, _gpt_oss_eager(module, query, key, value, mask, 0.25, sinks))
+    fa_hf._warned.clear()
     with pytest.warns(UserWarning, match="not the causal or full pattern"):
         capped, _ = fa_hf.attention_forward(module, query, key, value, mask, scaling=0.25, softcap=2.0)
     scores = 2.0 * torch.tanh((query @ key.repeat_interleave(2, 1).transpose(-1, -2)) * 0.25 / 2.0)
@@ -145,4 +148,17 @@ def test_fallback_without_a_mask_masks_as_flashattn_would():
     rows, cols = torch.arange(7).unsqueeze(1), torch.arange(7)
     hidden = (cols > rows) | (cols <= rows - 3)  # keys after the query, or 3 and more before it
     probs = torch.softmax((query @ key.transpose(-1, -2) * 0.5 + bias).masked_fill(hidden, float("-inf")), dim=-1)
+    torch.testing.assert_close(ours, (probs @ value).transpose(1, 2))
+
+
+def test_value_head_dim_above_query_falls_back():
+    """v's head dim above q's (no model has it; flashattn's kernels take dv <= d): plain PyTorch, warned."""
+    gen = torch.Generator().manual_seed(case_seed("dv > d"))
+    query, key = (torch.randn(1, 2, 5, 8, generator=gen) for _ in range(2))
+    value = torch.randn(1, 2, 5, 16, generator=gen)
+    module = _Module().eval()
+    with pytest.warns(UserWarning, match="value head dim above"):
+        ours, _ = fa_hf.attention_forward(module, query, key, value, None, scaling=0.5)
+    probs = torch.softmax((query @ key.transpose(-1, -2) * 0.5).masked_fill(torch.ones(5, 5).triu(1).bool(),
+                                                                              float("-inf")), dim=-1)
     torch.testing.assert_close(ours, (probs @ value).transpose(1, 2))
