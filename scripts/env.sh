@@ -77,10 +77,13 @@ _fa_pick_python() {
 
 # numpy, pytest, setuptools>=64 (PEP 660 editable installs; plus wheel for a
 # setuptools older than 70.1) importable and a ninja binary on PATH (torch's
-# cpp_extension runs `ninja`); pip only for what is missing. hypothesis is
-# installed into the repo's .venv; elsewhere (no network) it is only reported.
+# cpp_extension runs `ninja`); pip only for what is missing. hypothesis and
+# transformers (pinned: tests/test_transformers.py builds its models from
+# transformers' own modeling code, which changes between releases) are
+# installed into the repo's .venv; elsewhere (no network) they are only
+# reported. transformers without extras requires no torch: the venv's stays.
 _fa_ensure_tools() {
-    local ninja_dir missing
+    local ninja_dir missing transformers_pin=5.17.0
     if ! command -v ninja >/dev/null 2>&1; then
         ninja_dir="$("$PY" -c 'import ninja; print(ninja.BIN_DIR)' 2>/dev/null ||
                      "$PY" -c 'import sysconfig; print(sysconfig.get_path("scripts"))')"
@@ -105,6 +108,10 @@ EOF
     if [ "$PY" = "$_fa_root/.venv/bin/python" ] && ! "$PY" -c "import hypothesis" >/dev/null 2>&1; then
         missing="$missing hypothesis"
     fi
+    if [ "$PY" = "$_fa_root/.venv/bin/python" ] &&
+       [ "$("$PY" -c 'import importlib.metadata as md; print(md.version("transformers"))' 2>/dev/null)" != "$transformers_pin" ]; then
+        missing="$missing transformers==$transformers_pin"
+    fi
     if [ -n "${missing// /}" ]; then
         _fa_log "installing missing tools: $missing"
         # shellcheck disable=SC2046,SC2086  # word splitting is wanted
@@ -117,6 +124,8 @@ EOF
     fi
     "$PY" -c "import hypothesis" >/dev/null 2>&1 ||
         _fa_log "note: hypothesis is not installed for $PY; tests that need it will skip"
+    "$PY" -c 'import importlib.util as iu, sys; sys.exit(iu.find_spec("transformers") is None)' ||
+        _fa_log "note: transformers is not installed for $PY; tests/test_transformers.py will skip"
     local package
     for package in ${FLASHATTN_EXTRA_PACKAGES:-}; do
         "$PY" -c "import $package" >/dev/null 2>&1 && continue

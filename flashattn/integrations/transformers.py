@@ -12,10 +12,22 @@ flash_attn package or a hub kernel), so the name must not contain it: the defaul
 name, SDPA's boolean mask builder to AttentionMaskInterface, so the function receives either no mask
 (pure causal or full attention, which it runs as flash_attn_func) or a boolean 4-D mask (True =
 attend). A mask that is the causal or full pattern cut by a key-padding mask (left padding in
-generation; any padding without causality) runs as one flash_attn_varlen_func call over the kept
-keys; any other mask, attention sinks (s_aux) or a position_bias run the attention in plain
-PyTorch the way transformers' eager functions do (softcap included), after a one-time warning. Nothing is
-dropped silently: the padding pattern is checked element for element against the mask it came from.
+generation; any padding without causality), each optionally cut by the layer's sliding window, runs
+as one flash_attn_varlen_func call over the kept keys. Nothing is dropped silently: the pattern is
+checked element for element against the mask it came from.
+
+What the models pass besides q, k, v and the mask is served by the kernels too:
+- `sliding_window=W` (Mistral, gpt-oss's sliding layers; or the module's `sliding_window`):
+  transformers' masks let query i see keys j with i - W < j <= i, W keys counting its own, which is
+  flashattn's window_size=(W - 1, 0) with causal;
+- `s_aux` (gpt-oss's sinks, one logit per query head that joins each row's softmax without a
+  value): flashattn's learnable_sink, cast to fp32 (a differentiable cast: the sinks still train);
+- a value head dim below the query's (DeepSeek-V2/V3's MLA, e.g. 192 and 128): v goes in as it is,
+  and out comes back with v's head dim. No name of ours contains "flash", so transformers never pads
+  v for us (5.17 pads it in its own flash integration only).
+Any other mask, a `position_bias` or a value head dim above the query's runs the attention in plain
+PyTorch the way transformers' eager functions do (softcap and sinks included), after a one-time
+warning.
 """
 
 from __future__ import annotations
@@ -55,23 +67,29 @@ def _fallback(reason: str) -> None:
 def attention_forward(module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None,
                       dropout: float = 0.0, scaling: float | None = None, is_causal: bool | None = None,
                       **kwargs) -> tuple[Tensor, None]:
-    """transformers' attention signature: query (B, H, Sq, D), key/value (B, Hk, Sk, D) -> ((B, Sq, H, D), None)."""
+    """transformers' attention signature: query (B, H, Sq, D), key (B, Hk, Sk, D), value (B, Hk, Sk, Dv), Dv <= D
+    -> ((B, Sq, H, Dv), None)."""
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     window = kwargs.get("sliding_window") or getattr(module, "sliding_window", None)
     softcap = kwargs.get("softcap") or 0.0
-    extras = {"softcap": softcap, "s_aux": kwargs.get("s_aux"), "position_bias": kwargs.get("position_bias")}
-    if extras["s_aux"] is not None or extras["position_bias"] is not None:
-        _fallback("attention sinks (s_aux) or a position_bias, which flashattn's kernels do not take")
-        return _eager(module, query, key, value, attention_mask, dropout, scaling, **extras), None
+    sinks = kwargs.get("s_aux")
+    extras = {"softcap": softcap, "s_aux": sinks, "position_bias": kwargs.get("position_bias")}
     options = {"softmax_scale": scaling, "softcap": softcap,
-               "window_size": (window - 1, -1) if window else (-1, -1),
-               "dropout_p": dropout if module.training else 0.0}
+               "window_size": (window - 1, -1) if window else (-1, -1),  # W keys: this one and W - 1 before
+               "dropout_p": dropout if module.training else 0.0,
+               "learnable_sink": sinks.float() if sinks is not None else None}
+    seqlen_q, seqlen_k = query.shape[2], key.shape[2]
+    if attention_mask is None and causal and seqlen_q > 1 and seqlen_k > seqlen_q:
+        # As transformers' SDPA path: an empty static cache's slots past the prompt (top-left causal).
+        key, value, seqlen_k = key[:, :, :seqlen_q], value[:, :, :seqlen_q], seqlen_q
+    if extras["position_bias"] is not None or value.shape[-1] > query.shape[-1]:
+        _fallback("a position_bias, or a value head dim above the query's, which flashattn's kernels do not take")
+        if attention_mask is None:  # what flash_attn_func would mask: the causal (or full) pattern in the window
+            every_key = torch.ones(query.shape[0], seqlen_k, dtype=torch.bool, device=query.device)
+            attention_mask = _pattern(every_key, seqlen_q, causal, options["window_size"][0]).unsqueeze(1)
+        return _eager(module, query, key, value, attention_mask, dropout, scaling, **extras), None
     q, k, v = (t.transpose(1, 2) for t in (query, key, value))  # (B, S, H, D) views
-    seqlen_q, seqlen_k = q.shape[1], k.shape[1]
     if attention_mask is None:
-        if causal and seqlen_q > 1 and seqlen_k > seqlen_q:
-            # As transformers' SDPA path: an empty static cache's slots past the prompt (top-left causal).
-            k, v = k[:, :seqlen_q], v[:, :seqlen_q]
         return flash_attn_func(q, k, v, causal=causal and seqlen_q > 1, **options), None
     if attention_mask.dtype != torch.bool or attention_mask.dim() != 4 or attention_mask.shape[1] != 1:
         _fallback(f"an attention mask of dtype {attention_mask.dtype} and shape {tuple(attention_mask.shape)}")
@@ -84,14 +102,16 @@ def attention_forward(module, query: Tensor, key: Tensor, value: Tensor, attenti
     for causal_pattern in (True, False):
         pattern = _pattern(keep, seqlen_q, causal_pattern, options["window_size"][0])
         if torch.equal(pattern, mask) and (not causal_pattern or _suffix(keep)):
-            out = _varlen(q, k, v, keep, causal_pattern, options)
-            return out, None
+            if bool(keep.all()):  # no padding, only the window (sliding layers): no keys to pack
+                return flash_attn_func(q, k, v, causal=causal_pattern, **options), None
+            return _varlen(q, k, v, keep, causal_pattern, options), None
     _fallback("an attention mask that is not the causal or full pattern cut by key padding")
     return _eager(module, query, key, value, attention_mask, dropout, scaling, **extras), None
 
 
 def _pattern(keep: Tensor, seqlen_q: int, causal: bool, left: int) -> Tensor:
-    """[B, Sq, Sk] bool: query i (at key position i + Sk - Sq) sees kept key j (j <= its position if causal)."""
+    """[B, Sq, Sk] bool: query i (at key position p = i + Sk - Sq) sees kept key j (j <= p if causal,
+    j >= p - left if left >= 0)."""
     seqlen_k = keep.shape[1]
     keys = torch.arange(seqlen_k, device=keep.device)
     positions = torch.arange(seqlen_q, device=keep.device).unsqueeze(1) + seqlen_k - seqlen_q
