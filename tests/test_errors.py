@@ -686,6 +686,9 @@ def _binding_cases():
         ("batch", lambda q, k, v: args(q, k[:1], v[:1]), ValueError, "batch sizes differ"),
         ("head dim %8", lambda q, k, v: args(q[..., :60], k[..., :60], v[..., :60]), ValueError,
          "multiple of 8 (got 60)"),
+        ("v head dim %8", lambda q, k, v: args(q, k, v[..., :44]), ValueError, "multiple of 8 (got 64, v's 44)"),
+        ("v head dim over q's", lambda q, k, v: args(q[..., :32], k[..., :32], v[..., :40]), ValueError,
+         "v has headdim 40 (q (2, 30, 4, 32), k (2, 40, 2, 32), v (2, 40, 2, 40)); accepted: 1 to 32"),
         ("heads", lambda q, k, v: args(q[:, :, :3], k, v), ValueError, "query heads (q.shape[2] = 3) must be a multiple"),
     ]
 

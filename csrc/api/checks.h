@@ -230,9 +230,9 @@ void check_qkv(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, co
     check_last_dim_contiguous(v, "v");
     // What only the kernels need comes last, so that the checks cpu.py shares come in its order.
     TORCH_CHECK_VALUE(head_dim % kAlignElems == 0 && v.size(-1) % kAlignElems == 0,
-                      "flashattn: the kernel needs head dims that are multiples of ", str(kAlignElems), " (got ",
-                      str(head_dim), v.size(-1) == head_dim ? "" : " and v's " + str(v.size(-1)),
-                      "); flash_attn_func pads them for you");
+                      "flashattn: the kernel needs head_dim to be a multiple of ", str(kAlignElems), " (got ",
+                      str(head_dim), v.size(-1) == head_dim ? "" : ", v's " + str(v.size(-1)),
+                      "); flash_attn_func pads it for you");
     TORCH_CHECK_VALUE(num_heads <= 65535 && (layout.varlen || q.size(0) <= 65535), "flashattn: batch and heads (",
                       str(num_heads), ") must each be at most 65535");
     TORCH_CHECK_VALUE(layout.rows(q) <= INT32_MAX && layout.rows(k) <= INT32_MAX,
@@ -409,8 +409,8 @@ void check_kvcache(const at::Tensor& q, const at::Tensor& k_cache, const at::Ten
                       "flashattn: headdim ", str(head_dim), " is not supported by flash_attn_with_kvcache; "
                       "accepted: 1 to ", str(flash::kMaxHeadDim));
     TORCH_CHECK_VALUE(head_dim % kAlignElems == 0 && v_cache.size(3) % kAlignElems == 0,
-                      "flashattn: the KV-cache kernels need head dims that are multiples of ", str(kAlignElems),
-                      " (got ", str(head_dim), v_cache.size(3) == head_dim ? "" : " and v_cache's " +
+                      "flashattn: the KV-cache kernels need head_dim to be a multiple of ", str(kAlignElems),
+                      " (got ", str(head_dim), v_cache.size(3) == head_dim ? "" : ", v_cache's " +
                       str(v_cache.size(3)), ")");
     TORCH_CHECK_VALUE(num_heads_k > 0 && num_heads % num_heads_k == 0, "flashattn: the number of query heads (",
                       str(num_heads), ") must be a multiple of the number of key/value heads in k_cache (",
