@@ -92,6 +92,12 @@ template cudaError_t run_bwd_<{element}, {head_dim}, {local}, {softcap}, {determ
 """
 
 
+def v_head_dims(head_dim: int, narrow: dict[int, int]) -> list[tuple[int, str]]:
+    """The V head dims compiled for a head dim (its own, and the narrower one listed in `narrow`), each
+    with its file-name part ("" for its own, "_v128" for a narrower 128)."""
+    return [(head_dim, "")] + ([(narrow[head_dim], f"_v{narrow[head_dim]}")] if head_dim in narrow else [])
+
+
 def expected_files() -> dict[str, str]:
     files = {}
     for dtype, element in DTYPES.items():
@@ -103,8 +109,7 @@ def expected_files() -> dict[str, str]:
                                                       extras=str(extras).lower())
     for dtype, element in DTYPES.items():
         for head_dim in HEAD_DIMS:
-            for head_dim_v in [head_dim] + ([SM80_BWD_NARROW_V[head_dim]] if head_dim in SM80_BWD_NARROW_V else []):
-                v_name = "" if head_dim_v == head_dim else f"_v{head_dim_v}"
+            for head_dim_v, v_name in v_head_dims(head_dim, SM80_BWD_NARROW_V):
                 for local in LOCAL:
                     for extras in EXTRAS:
                         name = (f"{FAMILY}_bwd_{dtype}_hdim{head_dim}{v_name}{'_local' if local else ''}"
@@ -119,8 +124,7 @@ def expected_files() -> dict[str, str]:
                     PAGED_TEMPLATE.format(element=element, head_dim=head_dim, extras=str(extras).lower())
     for dtype, element in DTYPES.items():
         for head_dim in SM90_HEAD_DIMS:
-            for head_dim_v in [head_dim] + ([SM90_NARROW_V[head_dim]] if head_dim in SM90_NARROW_V else []):
-                v_name = "" if head_dim_v == head_dim else f"_v{head_dim_v}"
+            for head_dim_v, v_name in v_head_dims(head_dim, SM90_NARROW_V):
                 for local in LOCAL:
                     for softcap in SOFTCAP:
                         name = (f"sm90_fwd_{dtype}_hdim{head_dim}{v_name}{'_local' if local else ''}"
