@@ -28,8 +28,9 @@ bandwidth): flash_attn_combine of 8 fp32 splits of (B=1, S=8192, H=32, D=128) in
 bytes it must move, against a device copy of out_partial (torch's copy_, read and write). MLA head dims
 (issue 21: at least 1.15x faster than v padded, forward and backward): q and k of head dim 192, v of
 128 (DeepSeek's training and prefill shapes; bf16, B=2, H=16, S=8192, causal and not) against the same
-call with v zero-padded to 192 and out sliced back (what a caller without dv != d support runs); TFLOP/s
-count q k^T at 192 and P V at 128 for both.
+call with v zero-padded to 192 and out sliced back (what a caller without dv != d support runs), and
+SDPA's flash, cuDNN and efficient backends on the same tensors; TFLOP/s count q k^T at 192 and P V at
+128 for all.
 
 Each timed pass is fwd (out = fn()) and fwdbwd (forward and backward of out against a random dout);
 the backends of a case are timed three times in turn, each keeping its best median.
@@ -43,7 +44,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from torch.nn.attention import sdpa_kernel
+
 from benchmarks.arguments import add_out
+from benchmarks.backends import SDPA_BACKENDS, sdpa_fn
 from benchmarks.environment import RESULTS_ROOT, header_lines, results_folder, start_gpu_run
 from benchmarks.timing import best_of_rounds
 from flashattn.testing import PASS_FLOP_FACTORS, attention_flops
@@ -289,6 +293,14 @@ def mla_rows(timers, passes, quick):
             f"v padded to {head_dim}": ((lambda causal=causal: flash_attn_func(
                 q, k, F.pad(v, (0, head_dim - v_head_dim)), causal=causal)[..., :v_head_dim]), (q, k, v)),
         }
+        # SDPA's backends on the same tensors (v of 128; a backend that refuses the shape gets its reason).
+        for name, backend in SDPA_BACKENDS.items():
+            call = sdpa_fn(q, k, v, causal, head_dim**-0.5)
+
+            def in_backend(call=call, backend=backend):
+                with sdpa_kernel(backend):
+                    return call()
+            fns[f"SDPA {name}"] = (in_backend, (q, k, v))
         # Useful FLOPs: q k^T over 192 columns, P V over 128 (attention_flops counts both at its head dim).
         flops = 2 * attention_flops(1, HEADS, seqlen, (head_dim + v_head_dim) // 2, causal=causal)
         case = f"B=2 S={seqlen} H={HEADS} D={head_dim} Dv={v_head_dim}{' causal' if causal else ''}"

@@ -39,3 +39,22 @@
         else if ((HEADDIM) <= 192) { constexpr static int CONST_NAME = 192; return __VA_ARGS__(); } \
         else { constexpr static int CONST_NAME = 256; return __VA_ARGS__(); }                    \
     }()
+
+namespace flash {
+
+// The compiled (head dim, V head dim) of the kernel that serves a call: the head
+// dim's (FLASH_HEADDIM_SWITCH), and V's the narrower one a family compiles for it
+// (narrow_v(kHeadDim); 0 where there is none) when v (so out, dout, dv) fits,
+// else the head dim itself. f is called as f.template operator()<kHeadDim, kHeadDimV>().
+template <int (*narrow_v)(int), typename F>
+auto head_dims_switch(int head_dim, int head_dim_v, F&& f) {
+    return FLASH_HEADDIM_SWITCH(head_dim, kHeadDim, [&] {
+        constexpr int kNarrowV = narrow_v(kHeadDim);
+        if constexpr (kNarrowV > 0) {
+            if (head_dim_v <= kNarrowV) return f.template operator()<kHeadDim, kNarrowV>();
+        }
+        return f.template operator()<kHeadDim, kHeadDim>();
+    });
+}
+
+}  // namespace flash

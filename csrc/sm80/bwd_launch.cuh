@@ -96,7 +96,7 @@ cudaError_t launch_bwd(const BwdParams& params, cudaStream_t stream) {
 }
 
 // kHeadDimV: kHeadDim, or the narrower V head dim compiled for it
-// (kernel_traits.h: kNarrowHeadDimV), which the call's head_dim_v fits. Its
+// (kernel_traits.h: narrow_head_dim_v), which the call's head_dim_v fits. Its
 // smaller V and dO tiles may bring the fast config within sm_86/sm_89's 99 KB
 // (DeepSeek MLA's 192 / 128: 96.5 KB), so that those GPUs run it too.
 template <typename Element, int kHeadDim, int kHeadDimV, bool Is_local, bool Has_extras>

@@ -17,26 +17,6 @@ cudaError_t run_bwd_(const BwdParams& params, cudaStream_t stream);
 template <typename Element, int kHeadDim, bool Has_extras>
 cudaError_t run_fwd_paged_(const FwdParams& params, cudaStream_t stream);
 
-namespace {
-
-// The compiled (head dim, V head dim) of the backward kernel that serves a
-// call: the head dim's (FLASH_HEADDIM_SWITCH), and V's the narrower one
-// compiled for it where v (so dout and dv) fits (kernel_traits.h:
-// kNarrowHeadDimV), else the same. f is called as
-// f.template operator()<kHeadDim, kHeadDimV>().
-template <typename F>
-auto bwd_head_dims_switch(const BwdParams& params, F&& f) {
-    return FLASH_HEADDIM_SWITCH(params.head_dim, kHeadDim, [&] {
-        constexpr int kNarrowV = kNarrowHeadDimV<kHeadDim>;
-        if constexpr (kNarrowV > 0) {
-            if (params.head_dim_v <= kNarrowV) return f.template operator()<kHeadDim, kNarrowV>();
-        }
-        return f.template operator()<kHeadDim, kHeadDim>();
-    });
-}
-
-}  // namespace
-
 int fwd_counters(const FwdParams&) { return 0; }
 
 BwdWorkspace bwd_workspace(const BwdParams& params) { return {/*dq_accum=*/!params.deterministic, /*semaphores=*/0}; }
@@ -61,13 +41,15 @@ cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream) {
 
 cudaError_t run_bwd(const BwdParams& params, cudaStream_t stream) {
     return FLASH_DTYPE_SWITCH(params.dtype, Element, [&] {
-        return bwd_head_dims_switch(params, [&]<int kHeadDim, int kHeadDimV>() {
+        // V's head dim: the narrower one compiled for the head dim where v, dout and dv fit it.
+        auto run = [&]<int kHeadDim, int kHeadDimV>() {
             return FLASH_BOOL_SWITCH(params.is_local, Is_local, [&] {
                 return FLASH_BOOL_SWITCH(params.has_extras, Has_extras, [&] {
                     return run_bwd_<Element, kHeadDim, kHeadDimV, Is_local, Has_extras>(params, stream);
                 });
             });
-        });
+        };
+        return head_dims_switch<narrow_head_dim_v>(params.head_dim, params.head_dim_v, run);
     });
 }
 

@@ -160,8 +160,7 @@ template <typename Config> struct BwdDqConfig {
 // that wide on it): DeepSeek MLA's 128 under Q and K's 192, whose dV, dO and
 // the dP = dO V^T and dV = P^T dO GEMMs are then 128 wide instead of 192. The
 // tile config stays the head dim's (BwdConfig): Q and K decide the tile shape.
-template <int kHeadDim> constexpr int kNarrowHeadDimV = 0;
-template <> constexpr int kNarrowHeadDimV<192> = 128;
+constexpr int narrow_head_dim_v(int head_dim) { return head_dim == 192 ? 128 : 0; }
 
 // Backward tiles and warp layouts. In the dK/dV kernel each step recomputes
 // the transposed scores S^T = K Q^T [own keys, streamed queries]: the warps
@@ -174,7 +173,7 @@ template <> constexpr int kNarrowHeadDimV<192> = 128;
 // Each GEMM operand a warp reads from shared memory then serves two m16 tiles,
 // which is what bounds this kernel (NOTES.md, b4). The dQ kernel gives each
 // warp 16 own query rows (BwdDqConfig). kHeadDimV is V's head dim (dO's and
-// dV's): kHeadDim's, or a narrower one (kNarrowHeadDimV); Q, K, dQ and dK keep
+// dV's): kHeadDim's, or a narrower one (narrow_head_dim_v); Q, K, dQ and dK keep
 // kHeadDim.
 template <int kHeadDim_, typename Element_, typename Config_ = BwdConfig<kHeadDim_>, int kHeadDimV_ = kHeadDim_>
 struct BwdKernelTraits {

@@ -26,19 +26,11 @@ namespace {
 template <int kHeadDim>
 constexpr bool kHasKernel = kHeadDim > 32;
 
-// The compiled (head dim, V head dim) of the forward kernel that serves a
-// call: the head dim's (FLASH_HEADDIM_SWITCH), and V's the narrower one compiled
-// for it where v fits (kernel_traits.h: kNarrowHeadDimV), else the same. f is
-// called as f.template operator()<kHeadDim, kHeadDimV>().
+// The compiled (head dim, V head dim) of the forward kernel that serves a call
+// (static_switch.h: head_dims_switch, with this family's narrow_head_dim_v).
 template <typename F>
 auto fwd_head_dims_switch(const FwdParams& params, F&& f) {
-    return FLASH_HEADDIM_SWITCH(params.head_dim, kHeadDim, [&] {
-        constexpr int kNarrowV = kNarrowHeadDimV<kHeadDim>;
-        if constexpr (kNarrowV > 0) {
-            if (params.head_dim_v <= kNarrowV) return f.template operator()<kHeadDim, kNarrowV>();
-        }
-        return f.template operator()<kHeadDim, kHeadDim>();
-    });
+    return head_dims_switch<narrow_head_dim_v>(params.head_dim, params.head_dim_v, static_cast<F&&>(f));
 }
 
 // The forward's shared memory at a compiled head dim (the same for both dtypes).

@@ -152,8 +152,7 @@ template <bool Is_local> struct FwdConfig<192, Is_local, 128> {
 
 // The narrower V head dim compiled for a head dim, 0 where there is none
 // (dispatch.cu runs a call whose V is at most that wide on it).
-template <int kHeadDim> constexpr int kNarrowHeadDimV = 0;
-template <> constexpr int kNarrowHeadDimV<192> = 128;
+constexpr int narrow_head_dim_v(int head_dim) { return head_dim == 192 ? 128 : 0; }
 
 template <int kHeadDim, typename Element, bool Is_local, int kHeadDimV = kHeadDim>
 using FwdTraitsFor = FwdTraits<kHeadDim, FwdConfig<kHeadDim, Is_local, kHeadDimV>::kBlockN, Element,
