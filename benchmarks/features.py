@@ -30,7 +30,9 @@ bytes it must move, against a device copy of out_partial (torch's copy_, read an
 128 (DeepSeek's training and prefill shapes; bf16, B=2, H=16, S=8192, causal and not) against the same
 call with v zero-padded to 192 and out sliced back (what a caller without dv != d support runs), and
 SDPA's flash, cuDNN and efficient backends on the same tensors; TFLOP/s count q k^T at 192 and P V at
-128 for all.
+128 for all. Head dim 512 (issue 21: Gemma 4's global layers; bf16, B=1, H=16, S=8192, d = dv = 512, causal
+and not): flash_attn_func against SDPA's flash, cuDNN and efficient backends on the same tensors (a
+backend that refuses head dim 512 gets its reason in the table); TFLOP/s at head dim 512.
 
 Each timed pass is fwd (out = fn()) and fwdbwd (forward and backward of out against a random dout);
 the backends of a case are timed three times in turn, each keeping its best median.
@@ -308,9 +310,34 @@ def mla_rows(timers, passes, quick):
     return rows
 
 
+def hd512_rows(timers, passes, quick):
+    from flashattn import flash_attn_func
+
+    seqlen, head_dim = 4096 if quick else 8192, 512
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    q, k, v = (torch.randn(1, seqlen, HEADS, head_dim, generator=gen, device="cuda", dtype=DTYPE).requires_grad_()
+               for _ in range(3))
+    rows = []
+    for causal in (False, True):
+        fns = {"flashattn": ((lambda causal=causal: flash_attn_func(q, k, v, causal=causal)), (q, k, v))}
+        # SDPA's backends on the same tensors (a backend that refuses the shape gets its reason).
+        for name, backend in SDPA_BACKENDS.items():
+            call = sdpa_fn(q, k, v, causal, head_dim**-0.5)
+
+            def in_backend(call=call, backend=backend):
+                with sdpa_kernel(backend):
+                    return call()
+            fns[f"SDPA {name}"] = (in_backend, (q, k, v))
+        flops = attention_flops(1, HEADS, seqlen, head_dim, causal=causal)
+        case = f"B=1 S={seqlen} H={HEADS} D={head_dim}{' causal' if causal else ''}"
+        rows += rows_for("hd512", case, fns, flops, timers, passes)
+    return rows
+
+
 def feature_rows(timers, quick=False, passes=PASSES):
     return (varlen_rows(timers, passes, quick) + window_rows(timers, passes, quick) + extras_rows(timers, passes, quick)
-            + sink_rows(timers, passes, quick) + combine_rows(timers, quick) + mla_rows(timers, passes, quick))
+            + sink_rows(timers, passes, quick) + combine_rows(timers, quick) + mla_rows(timers, passes, quick)
+            + hd512_rows(timers, passes, quick))
 
 
 def markdown(rows):
@@ -322,7 +349,8 @@ def markdown(rows):
               "extras": "Softcap, ALiBi, dropout (bf16, causal; time vs plain)",
               "sinks": "Learnable sinks (bf16, causal; time vs plain)",
               "combine": "flash_attn_combine (the TFLOP/s column is GB/s moved; time vs the combine)",
-              "mla": "MLA head dims, v narrower than q and k (bf16; time vs v of 128)"}
+              "mla": "MLA head dims, v narrower than q and k (bf16; time vs v of 128)",
+              "hd512": "Head dim 512 (Gemma 4's global layers; bf16, B=1, H=16; time vs flashattn)"}
     for section, title in titles.items():
         sec = [r for r in rows if r.section == section]
         if not sec:

@@ -12,7 +12,10 @@ import sys
 from pathlib import Path
 
 DTYPES = {"fp16": "__half", "bf16": "__nv_bfloat16"}
-HEAD_DIMS = [32, 64, 96, 128, 192, 256]  # keep in step with FLASH_HEADDIM_SWITCH
+# The sm80 forward (paged too) and backward: keep in step with FLASH_HEADDIM_SWITCH_512.
+HEAD_DIMS = [32, 64, 96, 128, 192, 256, 512]
+# The KV-cache kernels (flash_attn_with_kvcache): keep in step with FLASH_HEADDIM_SWITCH.
+KVCACHE_HEAD_DIMS = [32, 64, 96, 128, 192, 256]
 LOCAL = [False, True]   # causal or a window: the kernels that mask by the diagonal
 EXTRAS = [False, True]  # softcap, ALiBi or dropout
 # The sm80 backward's narrower V head dim compiled for a head dim
@@ -117,8 +120,9 @@ def expected_files() -> dict[str, str]:
                         files[name] = BWD_TEMPLATE.format(element=element, head_dim=head_dim, head_dim_v=head_dim_v,
                                                           local=str(local).lower(), extras=str(extras).lower())
     for dtype, element in DTYPES.items():
-        for head_dim in HEAD_DIMS:
+        for head_dim in KVCACHE_HEAD_DIMS:
             files[f"{FAMILY}_fwd_kvcache_{dtype}_hdim{head_dim}.cu"] = KVCACHE_TEMPLATE.format(element=element, head_dim=head_dim)
+        for head_dim in HEAD_DIMS:
             for extras in EXTRAS:
                 files[f"{FAMILY}_fwd_paged_{dtype}_hdim{head_dim}{'_extras' if extras else ''}.cu"] = \
                     PAGED_TEMPLATE.format(element=element, head_dim=head_dim, extras=str(extras).lower())

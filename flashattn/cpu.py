@@ -18,11 +18,14 @@ from torch import Tensor
 
 from .philox import dropout_keep_mask
 
-__all__ = ["CPU_DTYPES", "CUDA_DTYPES", "MAX_HEAD_DIM", "attention_probs", "bwd", "check_bwd",
-           "check_combine", "check_dlse", "check_fwd", "check_learnable_sink", "check_v_head_dim", "combine", "fwd",
-           "out_shape", "s_dmask_block_n"]
+__all__ = ["CPU_DTYPES", "CUDA_DTYPES", "MAX_HEAD_DIM", "MAX_KVCACHE_HEAD_DIM", "attention_probs", "bwd",
+           "check_bwd", "check_combine", "check_dlse", "check_fwd", "check_learnable_sink", "check_v_head_dim",
+           "combine", "fwd", "out_shape", "s_dmask_block_n"]
 
-MAX_HEAD_DIM = 256
+# q's and k's head dim: up to 512 (the sm80 family's largest compiled head dim, for Gemma 4's global layers),
+# but for flash_attn_with_kvcache, whose kernels end at 256 (the same limits as csrc/common/flash.h's).
+MAX_HEAD_DIM = 512
+MAX_KVCACHE_HEAD_DIM = 256
 CUDA_DTYPES = (torch.float16, torch.bfloat16)  # the kernels' tensor-core types
 CPU_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -843,7 +846,8 @@ def bwd(
 def s_dmask_block_n(head_dim: int) -> int:
     """The key-block width of FlashAttention-2's forward kernel when it runs with dropout (its
     flash_attn_interface._get_block_size_n with is_dropout; the same on every GPU): S_dmask holds each
-    block's probabilities relative to the running row max at that block, so undoing it needs the width."""
+    block's probabilities relative to the running row max at that block, so undoing it needs the width.
+    FlashAttention-2 stops at head dim 256; flashattn's 257 to 512 keep 256's width."""
     if head_dim <= 32:
         return 128
     return 32 if 96 < head_dim <= 128 else 64

@@ -24,7 +24,7 @@ back to the backward (zeros without dropout). S_dmask is as flash_attn_func retu
 (return_softmax=True needs dropout_p > 0, as in flash-attn), else an empty (0,) tensor. softmax_d is
 rowsum(dout * out) * (1 - dropout_p), fp32, in flash-attn's layout: (batch, nheads, seqlen_q rounded
 up to 128), or (nheads, total_q + 128 * batch) with sequence b's rows from cu_seqlens_q[b] + 128 * b;
-0 elsewhere. Unlike flash-attn's, they take any head dim up to 256 on CUDA too (padded as
+0 elsewhere. Unlike flash-attn's, they take any head dim up to 512 on CUDA too (padded as
 flash_attn_func pads it), a head dim of v smaller than q's and k's (out and dout then have v's, as in
 FlashAttention-3) and CPU tensors. (flashattn.interface._flash_attn_forward is another
 function: the forward of flashattn's own public functions.)

@@ -76,7 +76,7 @@ def flash_attn_func(
         q: (batch, seqlen_q, nheads, headdim).
         k, v: (batch, seqlen_k, nheads_k, headdim). nheads must be a multiple of
             nheads_k (GQA/MQA): query head h uses key/value head h // (nheads // nheads_k).
-            headdim may be anything up to 256. v's headdim (headdim_v) may be smaller
+            headdim may be anything up to 512. v's headdim (headdim_v) may be smaller
             than q's and k's (DeepSeek MLA: 192 for q and k, 128 for v), not larger.
             The last dimension of q, k and v must be contiguous; other strides are honoured.
         dropout_p: probability of dropping each attention probability, in [0, 1);
@@ -560,13 +560,15 @@ class _Padding(NamedTuple):
     v: int = 0
 
 
-def _kernel_padding(q: Tensor, *kv_pairs: tuple[Tensor | None, Tensor | None], paged: bool = False) -> _Padding:
+def _kernel_padding(q: Tensor, *kv_pairs: tuple[Tensor | None, Tensor | None], paged: bool = False,
+                    max_head_dim: int = MAX_HEAD_DIM) -> _Padding:
     """The padding of CUDA q and kv_pairs ((k, v) pairs, None where absent: k and v, or the KV cache and
     the new rows) for the kernels: q's and k's head dim d, and v's dv (at most d: DeepSeek MLA's 192 /
     128), each up to the multiple of 8 that the kernels read. No padding on CPU, which computes any head
     dims as they are, nor for inputs that padding would not make valid (ranks or shapes that disagree,
     head dims out of range, a last dimension that is not contiguous): those reach the operator as given,
-    whose error then shows the caller's shapes and strides. `paged`: k and v are pages, one rank above q."""
+    whose error then shows the caller's shapes and strides. `paged`: k and v are pages, one rank above q.
+    max_head_dim: the largest d of the operator that runs the call (the KV cache's is 256)."""
     pairs = [(k, v) for k, v in kv_pairs if k is not None and v is not None]
     if not _runs_on_kernels(q) or q.dim() == 0 or not pairs:
         return _Padding()
@@ -578,7 +580,7 @@ def _kernel_padding(q: Tensor, *kv_pairs: tuple[Tensor | None, Tensor | None], p
             return _Padding()
         if k.shape[-1] != head_dim or v.shape[-1] != v_head_dim:
             return _Padding()
-    if not 0 < v_head_dim <= head_dim <= MAX_HEAD_DIM:
+    if not 0 < v_head_dim <= head_dim <= max_head_dim:
         return _Padding()
     if any(t.stride(-1) != 1 and t.shape[-1] > 1 for t in (q, *itertools.chain(*pairs))):
         return _Padding()

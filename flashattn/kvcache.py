@@ -17,7 +17,7 @@ from numbers import Integral
 import torch
 from torch import Tensor
 
-from .cpu import MAX_HEAD_DIM, check_alibi_slopes, check_index_tensor, check_learnable_sink, check_same_device
+from .cpu import MAX_KVCACHE_HEAD_DIM, check_alibi_slopes, check_index_tensor, check_learnable_sink, check_same_device
 from .cpu import check_tensor, check_v_head_dim, out_shape
 from .interface import _check_bool, _check_implementation, _check_softcap, _check_tensors
 from .interface import _kernel_padding, _Padding, _pad, _resolve_softmax_scale, _window_sides
@@ -91,7 +91,8 @@ def flash_attn_with_kvcache(
 
     Args:
         q: (batch, seqlen_q, nheads, headdim): one query per sequence when decoding, a few for
-            speculative decoding or chunked prefill.
+            speculative decoding or chunked prefill. headdim up to 256 here (the KV-cache kernels'
+            largest; flash_attn_func and the varlen functions take up to 512).
         k_cache, v_cache: (batch_cache, seqlen_cache, nheads_k, headdim), or with block_table a paged
             cache (num_blocks, page_block_size, nheads_k, headdim) of pages of any size (16, 256, ...).
             v_cache's headdim may be smaller than q's and k_cache's (as flash_attn_func's v).
@@ -151,7 +152,7 @@ def flash_attn_with_kvcache(
                  block_table, scale, bool(causal), window_left, window_right, float(softcap),
                  bool(rotary_interleaved), alibi_slopes, int(num_splits), learnable_sink]  # fmt: skip
 
-    padding = _kernel_padding(q, (k_cache, v_cache), (k, v))
+    padding = _kernel_padding(q, (k_cache, v_cache), (k, v), max_head_dim=MAX_KVCACHE_HEAD_DIM)
     if not any(padding):
         out, lse = torch.ops.flashattn.fwd_kvcache(*arguments)
     else:
@@ -227,9 +228,9 @@ def _check_kvcache_tensors(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, ca
     num_heads_k = k_cache.shape[2]
     if k_cache.shape[3] != head_dim:
         raise ValueError(f"flashattn: head dims differ: q {tuple(q.shape)}, k_cache {tuple(k_cache.shape)}")
-    if not 1 <= head_dim <= MAX_HEAD_DIM:
+    if not 1 <= head_dim <= MAX_KVCACHE_HEAD_DIM:
         raise ValueError(f"flashattn: headdim {head_dim} is not supported by flash_attn_with_kvcache; accepted: "
-                         f"1 to {MAX_HEAD_DIM}")
+                         f"1 to {MAX_KVCACHE_HEAD_DIM}")
     check_v_head_dim(q, k_cache, v_cache, ("q", "k_cache", "v_cache"))
     if num_heads_k == 0 or num_heads % num_heads_k:
         raise ValueError(f"flashattn: the number of query heads ({num_heads}) must be a multiple of the number of "

@@ -78,7 +78,7 @@ class MultiheadAttention(nn.MultiheadAttention):
       keys must come first (right padding).
     - ``dropout`` in training runs as flashattn's dropout on the probabilities
       (a different random mask than torch's, with the same distribution).
-    - No ``add_bias_kv`` or ``add_zero_attn``, head dim up to 256, a dtype
+    - No ``add_bias_kv`` or ``add_zero_attn``, head dim up to 512, a dtype
       flash_attn_func takes on the device (after autocast), no nested tensors.
 
     Any other call runs torch's forward, exact, with a ``FallbackWarning`` once
@@ -430,7 +430,7 @@ class MHA(nn.Module):
 
     Args:
         embed_dim: model width; a multiple of num_heads.
-        num_heads: query heads; head dim = embed_dim // num_heads, at most 256.
+        num_heads: query heads; head dim = embed_dim // num_heads, at most 512.
         num_heads_kv: key/value heads (GQA/MQA), a divisor of num_heads; default num_heads.
         cross_attn: queries from x, keys and values from forward's x_kv.
         qkv_proj_bias, out_proj_bias: biases of the projections.
@@ -443,7 +443,7 @@ class MHA(nn.Module):
             see RotaryEmbedding.
 
     forward(x, kv_cache=cache, layer_idx=i) runs inference over a KVCache
-    (flash_attn_with_kvcache): see forward.
+    (flash_attn_with_kvcache, whose head dim is at most 256): see forward.
     """
 
     def __init__(

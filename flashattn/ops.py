@@ -12,7 +12,7 @@ block_table=None, learnable_sink=None) -> (out, softmax_lse)``
   cu_seqlens_k[b]:cu_seqlens_k[b + 1]; out [total_q, H, Dv], softmax_lse
   [H, total_q]; max_seqlen_q/k bound every sequence's length (the CUDA grid is
   sized from them). H % Hk == 0, any strides; out in q's dtype and softmax_lse
-  in fp32, both contiguous. 1 <= Dv <= D <= 256: v's head dim may be smaller
+  in fp32, both contiguous. 1 <= Dv <= D <= 512: v's head dim may be smaller
   than q's and k's (DeepSeek MLA's 192 / 128), on CPU and CUDA alike (the
   CUDA kernels need both to be multiples of 8: the public functions pad them).
   Variable-length batches also take, each int32 [B] or None: seqused_q (sequence

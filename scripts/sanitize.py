@@ -160,6 +160,8 @@ def main() -> int:
     parser.add_argument("outdir", type=Path)
     parser.add_argument("--tools", default="memcheck,racecheck,initcheck,synccheck",
                         help="comma-separated subset of the tools (default: all four)")
+    parser.add_argument("--tiles", choices=["both", "gpu", "small"], default="both",
+                        help="the runs on this GPU's tiles, on the 99 KB smem tiles, or both (default)")
     args = parser.parse_args()
     tools = args.tools.split(",")
     unknown = set(tools) - {run.tool for run in RUNS}
@@ -167,7 +169,8 @@ def main() -> int:
         parser.error(f"unknown tools: {', '.join(sorted(unknown))}")
     args.outdir.mkdir(parents=True, exist_ok=True)
     with open(args.outdir / "sanitize.log", "w") as log:
-        results = [run_one(run, log) for run in RUNS if run.tool in tools]
+        wanted = {"both": (False, True), "gpu": (False,), "small": (True,)}[args.tiles]
+        results = [run_one(run, log) for run in RUNS if run.tool in tools and run.small_smem in wanted]
     table = markdown(results, machine())
     (args.outdir / "sanitize.md").write_text(table)
     print(table)

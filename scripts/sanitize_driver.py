@@ -23,9 +23,9 @@ paged k and v (block_table, seqused_k), forward and backward; and model_feature_
 runs learnable sinks (forward, backward with dsink and dlse, a split-KV decode) and
 flash_attn_combine.
 
-  full   both dtypes; every compiled head dim (32, 64, 96, 128, 192, 256) and one
-         head dim below each that runs on it with a partial tile (8, 40, 72, 104,
-         136, 200); sequence pairs with tails, Sq != Sk both ways and causal rows
+  full   both dtypes; every compiled head dim (32, 64, 96, 128, 192, 256, 512) and
+         one head dim below each that runs on it with a partial tile (8, 40, 72, 104,
+         136, 200, 328: at 512 also a partial second chunk of V's columns); sequence pairs with tails, Sq != Sk both ways and causal rows
          that see no key; MHA, GQA and MQA in turn; causal and not.
   small  for the slow tools (racecheck): both dtypes, every compiled head dim,
          causal and not, on one shape that still has two query tiles, several
@@ -41,14 +41,15 @@ last; any CUDA error is an exception and a non-zero exit before that.
 
 import argparse
 import itertools
+import os
 
 import torch
 
 import flashattn  # registers torch.ops.flashattn
 
 DTYPES = [torch.float16, torch.bfloat16]
-KERNEL_HEAD_DIMS = [32, 64, 96, 128, 192, 256]
-PARTIAL_HEAD_DIMS = [8, 40, 72, 104, 136, 200]  # each runs on the smallest compiled head dim above it
+KERNEL_HEAD_DIMS = [32, 64, 96, 128, 192, 256, 512]
+PARTIAL_HEAD_DIMS = [8, 40, 72, 104, 136, 200, 328]  # each runs on the smallest compiled head dim above it
 FULL_SEQLENS = [(1, 1), (3, 130), (130, 3), (77, 200), (200, 77)]
 SMALL_SEQLENS = [(130, 190)]
 HEADS = [(4, 4), (4, 2), (4, 1)]  # (H, Hk): MHA, GQA, MQA
@@ -63,6 +64,27 @@ OPTIONS = [
     {"varlen": True, "window_left": 9, "window_right": 3, "dropout_p": 0.2},
     {"varlen": True, "cut": True, "softcap": 2.0},
 ]
+
+
+# The head dim 512 backward takes 200.5 KB of shared memory per block (csrc/sm80/kernel_traits.h:
+# BwdConfig<512>), which only sm_90 gives: under smaller tiles (FLASHATTN_MAX_SMEM_PER_BLOCK) its
+# launch must fail with an error that leaves the process's CUDA context usable, and the sweep goes on.
+SMEM_PER_BLOCK = int(os.environ.get("FLASHATTN_MAX_SMEM_PER_BLOCK", 227 * 1024))
+
+
+def run_backward(head_dim: int, backward) -> int:
+    """Calls backward(); returns 1, or 0 where head_dim's backward has no config for the shared memory
+    allowed (its launch error, as expected)."""
+    if head_dim <= 256 or SMEM_PER_BLOCK >= 227 * 1024:
+        backward()
+        return 1
+    try:
+        backward()
+    except RuntimeError as error:
+        if "shared memory per block" not in str(error):
+            raise
+        return 0
+    raise AssertionError(f"head dim {head_dim}'s backward ran with {SMEM_PER_BLOCK} bytes of shared memory")
 
 
 # A handoff through shared memory is checked by racecheck only where a slot is written again after
@@ -190,7 +212,7 @@ def kvcache_calls(dtype) -> int:
 # Paged variable-length batches (the forward reading k and v through a block table, and the backward
 # on the gathered pages): (head_dim, page size), three sequences of ragged lengths, GQA 4/2, pages
 # shuffled, the block table's entries past each sequence out of range (never read).
-PAGED_CASES = [(32, 16), (64, 1), (96, 5), (128, 64), (192, 7), (256, 256), (72, 16)]
+PAGED_CASES = [(32, 16), (64, 1), (96, 5), (128, 64), (192, 7), (256, 256), (72, 16), (512, 16)]
 
 
 def paged_calls(dtype) -> int:
@@ -214,7 +236,7 @@ def paged_calls(dtype) -> int:
                  "window_size": (33, 4)} if i % 2 else {"causal": True}  # fmt: skip
         out = flash_attn_varlen_func(q, k, v, cu_q, cu_k, 130, 200, block_table=table, deterministic=i % 3 == 0,
                                      **extra)
-        out.backward(torch.randn_like(out))
+        run_backward(head_dim, lambda: out.backward(torch.randn_like(out)))
     return 2 * len(PAGED_CASES)
 
 
@@ -246,15 +268,16 @@ def model_feature_calls(dtype) -> int:
     # v narrower than q and k (issue 21): sm90's forward compiled for 192 / 128, and kernels whose V tiles
     # have whole column blocks past v's head dim (192 / 40, 128 / 8: not copied on sm90), forward and
     # backward, padded and packed rows, and a split-KV decode and an append with a narrower v_cache.
-    for (head_dim, v_head_dim), causal in itertools.product(((192, 128), (192, 40), (128, 8), (64, 24)),
-                                                            (False, True)):
+    # Head dim 512 with v of 200 (one chunk of V's columns) and 392 (a partial second chunk).
+    for (head_dim, v_head_dim), causal in itertools.product(((192, 128), (192, 40), (128, 8), (64, 24), (512, 200),
+                                                             (488, 392)), (False, True)):
         q, k = (torch.randn(2, s, 4, head_dim, device="cuda", dtype=dtype, requires_grad=True) for s in (190, 211))
         v = torch.randn(2, 211, 4, v_head_dim, device="cuda", dtype=dtype, requires_grad=True)
         out = flash_attn_func(q, k, v, causal=causal)
-        out.backward(torch.randn_like(out))
+        run_backward(head_dim, lambda: out.backward(torch.randn_like(out)))
         cu = torch.tensor([0, 100, 190], device="cuda", dtype=torch.int32)
         out = flash_attn_varlen_func(q[0], k[0, :190], v[0, :190], cu, cu, 90, 100, causal=causal)
-        out.backward(torch.randn_like(out))
+        run_backward(head_dim, lambda: out.backward(torch.randn_like(out)))
         calls += 4
     cache_k = torch.randn(2, 300, 2, 192, device="cuda", dtype=dtype)
     cache_v = torch.randn(2, 300, 2, 128, device="cuda", dtype=dtype)
@@ -279,8 +302,8 @@ def main() -> None:
         dout = torch.randn_like(out)
         forward_calls += 1
         for deterministic in (False, True):
-            torch.ops.flashattn.bwd(dout, q, k, v, out, lse, scale, causal, deterministic, **kwargs)
-            backward_calls += 1
+            backward_calls += run_backward(head_dim, lambda: torch.ops.flashattn.bwd(
+                dout, q, k, v, out, lse, scale, causal, deterministic, **kwargs))
     kvcache = sum(kvcache_calls(dtype) for dtype in DTYPES)
     paged = sum(paged_calls(dtype) for dtype in DTYPES)
     features = sum(model_feature_calls(dtype) for dtype in DTYPES)

@@ -10,10 +10,11 @@ bad softmax_lse, ...) have GPU tests of their own at the end.
 
 What is accepted, in short: q (B, Sq, H, D), k (B, Sk, Hk, D) and v (B, Sk,
 Hk, Dv) on one device with one dtype (fp16 or bf16 on CUDA; fp16, bf16 or fp32
-on CPU), H a multiple of Hk, 1 <= Dv <= D <= 256 (v's head dims:
-test_mla_head_dims.py), the last dimension contiguous (an error, not a
-silent copy: FlashAttention-2 refuses it too, and a copy would hide a layout
-bug upstream); empty batches and sequences are fine (see test_forward.py and
+on CPU), H a multiple of Hk, 1 <= Dv <= D <= 512 (v's head dims:
+test_mla_head_dims.py; flash_attn_with_kvcache's D at most 256:
+test_head_dim_512.py), the last dimension contiguous (an error, not a silent
+copy: FlashAttention-2 refuses it too, and a copy would hide a layout bug
+upstream); empty batches and sequences are fine (see test_forward.py and
 test_backward.py). The variable-length functions take q (total_q, H, D), k and
 v (total_k, Hk, D), cu_seqlens_q/k int32 (B + 1,) on q's device (their values
 checked on CPU only) and max_seqlen_q/k non-negative ints (paged k and v, seqused and their
@@ -134,15 +135,15 @@ BAD_INPUTS = [
     ),
     (
         "head-dim-too-large",
-        lambda q, k, v: [t.new_zeros(*t.shape[:3], 257) for t in (q, k, v)],
+        lambda q, k, v: [t.new_zeros(*t.shape[:3], 513) for t in (q, k, v)],
         ValueError,
-        r"headdim 257 .*accepted: 1 to 256",
+        r"headdim 513 .*accepted: 1 to 512",
     ),
     (
         "head-dim-zero",
         lambda q, k, v: [t[..., :0] for t in (q, k, v)],
         ValueError,
-        r"headdim 0 .*accepted: 1 to 256",
+        r"headdim 0 .*accepted: 1 to 512",
     ),
     (
         "heads-not-multiple",
@@ -361,9 +362,9 @@ def test_defaults_of_options_are_accepted(device):
             r"qkv\[:, :, 0\] has dtype torch\.float64",
         ),
         (
-            lambda device: torch.zeros(2, 5, 3, 4, 300, dtype=torch.float16, device=device),
+            lambda device: torch.zeros(2, 5, 3, 4, 520, dtype=torch.float16, device=device),
             ValueError,
-            r"headdim 300 \(qkv\[:, :, 0\] \(2, 5, 4, 300\), .*accepted: 1 to 256",
+            r"headdim 520 \(qkv\[:, :, 0\] \(2, 5, 4, 520\), .*accepted: 1 to 512",
         ),
         (
             lambda device: torch.zeros(2, 5, 4, 16, 3, dtype=torch.float16, device=device).transpose(2, 4),
@@ -371,7 +372,7 @@ def test_defaults_of_options_are_accepted(device):
             r"last dimension of qkv\[:, :, 0\] must be contiguous",
         ),
     ],
-    ids=["4d", "2-in-dim-2", "not-tensor", "float64", "head-dim-300", "last-dim-strided"],
+    ids=["4d", "2-in-dim-2", "not-tensor", "float64", "head-dim-520", "last-dim-strided"],
 )
 def test_bad_qkvpacked(device, make_qkv, error, match):
     with pytest.raises(error, match=match):
@@ -451,8 +452,8 @@ BAD_VARLEN = [
     ("heads-not-multiple", _set("q", lambda t: t[:, :3]), ValueError,
      r"query heads \(q\.shape\[1\] = 3\) must be a multiple of the number of key/value heads \(k\.shape\[1\] = 2\)"),
     ("head-dims-differ", _set("q", lambda t: t[..., :8]), ValueError, r"head dims differ \(q \(10, 4, 8\)"),
-    ("head-dim-too-large", lambda a: {**a, **{n: a[n].new_zeros(*a[n].shape[:2], 257) for n in "qkv"}}, ValueError,
-     r"headdim 257 .*accepted: 1 to 256"),
+    ("head-dim-too-large", lambda a: {**a, **{n: a[n].new_zeros(*a[n].shape[:2], 513) for n in "qkv"}}, ValueError,
+     r"headdim 513 .*accepted: 1 to 512"),
     ("q-float64", lambda a: {**a, **{n: a[n].double() for n in "qkv"}}, TypeError,
      r"q has dtype torch\.float64; accepted on {device}"),
     ("k-other-dtype", _set("k", lambda t: t.bfloat16()), TypeError,
@@ -719,10 +720,10 @@ def test_binding_copies_rows_the_kernels_cannot_read_in_place():
 
 
 @pytest.mark.gpu
-def test_binding_rejects_head_dim_over_256():
-    q = torch.randn(1, 8, 2, 264, device="cuda", dtype=torch.bfloat16)
-    shapes = "q (1, 8, 2, 264), k (1, 8, 2, 264), v (1, 8, 2, 264)"
-    with pytest.raises(ValueError, match=re.escape(f"headdim 264 ({shapes}) is not supported; accepted: 1 to 256")):
+def test_binding_rejects_head_dim_over_512():
+    q = torch.randn(1, 8, 2, 520, device="cuda", dtype=torch.bfloat16)
+    shapes = "q (1, 8, 2, 520), k (1, 8, 2, 520), v (1, 8, 2, 520)"
+    with pytest.raises(ValueError, match=re.escape(f"headdim 520 ({shapes}) is not supported; accepted: 1 to 512")):
         torch.ops.flashattn.fwd(q, q, q, 0.1, False)
 
 

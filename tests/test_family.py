@@ -117,16 +117,17 @@ def test_hopper_forward_runs_sm90_kernels_unless_forced(value, namespace):
 
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9 or not sm90_in_build(),
                     reason="the sm90 family runs on 9.x GPUs of builds that include 9.0a")
-@pytest.mark.parametrize("case", ["alibi", "dropout", "d32", "softcap", "window", "d256"])
+@pytest.mark.parametrize("case", ["alibi", "dropout", "d32", "softcap", "window", "d256", "d320", "d512"])
 def test_sm90_serves_or_delegates(case):
-    """What the sm90 forward kernels do not serve (ALiBi, dropout, head dims up to 32) runs on
-    sm80's kernels under the sm90 family; softcap, windows and every other head dim on sm90's."""
-    head_dim = {"d32": 32, "d256": 256}.get(case, 64)
+    """What the sm90 forward kernels do not serve (ALiBi, dropout, head dims up to 32 and past 256,
+    whose kernel only the sm80 family compiles) runs on sm80's kernels under the sm90 family; softcap,
+    windows and every other head dim on sm90's."""
+    head_dim = {"d32": 32, "d256": 256, "d320": 320, "d512": 512}.get(case, 64)
     q, k, v = (torch.randn(2, 200, 4, head_dim, device="cuda", dtype=torch.float16) for _ in range(3))
     options = {"alibi": {"alibi_slopes": torch.rand(4, device="cuda")}, "dropout": {"dropout_p": 0.1},
                "softcap": {"softcap": 30.0}, "window": {"window_size": (50, 10)}}.get(case, {})
     names = [n for n in kernels_run_by(lambda: flashattn.flash_attn_func(q, k, v, **options)) if "fwd_kernel" in n]
-    expected = "flash::sm80::" if case in ("alibi", "dropout", "d32") else "flash::sm90::"
+    expected = "flash::sm80::" if case in ("alibi", "dropout", "d32", "d320", "d512") else "flash::sm90::"
     assert names and all(expected in name for name in names), names
 
 

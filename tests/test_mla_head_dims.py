@@ -432,12 +432,12 @@ def test_bad_v_head_dim(request, device, v_head_dim):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_head_dim_over_256_with_a_narrower_v(device):
-    """q and k of head dim 264 are refused whatever v's: the error names the head dim and the limit."""
+def test_head_dim_over_512_with_a_narrower_v(device):
+    """q and k of head dim 520 are refused whatever v's: the error names the head dim and the limit."""
     dtype = torch.float32 if device == "cpu" else torch.float16
-    q, k, v = random_qkv(1, 6, 6, 2, 2, 264, dtype, device, 0, v_head_dim=128)
-    with pytest.raises(ValueError, match=re.escape(f"headdim 264 ({_shapes(q=q, k=k, v=v)}) is not supported; "
-                                                   "accepted: 1 to 256")):  # fmt: skip
+    q, k, v = random_qkv(1, 6, 6, 2, 2, 520, dtype, device, 0, v_head_dim=128)
+    with pytest.raises(ValueError, match=re.escape(f"headdim 520 ({_shapes(q=q, k=k, v=v)}) is not supported; "
+                                                   "accepted: 1 to 512")):  # fmt: skip
         flash_attn_func(q, k, v)
 
 

@@ -398,6 +398,28 @@ def test_fallback_is_torch_exactly_and_warns_once(flash_calls: list, case: str) 
     assert not flash_calls
 
 
+@pytest.mark.parametrize("embed_dim", [1024, 1026], ids=["head-dim-512", "head-dim-513"])
+def test_head_dims_up_to_512_run_on_flashattn(flash_calls: list, embed_dim: int) -> None:
+    """Two heads of 512 (Gemma 4's global layers) run on flash_attn_func, within the bound; of 513, past
+    flashattn's limit, on torch's path, exactly, with the reason."""
+    torch.manual_seed(case_seed("nn head dim", embed_dim))
+    reference = randomized(nn.MultiheadAttention(embed_dim, 2, batch_first=True))
+    ours = MultiheadAttention(embed_dim, 2, batch_first=True)
+    ours.load_state_dict(reference.state_dict())
+    query = torch.randn(BATCH, 7, embed_dim)
+    with fallbacks() as records:
+        out = ours(query, query, query, need_weights=False)[0]
+    if embed_dim // 2 > 512:
+        assert len(records) == 1 and "head dim 513 (embed_dim / num_heads) is over 512" in str(records[0].message)
+        assert not flash_calls
+        assert torch.equal(out, reference(query, query, query, need_weights=False)[0])
+        return
+    assert not records and flash_calls == [("flash_attn_func", (BATCH, 7, 2, 512))]
+    lowp = naive(reference)(query, query, query)[0]
+    accurate = copy.deepcopy(reference).double()(*(query.double(),) * 3, need_weights=False)[0]
+    assert_within_bound(out, lowp, accurate, "out")
+
+
 def test_dropout_in_training_runs_on_flashattn(flash_calls: list) -> None:
     """dropout > 0 in training: flashattn's dropout, no fallback; the same seed gives the same output, and
     the output is not the eval one (some probabilities were dropped)."""

@@ -1,7 +1,7 @@
 """Property-based: hypothesis draws inputs within what flashattn supports, and the forward
 and backward must match the reference within the bounds of tests/helpers.py.
 
-Drawn: batch, Sq, Sk, nheads_k and the GQA group size, head dims 1 to 256 (most of them not
+Drawn: batch, Sq, Sk, nheads_k and the GQA group size, head dims 1 to 512 (most of them not
 multiples of 8), the dtype, causal, deterministic, softmax_scale (or the default), the
 public function (flash_attn_func on four memory layouts, or a packed variant). The CPU test
 runs a few examples in CI; the GPU test many more on longer sequences.
@@ -24,6 +24,7 @@ from helpers import (
 )
 
 from flashattn import flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func
+from flashattn.cpu import MAX_HEAD_DIM
 
 hypothesis = pytest.importorskip(
     "hypothesis", reason="hypothesis is not installed (pip install hypothesis; scripts/env.sh installs it in .venv)"
@@ -75,7 +76,7 @@ def cases(draw, dtypes: list[torch.dtype], max_batch: int, max_seqlen: int, max_
         seqlen_k=seqlen_q if packed_qkv else draw(st.integers(1, max_seqlen)),
         num_heads=num_heads_k * (1 if packed_qkv else draw(st.integers(1, 4))),
         num_heads_k=num_heads_k,
-        head_dim=draw(st.integers(1, 256)),
+        head_dim=draw(st.integers(1, MAX_HEAD_DIM)),
         dtype=draw(st.sampled_from(dtypes)),
         causal=draw(st.booleans()),
         deterministic=draw(st.booleans()),

@@ -405,9 +405,9 @@ void check_kvcache(const at::Tensor& q, const at::Tensor& k_cache, const at::Ten
     const int64_t num_heads_k = k_cache.size(2);
     TORCH_CHECK_VALUE(k_cache.size(3) == head_dim, "flashattn: head dims differ: q ", str(q.sizes()), ", k_cache ",
                       str(k_cache.sizes()));
-    TORCH_CHECK_VALUE(head_dim >= 1 && head_dim <= flash::kMaxHeadDim,
+    TORCH_CHECK_VALUE(head_dim >= 1 && head_dim <= flash::kMaxKvcacheHeadDim,
                       "flashattn: headdim ", str(head_dim), " is not supported by flash_attn_with_kvcache; "
-                      "accepted: 1 to ", str(flash::kMaxHeadDim));
+                      "accepted: 1 to ", str(flash::kMaxKvcacheHeadDim));
     TORCH_CHECK_VALUE(head_dim % kAlignElems == 0 && v_cache.size(3) % kAlignElems == 0,
                       "flashattn: the KV-cache kernels need head_dim to be a multiple of ", str(kAlignElems),
                       " (got ", str(head_dim), v_cache.size(3) == head_dim ? "" : ", v_cache's " +

@@ -285,9 +285,11 @@ struct CombineParams {
     bool vectorized;
 };
 
-// Head dims the kernels serve: q/k/v head dims up to this (the families pad
-// smaller ones up to a compiled head dim).
-constexpr int kMaxHeadDim = 256;
+// Head dims the kernels serve: q/k/v head dims up to kMaxHeadDim (the families
+// pad smaller ones up to a compiled head dim); flash_attn_with_kvcache's
+// kernels (sm80/kvcache/) up to kMaxKvcacheHeadDim.
+constexpr int kMaxHeadDim = 512;
+constexpr int kMaxKvcacheHeadDim = 256;
 
 // The partial sums per head of the sink's gradient (BwdParams::dsink_partial_ptr):
 // each head's rows are cut into this many ranges, one thread block each.

@@ -546,14 +546,14 @@ __device__ __forceinline__ void ds_from_dp(float (&ds)[1][kNTiles][4], const flo
     }
 }
 
-// Epilogue of the dQ kernel: dQ takes the softmax scale, left out of every
-// step, and is staged through the Q tile (no longer read), then stored with
-// 16-byte writes.
+// Epilogue of the dQ kernel: dQ (the block's columns from dq_col0 on) takes
+// the softmax scale, left out of every step, and is staged through the Q tile
+// (no longer read), then stored with 16-byte writes.
 template <typename Traits>
 __device__ __forceinline__ void store_dq(float (&dq)[1][Traits::kNTilesD][4], const BwdParams& params,
                                          const TileCopy<typename Traits::OwnTile, Traits::kNThreads>& own_copy,
                                          char* q_smem_ptr, int warp_row0, int lane, int batch, int head,
-                                         const Sequence& seq, int m0) {
+                                         const Sequence& seq, int m0, int dq_col0) {
     using Element = typename Traits::Element;
     cp_async_wait<0>();  // with no key tile the Q and dO copies may still be in flight
     __syncthreads();     // and every warp is done reading Q
@@ -561,12 +561,14 @@ __device__ __forceinline__ void store_dq(float (&dq)[1][Traits::kNTilesD][4], co
     store_fragment<Element, typename Traits::OwnTile>(dq, q_smem_ptr, warp_row0, 0, lane);
     __syncthreads();  // every warp's rows are staged
     Element* dq_out = static_cast<Element*>(params.dq_ptr) + batch * params.dq_batch_stride +
-                      head * params.dq_head_stride + (seq.q_start + m0) * params.dq_row_stride;
-    own_copy.store(q_smem_ptr, dq_out, params.dq_row_stride, seq.seqlen_q - m0, params.head_dim);
+                      head * params.dq_head_stride + (seq.q_start + m0) * params.dq_row_stride + dq_col0;
+    own_copy.store(q_smem_ptr, dq_out, params.dq_row_stride, seq.seqlen_q - m0,
+                   min(params.head_dim - dq_col0, Traits::kHeadDimDq));
 }
 
-// dQ for one tile of kOwnRows queries of one head: walks the key tiles the
-// tile sees, as the forward does.
+// dQ for one tile of kOwnRows queries of one head, Traits::kHeadDimDq of its
+// columns (a block per chunk of them, adjacent in launch order): walks the key
+// tiles the tile sees, as the forward does.
 template <typename Traits, bool Is_local, bool Has_extras>
 __global__ void __launch_bounds__(Traits::kNThreads) bwd_dq_kernel(const BwdParams params) {
     static_assert(Traits::kOwnRows == 16 * Traits::kNWarps, "each warp owns 16 query rows");
@@ -589,7 +591,9 @@ __global__ void __launch_bounds__(Traits::kNThreads) bwd_dq_kernel(const BwdPara
     const int tid = threadIdx.x;
     const int lane = tid % 32;
     const int warp_row0 = (tid / 32) * 16;
-    const int m0 = blockIdx.x * kOwnRows;
+    const int dq_chunks = (params.head_dim + Traits::kHeadDimDq - 1) / Traits::kHeadDimDq;
+    const int dq_col0 = static_cast<int>(blockIdx.x) % dq_chunks * Traits::kHeadDimDq;
+    const int m0 = static_cast<int>(blockIdx.x) / dq_chunks * kOwnRows;
     const int head = blockIdx.y;
     const int batch = blockIdx.z;
     const int head_k = head / params.heads_per_kv_head;
@@ -597,6 +601,9 @@ __global__ void __launch_bounds__(Traits::kNThreads) bwd_dq_kernel(const BwdPara
     const int seqlen_q = seq.seqlen_q;
     const int seqlen_k = seq.seqlen_k;
     if (m0 >= seqlen_q) return;  // a shorter sequence of a variable-length batch
+    // K's columns of this block's dQ chunk: the stream tile from the chunk's first column block on.
+    const uint32_t k_smem_dq = k_smem + (dq_col0 / (StreamTile::kBlockChunks * StreamTile::kChunkElems)) *
+                                            StreamTile::kBlockBytes;
     const Window window = window_of(params, seqlen_q, seqlen_k);
     const ScoreExtras extras(params, batch, head, window.diagonal);
     const bool has_dropout = Has_extras && params.rng_state != nullptr;
@@ -658,14 +665,14 @@ __global__ void __launch_bounds__(Traits::kNThreads) bwd_dq_kernel(const BwdPara
             ds, do_smem, warp_row0, v_smem, 0, lane);
         ds_from_dp<Has_extras>(ds, p, dtanh, keep_bits, lse_log2, dsum, params, has_dropout);
         // dQ += dS K (scaled once, at the end)
-        gemm_regs_smem<Element, 1, Traits::kNTilesD, Traits::kKStepsStream, StreamTile>(dq, ds, k_smem, lane);
+        gemm_regs_smem<Element, 1, Traits::kNTilesD, Traits::kKStepsStream, StreamTile>(dq, ds, k_smem_dq, lane);
     };
     int n_block = key_tiles.n_end - 1;
     for (; n_block >= key_tiles.full_end; --n_block) step(n_block, std::true_type{});
     for (; n_block >= key_tiles.full_begin; --n_block) step(n_block, std::false_type{});
     for (; n_block >= key_tiles.n_begin; --n_block) step(n_block, std::true_type{});
 
-    store_dq<Traits>(dq, params, own_copy, q_smem_ptr, warp_row0, lane, batch, head, seq, m0);
+    store_dq<Traits>(dq, params, own_copy, q_smem_ptr, warp_row0, lane, batch, head, seq, m0, dq_col0);
 }
 
 // dQ = softmax_scale * dq_accum, rounded to the input dtype and written in

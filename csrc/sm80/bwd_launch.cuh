@@ -82,10 +82,12 @@ cudaError_t launch_bwd(const BwdParams& params, cudaStream_t stream) {
     if (params.deterministic) {
         cudaError_t err = launch_dk_dv<Traits, Is_local, Has_extras, /*Has_dQ=*/false>(params, stream);
         if (err != cudaSuccess) return err;
-        const dim3 grid_q((params.seqlen_q + Traits::kOwnRows - 1) / Traits::kOwnRows, params.num_heads,
-                          params.batch);
         using DqTraits = BwdKernelTraits<Traits::kHeadDim, typename Traits::Element,
                                          BwdDqConfig<typename Traits::Config>, Traits::kHeadDimV>;
+        // A block per (query tile, chunk of kHeadDimDq of dQ's columns).
+        const int dq_chunks = (params.head_dim + DqTraits::kHeadDimDq - 1) / DqTraits::kHeadDimDq;
+        const dim3 grid_q((params.seqlen_q + Traits::kOwnRows - 1) / Traits::kOwnRows * dq_chunks, params.num_heads,
+                          params.batch);
         return launch_with_smem(&bwd_dq_kernel<DqTraits, Is_local, Has_extras>, grid_q, DqTraits::kNThreads,
                                 DqTraits::kSmemBytesDq, params, stream);
     }
@@ -105,7 +107,8 @@ cudaError_t run_bwd_(const BwdParams& params, cudaStream_t stream) {
     if (err != cudaSuccess) return err;
 
     using Fast = BwdKernelTraits<kHeadDim, Element, BwdConfig<kHeadDim>, kHeadDimV>;
-    if constexpr (Fast::kSmemBytes <= kSmallSmemPerBlock) {
+    if constexpr (Fast::kSmemBytes <= kSmallSmemPerBlock || kHeadDim > 256) {
+        // Head dim 512 has one config (kernel_traits.h: BwdConfig<512>), for sm_90's shared memory.
         return launch_bwd<Fast, Is_local, Has_extras>(params, stream);
     } else {
         using Small = BwdKernelTraits<kHeadDim, Element, BwdSmallSmemConfig<kHeadDim>, kHeadDimV>;

@@ -1,6 +1,6 @@
 // The sm80 family's forward and backward entry points (sm80.h): runtime (dtype,
 // head dim, local, extras; paged keys; the backward's V head dim) -> one
-// compiled instantiation.
+// compiled instantiation. Head dims up to 512 (FLASH_HEADDIM_SWITCH_512).
 #include "common/flash.h"
 #include "common/static_switch.h"
 #include "sm80/kernel_traits.h"
@@ -22,13 +22,13 @@ int fwd_counters(const FwdParams&) { return 0; }
 BwdWorkspace bwd_workspace(const BwdParams& params) { return {/*dq_accum=*/!params.deterministic, /*semaphores=*/0}; }
 
 int kernel_head_dim(int head_dim) {
-    return FLASH_HEADDIM_SWITCH(head_dim, kHeadDim, [&] { return kHeadDim; });
+    return FLASH_HEADDIM_SWITCH_512(head_dim, kHeadDim, [&] { return kHeadDim; });
 }
 
 cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream) {
     if (const cudaError_t err = run_fwd_unwritten_rows(params, stream); err != cudaSuccess) return err;
     return FLASH_DTYPE_SWITCH(params.dtype, Element, [&] {
-        return FLASH_HEADDIM_SWITCH(params.head_dim, kHeadDim, [&] {
+        return FLASH_HEADDIM_SWITCH_512(params.head_dim, kHeadDim, [&] {
             return FLASH_BOOL_SWITCH(params.has_extras, Has_extras, [&] {
                 if (params.block_table != nullptr) return run_fwd_paged_<Element, kHeadDim, Has_extras>(params, stream);
                 return FLASH_BOOL_SWITCH(params.is_local, Is_local, [&] {
@@ -49,7 +49,7 @@ cudaError_t run_bwd(const BwdParams& params, cudaStream_t stream) {
                 });
             });
         };
-        return head_dims_switch<narrow_head_dim_v>(params.head_dim, params.head_dim_v, run);
+        return head_dims_switch<narrow_head_dim_v, 512>(params.head_dim, params.head_dim_v, run);
     });
 }
 

@@ -53,12 +53,18 @@ __global__ void __launch_bounds__(Traits::kNThreads) fwd_kernel(const FwdParams 
     const int warp = tid / 32;
     const int warp_row0 = warp * Traits::kWarpRows;  // first row of this warp within the tile
 
+    // O in column chunks (Traits::kVChunked): this block's kHeadDimV columns of
+    // V and O from v_col0 on. A query tile's chunks are adjacent blocks, so
+    // that they find its Q and K tiles in L2.
+    static_assert(!Traits::kVChunked || !Is_kvcache || Is_paged, "no column chunks in split-KV partial results");
+    const int v_chunks = Traits::kVChunked ? (params.head_dim_v + Traits::kHeadDimV - 1) / Traits::kHeadDimV : 1;
+    const int v_col0 = Traits::kVChunked ? static_cast<int>(blockIdx.x) % v_chunks * Traits::kHeadDimV : 0;
+    const int block_x = Traits::kVChunked ? static_cast<int>(blockIdx.x) / v_chunks : static_cast<int>(blockIdx.x);
     const int num_splits = Is_kvcache ? params.num_splits : 1;
-    const int split = Is_kvcache ? static_cast<int>(blockIdx.x) % num_splits : 0;
-    const int m_blocks = static_cast<int>(gridDim.x) / num_splits;
+    const int split = Is_kvcache ? block_x % num_splits : 0;
+    const int m_blocks = static_cast<int>(gridDim.x) / v_chunks / num_splits;
     // Causal tiles on the bottom rows see the most keys: schedule them first.
-    const int m_block = Is_local ? m_blocks - 1 - static_cast<int>(blockIdx.x) / num_splits
-                                 : static_cast<int>(blockIdx.x) / num_splits;
+    const int m_block = Is_local ? m_blocks - 1 - block_x / num_splits : block_x / num_splits;
     const int head = blockIdx.y;
     const int batch = blockIdx.z;
     const int head_k = head / params.heads_per_kv_head;
@@ -71,7 +77,7 @@ __global__ void __launch_bounds__(Traits::kNThreads) fwd_kernel(const FwdParams 
     const Element* q = static_cast<const Element*>(params.q_ptr) + batch * params.q_batch_stride +
                        head * params.q_head_stride + (seq.q_start + m0) * params.q_row_stride;
     const KeyValueRows<Element, Is_kvcache, Is_paged, kBlockN> kv(params, seq, batch, head_k,
-                                                                  smem + Traits::kSmemBytes);
+                                                                  smem + Traits::kSmemBytes, v_col0);
 
     // With split-KV, this block's share of the tiles.
     const KeyTileRange key_tiles =
@@ -83,7 +89,8 @@ __global__ void __launch_bounds__(Traits::kNThreads) fwd_kernel(const FwdParams 
                                        : DropoutRng{};
 
     const TileCopy<typename Traits::QTile, kNThreads> q_copy(tid);
-    const TileCopy<typename Traits::KTile, kNThreads> kv_copy(tid);  // K and V tiles share a shape
+    const TileCopy<typename Traits::KTile, kNThreads> k_copy(tid);
+    const TileCopy<typename Traits::VTile, kNThreads> v_copy(tid);
     q_copy.load_async(q_smem, q, params.q_row_stride, seqlen_q - m0, params.head_dim);
     cp_async_commit();
     if (key_tiles.n_end > key_tiles.n_begin) {
@@ -92,7 +99,7 @@ __global__ void __launch_bounds__(Traits::kNThreads) fwd_kernel(const FwdParams 
             kv.template stage_row<kNThreads>(n0, tid, kv.template fetch_row<kNThreads>(n0, tid));
             __syncthreads();
         }
-        kv.load_k(kv_copy, k_smem, (key_tiles.n_end - 1) * kBlockN);
+        kv.load_k(k_copy, k_smem, (key_tiles.n_end - 1) * kBlockN);
     }
     cp_async_commit();
     kv.template check_pages<kNThreads>(key_tiles.n_begin, key_tiles.n_end, tid);
@@ -120,7 +127,7 @@ __global__ void __launch_bounds__(Traits::kNThreads) fwd_kernel(const FwdParams 
         // K_j (and Q, the first time) has landed; every warp is done with V_{j+1}.
         cp_async_wait<0>();
         __syncthreads();
-        kv.load_v(kv_copy, v_smem, n0);
+        kv.load_v(v_copy, v_smem, n0);
         cp_async_commit();
         // Paged: tile j-1's rows looked up (the block table read under the S GEMM), their addresses
         // staged for K_{j-1} after the next barrier.
@@ -138,7 +145,7 @@ __global__ void __launch_bounds__(Traits::kNThreads) fwd_kernel(const FwdParams 
         // V_j has landed; every warp is done with K_j, so K_{j-1} may overwrite it.
         cp_async_wait<0>();
         __syncthreads();
-        if (n_block > key_tiles.n_begin) kv.load_k(kv_copy, k_smem, n0 - kBlockN);
+        if (n_block > key_tiles.n_begin) kv.load_k(k_copy, k_smem, n0 - kBlockN);
         cp_async_commit();
 
         softmax.update(s, o, params.softmax_scale_log2);
@@ -178,15 +185,16 @@ __global__ void __launch_bounds__(Traits::kNThreads) fwd_kernel(const FwdParams 
 #pragma unroll
     for (int r = 0; r < Traits::kRowsPerThread; ++r) {
         const int row = warp_row0 + (r / 2) * 16 + (r % 2) * 8 + lane / 4;
-        if (lane % 4 == 0 && m0 + row < seqlen_q) {
+        if (lane % 4 == 0 && m0 + row < seqlen_q && v_col0 == 0) {  // one chunk writes the LSE
             params.lse_ptr[batch * params.lse_batch_stride + head * params.lse_head_stride + seq.q_start + m0 +
                            row] = lse[r];
         }
     }
     __syncthreads();
     Element* out = static_cast<Element*>(params.o_ptr) + batch * params.o_batch_stride +
-                   head * params.o_head_stride + (seq.q_start + m0) * params.o_row_stride;
-    q_copy.store(smem + Traits::kSmemQOffset, out, params.o_row_stride, seqlen_q - m0, params.head_dim_v);
+                   head * params.o_head_stride + (seq.q_start + m0) * params.o_row_stride + v_col0;
+    q_copy.store(smem + Traits::kSmemQOffset, out, params.o_row_stride, seqlen_q - m0,
+                 min(params.head_dim_v - v_col0, Traits::kHeadDimV));
 }
 
 }  // namespace flash::sm80

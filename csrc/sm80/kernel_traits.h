@@ -72,10 +72,17 @@ struct SmemTile {
     }
 };
 
-template <int kHeadDim_, int kBlockM_, int kBlockN_, int kNWarps_, typename Element_>
+// kHeadDimV: the columns of O (of V) a block computes. kHeadDim's, or at head
+// dim 512 half of them: O's [kBlockM, 512] fp32 accumulators would take 256
+// registers a thread, so each block computes 256 of V's columns and the
+// launch runs a block per 256 (fwd_kernel.cuh: v_chunk), each recomputing
+// S = Q K^T over the full head dim (a third more MMA work than one pass).
+template <int kHeadDim_, int kBlockM_, int kBlockN_, int kNWarps_, typename Element_, int kHeadDimV_ = kHeadDim_>
 struct FwdKernelTraits {
     using Element = Element_;  // __half or __nv_bfloat16
     static constexpr int kHeadDim = kHeadDim_;
+    static constexpr int kHeadDimV = kHeadDimV_;
+    static constexpr bool kVChunked = kHeadDimV < kHeadDim;  // a block per kHeadDimV columns of V
     static constexpr int kBlockM = kBlockM_;  // query rows per thread block
     static constexpr int kBlockN = kBlockN_;  // keys per main-loop step
     static constexpr int kNWarps = kNWarps_;
@@ -86,14 +93,14 @@ struct FwdKernelTraits {
     static constexpr int kWarpRows = kBlockM / kNWarps;
     static constexpr int kMTiles = kWarpRows / 16;    // m16 tiles per warp
     static constexpr int kNTilesS = kBlockN / 8;      // n8 tiles of S = Q K^T per warp
-    static constexpr int kNTilesO = kHeadDim / 8;     // n8 tiles of O per warp
+    static constexpr int kNTilesO = kHeadDimV / 8;    // n8 tiles of O per warp
     static constexpr int kKStepsQK = kHeadDim / 16;   // k16 steps of Q K^T
     static constexpr int kKStepsPV = kBlockN / 16;    // k16 steps of P V
     static constexpr int kRowsPerThread = 2 * kMTiles;  // an mma fragment holds rows g and g+8
 
     using QTile = SmemTile<kBlockM, kHeadDim>;  // also stages O for the final store
     using KTile = SmemTile<kBlockN, kHeadDim>;
-    using VTile = SmemTile<kBlockN, kHeadDim>;
+    using VTile = SmemTile<kBlockN, kHeadDimV>;
     static constexpr int kSmemQOffset = 0;
     static constexpr int kSmemKOffset = kSmemQOffset + QTile::kBytes;
     static constexpr int kSmemVOffset = kSmemKOffset + KTile::kBytes;
@@ -102,12 +109,15 @@ struct FwdKernelTraits {
     static_assert(kBlockM % (16 * kNWarps) == 0, "each warp needs whole m16 tiles");
     static_assert(kBlockN % 16 == 0 && kHeadDim % 16 == 0, "mma k16 steps");
     static_assert(kNTilesS % 2 == 0 && kNTilesO % 2 == 0, "ldmatrix.x4 loads two n8 tiles");
+    static_assert(kHeadDimV <= kHeadDim, "O's columns per block: at most the head dim");
     static_assert(kSmemBytes <= 163 * 1024, "shared memory over the sm_80 per-block limit");
 };
 
 // Tile config per compiled head dim, {kBlockM, kBlockN, kNWarps}: the fastest
 // measured on the H100 (benchmarks/NOTES.md). It may need up to 128 KB of shared
-// memory per block, which A100 and H100 have.
+// memory per block, which A100 and H100 have. kHeadDimV: O's columns per block
+// (FwdKernelTraits), 256 at head dim 512, where 64 query rows of 4 warps keep
+// the registers of d256's 128 rows of 8 warps and 32-key tiles take 112 KB.
 template <int kHeadDim> struct FwdConfig;
 template <> struct FwdConfig<32> { static constexpr int kBlockM = 128, kBlockN = 64, kNWarps = 4; };
 template <> struct FwdConfig<64> { static constexpr int kBlockM = 128, kBlockN = 64, kNWarps = 4; };
@@ -115,12 +125,15 @@ template <> struct FwdConfig<96> { static constexpr int kBlockM = 128, kBlockN =
 template <> struct FwdConfig<128> { static constexpr int kBlockM = 128, kBlockN = 64, kNWarps = 4; };
 template <> struct FwdConfig<192> { static constexpr int kBlockM = 128, kBlockN = 64, kNWarps = 8; };
 template <> struct FwdConfig<256> { static constexpr int kBlockM = 128, kBlockN = 64, kNWarps = 8; };
+template <> struct FwdConfig<512> { static constexpr int kBlockM = 64, kBlockN = 32, kNWarps = 4; };
+constexpr int fwd_head_dim_v(int head_dim) { return head_dim > 256 ? 256 : head_dim; }
 
 // GPUs that give a block at most 99 KB of shared memory (sm_86, sm_89) run the
 // head dims whose FwdConfig needs more on this config instead.
 constexpr int kSmallSmemPerBlock = 99 * 1024;
 template <int kHeadDim> struct FwdSmallSmemConfig : FwdConfig<kHeadDim> {};
 template <> struct FwdSmallSmemConfig<256> { static constexpr int kBlockM = 128, kBlockN = 32, kNWarps = 8; };
+template <> struct FwdSmallSmemConfig<512> { static constexpr int kBlockM = 64, kBlockN = 16, kNWarps = 4; };
 
 // Backward tile config per compiled head dim, {kNWarps, kOwnRows, kStreamRows,
 // kStages}: a block owns kOwnRows rows of one side (keys in the dK/dV kernel,
@@ -137,6 +150,21 @@ template <int kHeadDim> struct BwdConfig {
     static constexpr int kStreamRows = kHeadDim <= 64 ? 128 : 64;
     static constexpr int kStages = kHeadDim <= 128 ? 2 : 1;
 };
+// Head dim 512: 32 keys of 4 warps (each a 32 x 128 share of dK, then of dV,
+// in two passes: 128 registers of accumulators, as at d256), 64-query stream
+// tiles (16 queries a warp: whole k16 steps). 200.5 KB of shared memory: a GPU
+// with 227 KB per block (sm_90) runs it; on the others (A100's 163 KB, sm_86's
+// 99 KB) there is no config for it and the launch fails with an error that
+// says how much shared memory the device allows (kMaxSmemPerBlock).
+template <> struct BwdConfig<512> {
+    static constexpr int kNWarps = 4;
+    static constexpr int kOwnRows = 32;
+    static constexpr int kStreamRows = 64;
+    static constexpr int kStages = 1;
+};
+// The most shared memory a block may take: sm_90's 227 KB. A config that needs
+// more than a GPU gives is not launched there (launch_with_smem).
+constexpr int kMaxSmemPerBlock = 227 * 1024;
 // Half-size tiles and one stage for the GPUs that give a block 99 KB of shared
 // memory (sm_86, sm_89), for the head dims whose tiles need more (104-161 KB:
 // all of them).
@@ -210,9 +238,12 @@ struct BwdKernelTraits {
     static constexpr int kDqCols = kDqWide ? 32 : 16;
     static constexpr int kDqRowUnits = kStreamRows / kDqRows;
     static constexpr int kDqUnits = kDqRowUnits * (kHeadDim / kDqCols);
-    // dQ kernel: 16 own rows per warp, the whole stream tile.
+    // dQ kernel: 16 own rows per warp, the whole stream tile, and dQ's columns
+    // in chunks of kHeadDimDq, a block each (256 at head dim 512, whose 16 x 512
+    // dQ would take 256 registers a thread; each block recomputes S and dP).
     static constexpr int kNTilesStream = kStreamRows / 8;  // n8 tiles of a dQ-kernel warp's S
-    static constexpr int kNTilesD = kHeadDim / 8;          // n8 tiles of a dQ-kernel warp's dQ
+    static constexpr int kHeadDimDq = kHeadDim > 256 ? 256 : kHeadDim;
+    static constexpr int kNTilesD = kHeadDimDq / 8;        // n8 tiles of a dQ-kernel warp's dQ
 
     // Each side's tiles in pairs, the one kHeadDim wide first, then the one
     // kHeadDimV wide: K, V own and Q, dO streamed in the dK/dV kernel; Q, dO
@@ -248,10 +279,13 @@ struct BwdKernelTraits {
     static_assert(kWarpQueries % 16 == 0, "a warp's P^T columns are whole k16 steps of the dQ GEMM");
     static_assert(kStreamRows % kDqRows == 0 && kHeadDim % kDqCols == 0, "whole dQ units");
     static_assert(kStages == 1 || kStages == 2, "one or two stages of streamed tiles");
-    static_assert(kSmemBytes <= 163 * 1024, "shared memory over the sm_80 per-block limit");
+    static_assert(kHeadDimDq == kHeadDim || (kHeadDim % kHeadDimDq == 0 && kHeadDimDq % 64 == 0),
+                  "a dQ chunk starts a 64-column block of K's tile (the dS K GEMM reads it from there)");
+    static_assert(kSmemBytes <= kMaxSmemPerBlock, "shared memory over the sm_90 per-block limit");
 };
 
 template <int kHeadDim, typename Element, typename Config = FwdConfig<kHeadDim>>
-using FwdTraitsFor = FwdKernelTraits<kHeadDim, Config::kBlockM, Config::kBlockN, Config::kNWarps, Element>;
+using FwdTraitsFor =
+    FwdKernelTraits<kHeadDim, Config::kBlockM, Config::kBlockN, Config::kNWarps, Element, fwd_head_dim_v(kHeadDim)>;
 
 }  // namespace flash::sm80

@@ -132,6 +132,8 @@ cudaError_t run_bwd_head_dim(const BwdParams& params, cudaStream_t stream) {
 }  // namespace
 
 bool serves(const FwdParams& params) {
+    // The compiled head dims end at 256 (fwd_head_dims_switch); past them the sm80 family's 512 serves.
+    if (params.head_dim > 256) return false;
     const int smem = fwd_head_dims_switch(params, [&]<int kHeadDim, int kHeadDimV>() {
         return fwd_smem_bytes<kHeadDim, kHeadDimV>(params.is_local);
     });

@@ -55,17 +55,21 @@ struct KeyValueRows {
     const Element** staged;  // [2 tiles][K, V][kRows] row addresses (shared memory)
     bool paged;
     int seqlen_k, start, batch;
+    int v_cols;  // V's columns from v_col0 on, the ones a V tile holds (past them: zeros)
 
+    // v_col0: the first of V's columns the V tiles hold (a block of a forward
+    // that computes O in column chunks: kernel_traits.h, FwdKernelTraits).
     __device__ __forceinline__ KeyValueRows(const FwdParams& params_, const Sequence& seq, int batch_, int head_k,
-                                            char* stage_smem)
+                                            char* stage_smem, int v_col0 = 0)
         : params(params_),
           paged(Is_paged || (Is_kvcache && params_.block_table != nullptr)),
           seqlen_k(seq.seqlen_k),
           start(seq.k_start),
-          batch(batch_) {
+          batch(batch_),
+          v_cols(params_.head_dim_v - v_col0) {
         k = static_cast<const Element*>(params.k_ptr) + head_k * params.k_head_stride +
             (paged ? 0 : seq.kv_batch * params.k_batch_stride + seq.k_start * params.k_row_stride);
-        v = static_cast<const Element*>(params.v_ptr) + head_k * params.v_head_stride +
+        v = static_cast<const Element*>(params.v_ptr) + head_k * params.v_head_stride + v_col0 +
             (paged ? 0 : seq.kv_batch * params.v_batch_stride + seq.k_start * params.v_row_stride);
         table = paged ? params.block_table + batch_ * params.block_table_batch_stride : nullptr;
         staged = reinterpret_cast<const Element**>(stage_smem);
@@ -130,7 +134,7 @@ struct KeyValueRows {
     template <typename Copy>
     __device__ __forceinline__ void load(const Copy& copy, uint32_t smem_tile, const Element* rows,
                                          int64_t row_stride, bool rows_of_v, int n0) const {
-        const int cols = rows_of_v ? params.head_dim_v : params.head_dim;  // past them: zeros
+        const int cols = rows_of_v ? v_cols : params.head_dim;  // past them: zeros
         if (Is_kvcache && paged) {
             const Element* const* addresses = staged + (buffer_of(n0) * 2 + rows_of_v) * kRows;
             copy.template load_async_rows<Element>(smem_tile, addresses, seqlen_k - n0, cols);
