@@ -51,14 +51,15 @@ __device__ __forceinline__ void mma_n_pair(float (&acc)[kMTiles][kNTiles][4], co
 // acc[m][n] += sum_k A[m][k] * B[n][k], both operands row-major in shared memory:
 // A = rows a_row0 .. a_row0 + 16*kMTiles of ATile, B = rows b_row0 .. b_row0 +
 // 8*kNTiles of BTile (b_row0 a multiple of 8), k over the first 16*kKSteps
-// columns of both. (Q K^T, dO V^T, K Q^T ...)
+// columns of both. (Q K^T, dO V^T, K Q^T ...) An odd kNTiles takes its last n8
+// tile with ldmatrix.x2 (one n8 tile: the head dim 512 backward's S^T).
 template <typename Element, int kMTiles, int kNTiles, int kKSteps, typename ATile, typename BTile>
 __device__ __forceinline__ void gemm_smem_smem(float (&acc)[kMTiles][kNTiles][4], uint32_t a_smem, int a_row0,
                                                uint32_t b_smem, int b_row0, int lane) {
-    static_assert(kNTiles % 2 == 0, "ldmatrix.x4 loads two n8 tiles of B");
     // ldmatrix.x4 lane roles. A: matrices {rows 0-7, 8-15} x {k 0-7, 8-15}. B,
     // stored [n][k] (already the "col" operand): matrices {n 0-7} x {k 0-7, 8-15},
-    // then {n 8-15} x {k 0-7, 8-15}.
+    // then {n 8-15} x {k 0-7, 8-15}; ldmatrix.x2 reads the first two, from
+    // lanes 0-15's addresses, which are the same.
     const auto a_lane = ATile::lane_offsets(a_row0 + lane % 16, lane / 16);
     const auto b_lane = BTile::lane_offsets(b_row0 + (lane / 16) * 8 + lane % 8, (lane / 8) % 2);
 #pragma unroll
@@ -73,6 +74,12 @@ __device__ __forceinline__ void gemm_smem_smem(float (&acc)[kMTiles][kNTiles][4]
             uint32_t b[4];
             ldmatrix_x4(b, b_smem + BTile::offset(b_lane, jp * 16, kk * 2));
             mma_n_pair<Element>(acc, a, b, jp);
+        }
+        if constexpr (kNTiles % 2 == 1) {
+            uint32_t b[2];
+            ldmatrix_x2(b, b_smem + BTile::offset(b_lane, (kNTiles - 1) * 8, kk * 2));
+#pragma unroll
+            for (int mt = 0; mt < kMTiles; ++mt) mma_m16n8k16<Element>(acc[mt][kNTiles - 1], a[mt], b);
         }
     }
 }

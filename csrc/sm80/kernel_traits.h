@@ -150,14 +150,14 @@ template <int kHeadDim> struct BwdConfig {
     static constexpr int kStreamRows = kHeadDim <= 64 ? 128 : 64;
     static constexpr int kStages = kHeadDim <= 128 ? 2 : 1;
 };
-// Head dim 512: 32 keys of 4 warps (each a 32 x 128 share of dK, then of dV,
-// in two passes: 128 registers of accumulators, as at d256), 64-query stream
-// tiles (16 queries a warp: whole k16 steps). 200.5 KB of shared memory: a GPU
-// with 227 KB per block (sm_90) runs it; on the others (A100's 163 KB, sm_86's
-// 99 KB) there is no config for it and the launch fails with an error that
-// says how much shared memory the device allows (kMaxSmemPerBlock).
+// Head dim 512: 32 keys of 8 warps, each a 32 x 64 share of dK and of dV in
+// one pass (128 registers of accumulators, as at d256) and 8 queries of the
+// 64-query stream tiles (S^T one n8 tile a warp). 200.5 KB of shared memory:
+// a GPU with 227 KB per block (sm_90) runs it; on the others (A100's 163 KB,
+// sm_86's 99 KB) there is no config for it and the launch fails with an error
+// that says how much shared memory the device allows (kMaxSmemPerBlock).
 template <> struct BwdConfig<512> {
-    static constexpr int kNWarps = 4;
+    static constexpr int kNWarps = 8;
     static constexpr int kOwnRows = 32;
     static constexpr int kStreamRows = 64;
     static constexpr int kStages = 1;
@@ -273,10 +273,9 @@ struct BwdKernelTraits {
                   "V's head dim: kHeadDim's or narrower, whole 32-column tiles (SmemTile)");
     static_assert(kHeadDim % (16 * kQueryWarps) == 0 && kHeadDimV % (16 * kQueryWarps) == 0,
                   "each warp's dK and dV columns are whole pairs of n8 tiles");
-    static_assert(kNTilesS % 2 == 0 && kNTilesDk % 2 == 0 && kNTilesDv % 2 == 0 && kNTilesStream % 2 == 0 &&
-                      kDqCols % 16 == 0,
+    static_assert(kNTilesDk % 2 == 0 && kNTilesDv % 2 == 0 && kNTilesStream % 2 == 0 && kDqCols % 16 == 0,
                   "ldmatrix.x4 loads two n8 tiles");
-    static_assert(kWarpQueries % 16 == 0, "a warp's P^T columns are whole k16 steps of the dQ GEMM");
+    static_assert(kWarpQueries % 8 == 0, "a warp's S^T columns are whole n8 tiles");
     static_assert(kStreamRows % kDqRows == 0 && kHeadDim % kDqCols == 0, "whole dQ units");
     static_assert(kStages == 1 || kStages == 2, "one or two stages of streamed tiles");
     static_assert(kHeadDimDq == kHeadDim || (kHeadDim % kHeadDimDq == 0 && kHeadDimDq % 64 == 0),
