@@ -591,7 +591,7 @@ __global__ void __launch_bounds__(Traits::kNThreads) bwd_dq_kernel(const BwdPara
     const int tid = threadIdx.x;
     const int lane = tid % 32;
     const int warp_row0 = (tid / 32) * 16;
-    const int dq_chunks = (params.head_dim + Traits::kHeadDimDq - 1) / Traits::kHeadDimDq;
+    const int dq_chunks = Traits::dq_chunks(params.head_dim);
     const int dq_col0 = static_cast<int>(blockIdx.x) % dq_chunks * Traits::kHeadDimDq;
     const int m0 = static_cast<int>(blockIdx.x) / dq_chunks * kOwnRows;
     const int head = blockIdx.y;

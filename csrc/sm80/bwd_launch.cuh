@@ -85,7 +85,7 @@ cudaError_t launch_bwd(const BwdParams& params, cudaStream_t stream) {
         using DqTraits = BwdKernelTraits<Traits::kHeadDim, typename Traits::Element,
                                          BwdDqConfig<typename Traits::Config>, Traits::kHeadDimV>;
         // A block per (query tile, chunk of kHeadDimDq of dQ's columns).
-        const int dq_chunks = (params.head_dim + DqTraits::kHeadDimDq - 1) / DqTraits::kHeadDimDq;
+        const int dq_chunks = DqTraits::dq_chunks(params.head_dim);
         const dim3 grid_q((params.seqlen_q + Traits::kOwnRows - 1) / Traits::kOwnRows * dq_chunks, params.num_heads,
                           params.batch);
         return launch_with_smem(&bwd_dq_kernel<DqTraits, Is_local, Has_extras>, grid_q, DqTraits::kNThreads,

@@ -57,7 +57,7 @@ __global__ void __launch_bounds__(Traits::kNThreads) fwd_kernel(const FwdParams 
     // V and O from v_col0 on. A query tile's chunks are adjacent blocks, so
     // that they find its Q and K tiles in L2.
     static_assert(!Traits::kVChunked || !Is_kvcache || Is_paged, "no column chunks in split-KV partial results");
-    const int v_chunks = Traits::kVChunked ? (params.head_dim_v + Traits::kHeadDimV - 1) / Traits::kHeadDimV : 1;
+    const int v_chunks = Traits::v_chunks(params.head_dim_v);
     const int v_col0 = Traits::kVChunked ? static_cast<int>(blockIdx.x) % v_chunks * Traits::kHeadDimV : 0;
     const int block_x = Traits::kVChunked ? static_cast<int>(blockIdx.x) / v_chunks : static_cast<int>(blockIdx.x);
     const int num_splits = Is_kvcache ? params.num_splits : 1;

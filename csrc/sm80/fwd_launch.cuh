@@ -21,7 +21,7 @@ cudaError_t launch_fwd(const FwdParams& params, cudaStream_t stream) {
     }
     const int splits = Is_kvcache ? params.num_splits : 1;
     // O in column chunks: a block per kHeadDimV of V's columns (fwd_kernel.cuh).
-    const int v_chunks = Traits::kVChunked ? (params.head_dim_v + Traits::kHeadDimV - 1) / Traits::kHeadDimV : 1;
+    const int v_chunks = Traits::v_chunks(params.head_dim_v);
     const dim3 grid((params.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM * splits * v_chunks, params.num_heads,
                     params.batch);
     kernel<<<grid, Traits::kNThreads, kSmem, stream>>>(params);

@@ -83,6 +83,10 @@ struct FwdKernelTraits {
     static constexpr int kHeadDim = kHeadDim_;
     static constexpr int kHeadDimV = kHeadDimV_;
     static constexpr bool kVChunked = kHeadDimV < kHeadDim;  // a block per kHeadDimV columns of V
+    // The blocks of one query tile: one per chunk of V's head_dim_v columns.
+    __host__ __device__ static constexpr int v_chunks(int head_dim_v) {
+        return kVChunked ? (head_dim_v + kHeadDimV - 1) / kHeadDimV : 1;
+    }
     static constexpr int kBlockM = kBlockM_;  // query rows per thread block
     static constexpr int kBlockN = kBlockN_;  // keys per main-loop step
     static constexpr int kNWarps = kNWarps_;
@@ -243,6 +247,7 @@ struct BwdKernelTraits {
     // dQ would take 256 registers a thread; each block recomputes S and dP).
     static constexpr int kNTilesStream = kStreamRows / 8;  // n8 tiles of a dQ-kernel warp's S
     static constexpr int kHeadDimDq = kHeadDim > 256 ? 256 : kHeadDim;
+    __host__ __device__ static constexpr int dq_chunks(int head_dim) { return (head_dim + kHeadDimDq - 1) / kHeadDimDq; }
     static constexpr int kNTilesD = kHeadDimDq / 8;        // n8 tiles of a dQ-kernel warp's dQ
 
     // Each side's tiles in pairs, the one kHeadDim wide first, then the one
