@@ -280,6 +280,20 @@ def combine_rows(timers, quick):
     return rows
 
 
+def sdpa_backend_fns(q, k, v, causal, scale):
+    """{"SDPA <backend>": (fn, inputs)} for each of SDPA's backends on the same tensors (a backend that
+    refuses the shape gets its reason in the table)."""
+    fns = {}
+    for name, backend in SDPA_BACKENDS.items():
+        call = sdpa_fn(q, k, v, causal, scale)
+
+        def in_backend(call=call, backend=backend):
+            with sdpa_kernel(backend):
+                return call()
+        fns[f"SDPA {name}"] = (in_backend, (q, k, v))
+    return fns
+
+
 def mla_rows(timers, passes, quick):
     from flashattn import flash_attn_func
 
@@ -295,14 +309,7 @@ def mla_rows(timers, passes, quick):
             f"v padded to {head_dim}": ((lambda causal=causal: flash_attn_func(
                 q, k, F.pad(v, (0, head_dim - v_head_dim)), causal=causal)[..., :v_head_dim]), (q, k, v)),
         }
-        # SDPA's backends on the same tensors (v of 128; a backend that refuses the shape gets its reason).
-        for name, backend in SDPA_BACKENDS.items():
-            call = sdpa_fn(q, k, v, causal, head_dim**-0.5)
-
-            def in_backend(call=call, backend=backend):
-                with sdpa_kernel(backend):
-                    return call()
-            fns[f"SDPA {name}"] = (in_backend, (q, k, v))
+        fns.update(sdpa_backend_fns(q, k, v, causal, head_dim**-0.5))  # v of 128
         # Useful FLOPs: q k^T over 192 columns, P V over 128 (attention_flops counts both at its head dim).
         flops = 2 * attention_flops(1, HEADS, seqlen, (head_dim + v_head_dim) // 2, causal=causal)
         case = f"B=2 S={seqlen} H={HEADS} D={head_dim} Dv={v_head_dim}{' causal' if causal else ''}"
@@ -319,15 +326,8 @@ def hd512_rows(timers, passes, quick):
                for _ in range(3))
     rows = []
     for causal in (False, True):
-        fns = {"flashattn": ((lambda causal=causal: flash_attn_func(q, k, v, causal=causal)), (q, k, v))}
-        # SDPA's backends on the same tensors (a backend that refuses the shape gets its reason).
-        for name, backend in SDPA_BACKENDS.items():
-            call = sdpa_fn(q, k, v, causal, head_dim**-0.5)
-
-            def in_backend(call=call, backend=backend):
-                with sdpa_kernel(backend):
-                    return call()
-            fns[f"SDPA {name}"] = (in_backend, (q, k, v))
+        fns = {"flashattn": ((lambda causal=causal: flash_attn_func(q, k, v, causal=causal)), (q, k, v)),
+               **sdpa_backend_fns(q, k, v, causal, head_dim**-0.5)}
         flops = attention_flops(1, HEADS, seqlen, head_dim, causal=causal)
         case = f"B=1 S={seqlen} H={HEADS} D={head_dim}{' causal' if causal else ''}"
         rows += rows_for("hd512", case, fns, flops, timers, passes)
