@@ -72,11 +72,17 @@ struct SmemTile {
     }
 };
 
+// The widest fp32 accumulator a warp keeps for its 16 rows: 256 columns, 128
+// registers a thread. An output wider than that (O and the dQ kernel's dQ at
+// head dim 512) is computed in chunks of this many columns, a block each.
+constexpr int kMaxAccumulatorCols = 256;
+constexpr int accumulator_cols(int cols) { return cols > kMaxAccumulatorCols ? kMaxAccumulatorCols : cols; }
+
 // kHeadDimV: the columns of O (of V) a block computes. kHeadDim's, or at head
-// dim 512 half of them: O's [kBlockM, 512] fp32 accumulators would take 256
-// registers a thread, so each block computes 256 of V's columns and the
-// launch runs a block per 256 (fwd_kernel.cuh: v_chunk), each recomputing
-// S = Q K^T over the full head dim (a third more MMA work than one pass).
+// dim 512 half of them (accumulator_cols): each block computes 256 of V's
+// columns and the launch runs a block per 256 (fwd_kernel.cuh: v_col0), each
+// recomputing S = Q K^T over the full head dim (a third more MMA work than one
+// pass).
 template <int kHeadDim_, int kBlockM_, int kBlockN_, int kNWarps_, typename Element_, int kHeadDimV_ = kHeadDim_>
 struct FwdKernelTraits {
     using Element = Element_;  // __half or __nv_bfloat16
@@ -130,7 +136,6 @@ template <> struct FwdConfig<128> { static constexpr int kBlockM = 128, kBlockN 
 template <> struct FwdConfig<192> { static constexpr int kBlockM = 128, kBlockN = 64, kNWarps = 8; };
 template <> struct FwdConfig<256> { static constexpr int kBlockM = 128, kBlockN = 64, kNWarps = 8; };
 template <> struct FwdConfig<512> { static constexpr int kBlockM = 64, kBlockN = 32, kNWarps = 4; };
-constexpr int fwd_head_dim_v(int head_dim) { return head_dim > 256 ? 256 : head_dim; }
 
 // GPUs that give a block at most 99 KB of shared memory (sm_86, sm_89) run the
 // head dims whose FwdConfig needs more on this config instead.
@@ -243,10 +248,10 @@ struct BwdKernelTraits {
     static constexpr int kDqRowUnits = kStreamRows / kDqRows;
     static constexpr int kDqUnits = kDqRowUnits * (kHeadDim / kDqCols);
     // dQ kernel: 16 own rows per warp, the whole stream tile, and dQ's columns
-    // in chunks of kHeadDimDq, a block each (256 at head dim 512, whose 16 x 512
-    // dQ would take 256 registers a thread; each block recomputes S and dP).
+    // in chunks of kHeadDimDq, a block each (accumulator_cols: 256 at head dim
+    // 512; each block recomputes S and dP).
     static constexpr int kNTilesStream = kStreamRows / 8;  // n8 tiles of a dQ-kernel warp's S
-    static constexpr int kHeadDimDq = kHeadDim > 256 ? 256 : kHeadDim;
+    static constexpr int kHeadDimDq = accumulator_cols(kHeadDim);
     __host__ __device__ static constexpr int dq_chunks(int head_dim) { return (head_dim + kHeadDimDq - 1) / kHeadDimDq; }
     static constexpr int kNTilesD = kHeadDimDq / 8;        // n8 tiles of a dQ-kernel warp's dQ
 
@@ -290,6 +295,6 @@ struct BwdKernelTraits {
 
 template <int kHeadDim, typename Element, typename Config = FwdConfig<kHeadDim>>
 using FwdTraitsFor =
-    FwdKernelTraits<kHeadDim, Config::kBlockM, Config::kBlockN, Config::kNWarps, Element, fwd_head_dim_v(kHeadDim)>;
+    FwdKernelTraits<kHeadDim, Config::kBlockM, Config::kBlockN, Config::kNWarps, Element, accumulator_cols(kHeadDim)>;
 
 }  // namespace flash::sm80
