@@ -29,11 +29,13 @@ SM90_HEAD_DIMS = [64, 96, 128, 192, 256]
 # DeepSeek MLA's 192 / 128.
 SM90_NARROW_V = {192: 128}
 SOFTCAP = [False, True]
-# The sm90 family's backward (csrc/sm90/bwd_kernel.cuh): head dims 64 and 128
-# (the rest up to 128 run padded on them), softcap as its only extra
-# (sm90/dispatch.cu: serves_bwd; the rest runs on sm80), and its
-# deterministic=True variant (dQ added in a fixed order) of each.
-SM90_BWD_HEAD_DIMS = [64, 128]
+# The sm90 family's backward (csrc/sm90/bwd_kernel.cuh): head dims 64, 128,
+# 192 (and MLA's narrower V of 128) and 256 (the rest up to 256 run padded on
+# them), softcap as its only extra (sm90/dispatch.cu: serves_bwd; the rest
+# runs on sm80), and up to 128 its deterministic=True variant (dQ added in a
+# fixed order) of each.
+SM90_BWD_HEAD_DIMS = [64, 128, 192, 256]
+SM90_BWD_DETERMINISTIC_HEAD_DIMS = [64, 128]
 DETERMINISTIC = [False, True]
 
 OUT_DIR = Path(__file__).resolve().parent / "instantiations"
@@ -90,7 +92,7 @@ SM90_BWD_TEMPLATE = """\
 #include "sm90/bwd_launch.cuh"
 
 namespace flash::sm90 {{
-template cudaError_t run_bwd_<{element}, {head_dim}, {local}, {softcap}, {deterministic}>(const BwdParams&, cudaStream_t);
+template cudaError_t run_bwd_<{element}, {head_dim}, {head_dim_v}, {local}, {softcap}, {deterministic}>(const BwdParams&, cudaStream_t);
 }}  // namespace flash::sm90
 """
 
@@ -138,14 +140,17 @@ def expected_files() -> dict[str, str]:
                                                                softcap=str(softcap).lower())
     for dtype, element in DTYPES.items():
         for head_dim in SM90_BWD_HEAD_DIMS:
-            for local in LOCAL:
-                for softcap in SOFTCAP:
-                    for deterministic in DETERMINISTIC:
-                        name = (f"sm90_bwd_{dtype}_hdim{head_dim}{'_local' if local else ''}"
-                                f"{'_softcap' if softcap else ''}{'_det' if deterministic else ''}.cu")
-                        files[name] = SM90_BWD_TEMPLATE.format(element=element, head_dim=head_dim,
-                                                               local=str(local).lower(), softcap=str(softcap).lower(),
-                                                               deterministic=str(deterministic).lower())
+            for head_dim_v, v_name in v_head_dims(head_dim, SM90_NARROW_V):
+                for local in LOCAL:
+                    for softcap in SOFTCAP:
+                        for deterministic in DETERMINISTIC:
+                            if deterministic and head_dim not in SM90_BWD_DETERMINISTIC_HEAD_DIMS:
+                                continue
+                            name = (f"sm90_bwd_{dtype}_hdim{head_dim}{v_name}{'_local' if local else ''}"
+                                    f"{'_softcap' if softcap else ''}{'_det' if deterministic else ''}.cu")
+                            files[name] = SM90_BWD_TEMPLATE.format(
+                                element=element, head_dim=head_dim, head_dim_v=head_dim_v, local=str(local).lower(),
+                                softcap=str(softcap).lower(), deterministic=str(deterministic).lower())
     return files
 
 

@@ -31,7 +31,7 @@ flash_attn_combine.
          causal and not, on one shape that still has two query tiles, several
          key tiles, a sequence tail, the causal diagonal and a GQA group of 2;
          then REUSE_CASES (bf16 d64, S = 2048, 16 heads over 2, causal and not;
-         a cut variable-length batch at d64 and d128), where every shared-memory
+         a cut variable-length batch at d64, 128, 192 and 256), where every shared-memory
          slot of the persistent forward and of the backward's stages is written
          again after it was read.
 
@@ -90,15 +90,16 @@ def run_backward(head_dim: int, backward) -> int:
 # A handoff through shared memory is checked by racecheck only where a slot is written again after
 # it was read: a persistent forward block must draw more query tiles than it has work slots (2), so
 # more than 2 x 132 query tiles on an H100, with and without the causal mask (dynamic and static
-# schedules); a backward block must walk more steps than it has stages (2). Then a cut
-# variable-length batch (sequences of 150 and 450 rows) at both head dims of the sm90 backward,
+# schedules); a backward block must walk more steps than it has stages (2, at d256 1). Then a cut
+# variable-length batch (sequences of 150 and 450 rows) at each head dim of the sm90 backward,
 # whose tiles that reach past a sequence get those rows zeroed in shared memory (Q and dO by the
-# producer, K and V by the consumers) before the tensor cores read them.
+# producer, K and V by the consumers) before the tensor cores read them; at 192 and 256 the split
+# kernel's hand-overs between its two warpgroups (P^T, dS^T) are reused every step.
 REUSE_CASES = [
     (torch.bfloat16, 64, (2048, 2048), causal, (16, 2), "contiguous", 1, OPTIONS[0]) for causal in (False, True)
 ] + [
     (torch.bfloat16, head_dim, (300, 300), causal, (4, 2), "contiguous", 2, {"varlen": True, "cut": True})
-    for head_dim in (64, 128) for causal in (False, True)
+    for head_dim in (64, 128, 192, 256) for causal in (False, True)
 ]
 
 

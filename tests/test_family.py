@@ -158,7 +158,7 @@ def test_sm90_takes_pages_it_can_copy(page_size, head_dim, mode, monkeypatch):
 
 
 BACKWARD_CASES = {  # case: (head dim, KV heads of 4 query heads, options); alibi_slopes: drawn per call;
-    # varlen: a packed batch's (query lengths, key lengths)
+    # varlen: a packed batch's (query lengths, key lengths); head_dim_v: v's head dim (default: q's)
     "d64": (64, 4, {}), "d40": (40, 4, {}), "d128_causal": (128, 4, {"causal": True}),
     "window": (64, 4, {"window_size": (50, 10)}), "gqa": (128, 2, {}), "d96": (96, 4, {}),
     "d80": (80, 4, {}), "d72_causal_gqa": (72, 2, {"causal": True}), "softcap": (64, 4, {"softcap": 30.0}),
@@ -173,6 +173,10 @@ BACKWARD_CASES = {  # case: (head dim, KV heads of 4 query heads, options); alib
                                             "deterministic": True}),
     "softcap_varlen_deterministic": (80, 2, {"varlen": ([300, 1, 0, 177], [250, 7, 3, 177]), "softcap": 30.0,
                                              "causal": True, "deterministic": True}),
+    "d192": (192, 4, {}), "d160_causal_gqa": (160, 2, {"causal": True}), "mla": (192, 4, {"head_dim_v": 128}),
+    "d256_softcap_window": (256, 1, {"softcap": 30.0, "window_size": (50, 10)}),
+    "d224_varlen_causal": (224, 2, {"varlen": ([300, 1, 0, 177], [250, 7, 3, 177]), "causal": True}),
+    "d192_deterministic": (192, 4, {"deterministic": True}), "d320": (320, 4, {}),
 }
 
 
@@ -186,12 +190,16 @@ BACKWARD_CASES = {  # case: (head dim, KV heads of 4 query heads, options); alib
                                           ("deterministic", "sm90"), ("deterministic_d128_causal_gqa", "sm90"),
                                           ("varlen_deterministic_causal", "sm90"),
                                           ("softcap_varlen_deterministic", "sm90"),
-                                          ("softcap_alibi", "sm80"), ("alibi", "sm80"), ("dropout", "sm80")])
+                                          ("softcap_alibi", "sm80"), ("alibi", "sm80"), ("dropout", "sm80"),
+                                          ("d192", "sm90"), ("d160_causal_gqa", "sm90"), ("mla", "sm90"),
+                                          ("d256_softcap_window", "sm90"), ("d224_varlen_causal", "sm90"),
+                                          ("d192_deterministic", "sm80"), ("d320", "sm80")])
 def test_sm90_backward_serves_or_delegates(case, family):
-    """The backward's main kernel is sm90's for what serves_bwd() accepts (head dims 33..128, the
-    ones between 64 and 128 padded on the d128 kernel; causal, windows, softcap, GQA, variable
-    lengths, deterministic=True, and these together) and sm80's for the rest (ALiBi, dropout, with
-    or without softcap; FLASHATTN_FAMILY=sm80 forces sm80 for all:
+    """The backward's main kernel is sm90's for what serves_bwd() accepts (head dims 33..256, each
+    padded up to the next of 64, 128, 192 and 256, MLA's narrower V at 192; causal, windows,
+    softcap, GQA, variable lengths, deterministic=True up to 128, and these together) and sm80's for
+    the rest (ALiBi, dropout, with or without softcap, deterministic=True past 128, head dims past
+    256; FLASHATTN_FAMILY=sm80 forces sm80 for all:
     test_the_forward_and_backward_run_the_family_kernels in the suite's sm80 pass)."""
     if flashattn.kernel_family() != "sm90":
         pytest.skip("FLASHATTN_FAMILY forces another family")
@@ -200,14 +208,16 @@ def test_sm90_backward_serves_or_delegates(case, family):
     if options.get("alibi_slopes") is True:
         options["alibi_slopes"] = torch.rand(4, device="cuda")
     lengths = options.pop("varlen", None)  # (query lengths, key lengths) of a packed batch
+    head_dim_v = options.pop("head_dim_v", head_dim)
+    dims = (head_dim, head_dim, head_dim_v)
     if lengths is None:
-        q, k, v = (torch.randn(2, 300, heads, head_dim, device="cuda", dtype=torch.float16, requires_grad=True)
-                   for heads in (4, kv_heads, kv_heads))
+        q, k, v = (torch.randn(2, 300, heads, dim, device="cuda", dtype=torch.float16, requires_grad=True)
+                   for heads, dim in zip((4, kv_heads, kv_heads), dims))
         run = lambda: flashattn.flash_attn_func(q, k, v, **options).sum().backward()  # noqa: E731
     else:
         lengths_q, lengths_k = lengths
-        q, k, v = (torch.randn(sum(rows), heads, head_dim, device="cuda", dtype=torch.float16, requires_grad=True)
-                   for rows, heads in ((lengths_q, 4), (lengths_k, kv_heads), (lengths_k, kv_heads)))
+        q, k, v = (torch.randn(sum(rows), heads, dim, device="cuda", dtype=torch.float16, requires_grad=True)
+                   for (rows, heads), dim in zip(((lengths_q, 4), (lengths_k, kv_heads), (lengths_k, kv_heads)), dims))
         cu_q, cu_k = (torch.tensor([0, *itertools.accumulate(n)], device="cuda", dtype=torch.int32)
                       for n in (lengths_q, lengths_k))
         run = lambda: flashattn.flash_attn_varlen_func(  # noqa: E731

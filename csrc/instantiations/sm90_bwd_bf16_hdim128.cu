@@ -2,5 +2,5 @@
 #include "sm90/bwd_launch.cuh"
 
 namespace flash::sm90 {
-template cudaError_t run_bwd_<__nv_bfloat16, 128, false, false, false>(const BwdParams&, cudaStream_t);
+template cudaError_t run_bwd_<__nv_bfloat16, 128, 128, false, false, false>(const BwdParams&, cudaStream_t);
 }  // namespace flash::sm90

@@ -2,5 +2,5 @@
 #include "sm90/bwd_launch.cuh"
 
 namespace flash::sm90 {
-template cudaError_t run_bwd_<__half, 64, true, true, true>(const BwdParams&, cudaStream_t);
+template cudaError_t run_bwd_<__half, 64, 64, true, true, true>(const BwdParams&, cudaStream_t);
 }  // namespace flash::sm90

@@ -83,12 +83,14 @@ struct BwdSmem {
     __device__ __forceinline__ uint32_t v() const { return base + Traits::kSmemVOffset; }
     __device__ __forceinline__ uint32_t q(int stage) const { return base + Traits::kSmemQOffset + stage * Traits::kQBytes; }
     __device__ __forceinline__ uint32_t dout(int stage) const {
-        return base + Traits::kSmemDoOffset + stage * Traits::kQBytes;
+        return base + Traits::kSmemDoOffset + stage * Traits::kDoBytes;
     }
     __device__ __forceinline__ uint32_t ds(int buffer) const {
         return base + Traits::kSmemDsOffset + buffer * Traits::kDsBytes;
     }
     __device__ __forceinline__ uint32_t dq() const { return base + Traits::kSmemDqOffset; }
+    // BwdSplitTraits: P^T's hand-over from the P warpgroup to the dS one.
+    __device__ __forceinline__ uint32_t xfer() const { return base + Traits::kSmemXferOffset; }
     // float lse_log2[kBlockM], then float dsum[kBlockM], per stage.
     __device__ __forceinline__ uint32_t lse_log2(int stage) const {
         return base + Traits::kSmemRowStatsOffset + stage * Traits::kRowStatsBytes;
@@ -109,9 +111,10 @@ __device__ __forceinline__ uint32_t swizzled_address(uint32_t block, int row, in
     return block + row * kSwizzleBytes + ((((byte_in_row >> 4) ^ (row & 7)) << 4) | (byte_in_row & 15));
 }
 
-// Zeroes rows [first_row, kRows) of two tiles (a and b) of Traits::kColBlocks
-// column blocks of kRows rows (block_bytes apart), `threads` threads from
-// `thread`: whole 128-byte rows, which the swizzle only permutes within.
+// Zeroes rows [first_row, kRows) of two tiles of kRows rows a column block
+// (block_bytes apart): a of Traits::kColBlocks column blocks (K or Q), b of
+// Traits::kColBlocksV (V or dO); `threads` threads from `thread`: whole
+// 128-byte rows, which the swizzle only permutes within.
 template <typename Traits, int kRows>
 __device__ __forceinline__ void zero_rows(uint32_t a, uint32_t b, int block_bytes, int first_row, int thread,
                                           int threads) {
@@ -121,7 +124,83 @@ __device__ __forceinline__ void zero_rows(uint32_t a, uint32_t b, int block_byte
 #pragma unroll
         for (int cb = 0; cb < Traits::kColBlocks; ++cb) {
             store_zero_16(a + cb * block_bytes + 16 * c);
-            store_zero_16(b + cb * block_bytes + 16 * c);
+            if (cb < Traits::kColBlocksV) store_zero_16(b + cb * block_bytes + 16 * c);
+        }
+    }
+}
+
+// A transposed score tile, one wgmma group: acc = X Y^T for a warpgroup's 64
+// rows of X (K or V: x_desc) and the stage's tile of Y (Q or dO at y_tile),
+// both K-major over kKSteps k16 steps of their columns: S^T = K Q^T, dP^T = V
+// dO^T.
+template <typename Traits, int kKSteps>
+__device__ __forceinline__ void issue_transposed_scores(float (&acc)[1][Traits::kNTilesS][4], uint64_t x_desc,
+                                                        uint32_t y_tile) {
+    const uint64_t y_desc = smem_descriptor_sw128(y_tile, kUnusedLeadingBytes, kSwizzleAtomBytes);
+    x_desc = recompute_per_use(x_desc);
+    wgmma_fence();
+#pragma unroll
+    for (int k = 0; k < kKSteps; ++k) {
+        // k16 step k: 32 bytes into a 128-byte row, column block k / 4.
+        const uint32_t offset_x = (k / 4) * Traits::kKVBlockBytes + (k % 4) * 32;
+        const uint32_t offset_y = (k / 4) * Traits::kQBlockBytes + (k % 4) * 32;
+        Wgmma<Traits::kBlockM>::template ss<typename Traits::Element>(
+            flat(acc), advance_descriptor(x_desc, offset_x), advance_descriptor(y_desc, offset_y), /*scale_d=*/k > 0);
+    }
+    wgmma_commit();
+}
+
+// A warp's fragment of a transposed score tile (rows: keys, columns: queries)
+// re-packed into the A fragments of the k16 steps over the queries: step k
+// holds n8 blocks 2k and 2k + 1.
+template <typename Element, int kKSteps>
+__device__ __forceinline__ void pack_a_fragments(uint32_t (&a)[kKSteps][4], const float (&frag)[1][2 * kKSteps][4]) {
+#pragma unroll
+    for (int k = 0; k < kKSteps; ++k) {
+        a[k][0] = pack2<Element>(frag[0][2 * k][0], frag[0][2 * k][1]);
+        a[k][1] = pack2<Element>(frag[0][2 * k][2], frag[0][2 * k][3]);
+        a[k][2] = pack2<Element>(frag[0][2 * k + 1][0], frag[0][2 * k + 1][1]);
+        a[k][3] = pack2<Element>(frag[0][2 * k + 1][2], frag[0][2 * k + 1][3]);
+    }
+}
+
+// dS^T's A fragments (pack_a_fragments) of a warp whose first key in the tile
+// is warp_key0 into shared memory for dQ: rows are the tile's keys, 128-byte
+// rows of 64 queries per column block (kDsBlockBytes apart; the layout wgmma
+// reads MN-major). A fragment register holds the pair of queries
+// (2 * (lane % 4)) + {0, 1} of n8 block j, for key row lane / 4 (+ 8).
+template <typename Traits, int kKSteps>
+__device__ __forceinline__ void store_ds_fragments(const uint32_t (&a)[kKSteps][4], uint32_t ds_smem, int warp_key0,
+                                                   int lane) {
+#pragma unroll
+    for (int k = 0; k < kKSteps; ++k) {
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+            const int key = warp_key0 + lane / 4 + (r % 2) * 8;
+            const int query = (2 * k + r / 2) * 8 + (lane % 4) * 2;
+            const uint32_t block = ds_smem + (query / kSwizzleCols) * Traits::kDsBlockBytes;
+            store_shared_b32(swizzled_address(block, key, (query % kSwizzleCols) * 2), a[k][r]);
+        }
+    }
+}
+
+// A warpgroup's dQ accumulator (rows: the step's queries, kNTiles n8 blocks of
+// columns from col0) into the staged dQ tile: kDqBoxes boxes of kDqBoxCols fp32
+// columns, each in the 128-byte swizzle (the box the tensor map reduces). A
+// thread's rows are 16 * warp + lane / 4 (+ 8), its columns j * 8 + 2 * (lane %
+// 4) + {0, 1}, each pair stored together.
+template <typename Traits, int kNTiles>
+__device__ __forceinline__ void store_dq_rows(const float (&dq)[1][kNTiles][4], uint32_t tile, int col0,
+                                              int warp_in_group, int lane) {
+#pragma unroll
+    for (int j = 0; j < kNTiles; ++j) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            const int row = warp_in_group * 16 + lane / 4 + half * 8;
+            const int col = col0 + j * 8 + (lane % 4) * 2;
+            const uint32_t box = tile + (col / Traits::kDqBoxCols) * Traits::kDqBoxBytes;
+            store_shared_f32x2(swizzled_address(box, row, (col % Traits::kDqBoxCols) * 4), dq[0][j][2 * half],
+                               dq[0][j][2 * half + 1]);
         }
     }
 }
@@ -357,50 +436,17 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& params, const BwdS
     const uint64_t k_mn_desc = smem_descriptor_sw128(layout.k(), Traits::kKVBlockBytes, kSwizzleAtomBytes);
 
     // The steps of one query tile, named.
-    // A transposed score tile, one wgmma group: acc = X Y^T for this
-    // warpgroup's 64 rows of X (K or V: x_desc) and the stage's tile of Y (Q or
-    // dO at y_tile), both K-major over the head dim. S^T = K Q^T, dP^T = V dO^T.
+    // S^T = K Q^T or dP^T = V dO^T for this warpgroup's 64 keys, over the head dim.
     auto issue_scores = [&](float (&acc)[1][Traits::kNTilesS][4], uint64_t x_desc, uint32_t y_tile) {
-        const uint64_t y_desc = smem_descriptor_sw128(y_tile, kUnusedLeadingBytes, kSwizzleAtomBytes);
-        x_desc = recompute_per_use(x_desc);
-        wgmma_fence();
-#pragma unroll
-        for (int k = 0; k < Traits::kKStepsD; ++k) {
-            // k16 step k: 32 bytes into a 128-byte row, column block k / 4.
-            const uint32_t offset_x = (k / 4) * Traits::kKVBlockBytes + (k % 4) * 32;
-            const uint32_t offset_y = (k / 4) * Traits::kQBlockBytes + (k % 4) * 32;
-            Wgmma<kBlockM>::template ss<Element>(flat(acc), advance_descriptor(x_desc, offset_x),
-                                                 advance_descriptor(y_desc, offset_y), /*scale_d=*/k > 0);
-        }
-        wgmma_commit();
+        issue_transposed_scores<Traits, Traits::kKStepsD>(acc, x_desc, y_tile);
     };
-    // A fragment of a transposed score tile (rows: keys, columns: queries)
-    // re-packed into the A fragments of the k16 steps over the queries: step k
-    // holds n8 blocks 2k and 2k + 1.
+    // P^T or dS^T re-packed into A fragments (pack_a_fragments).
     auto pack = [&](uint32_t (&a)[Traits::kKStepsM][4], const float (&frag)[1][Traits::kNTilesS][4]) {
-#pragma unroll
-        for (int k = 0; k < Traits::kKStepsM; ++k) {
-            a[k][0] = pack2<Element>(frag[0][2 * k][0], frag[0][2 * k][1]);
-            a[k][1] = pack2<Element>(frag[0][2 * k][2], frag[0][2 * k][3]);
-            a[k][2] = pack2<Element>(frag[0][2 * k + 1][0], frag[0][2 * k + 1][1]);
-            a[k][3] = pack2<Element>(frag[0][2 * k + 1][2], frag[0][2 * k + 1][3]);
-        }
+        pack_a_fragments<Element>(a, frag);
     };
-    // dS^T into shared memory for dQ: rows are the tile's keys, 128-byte rows of
-    // 64 queries per column block (the layout wgmma reads MN-major). A fragment
-    // register holds the pair of queries (2 * (lane % 4)) + {0, 1} of n8 block j,
-    // for key row lane / 4 (+ 8).
+    // dS^T into shared memory for dQ (store_ds_fragments).
     auto store_ds = [&](const uint32_t (&a)[Traits::kKStepsM][4], uint32_t ds_smem) {
-#pragma unroll
-        for (int k = 0; k < Traits::kKStepsM; ++k) {
-#pragma unroll
-            for (int r = 0; r < 4; ++r) {
-                const int key = warp_key0 + lane / 4 + (r % 2) * 8;
-                const int query = (2 * k + r / 2) * 8 + (lane % 4) * 2;
-                const uint32_t block = ds_smem + (query / kSwizzleCols) * Traits::kDsBlockBytes;
-                store_shared_b32(swizzled_address(block, key, (query % kSwizzleCols) * 2), a[k][r]);
-            }
-        }
+        store_ds_fragments<Traits>(a, ds_smem, warp_key0, lane);
     };
     // The step's dQ, one wgmma group over the block's 128 keys, both operands
     // MN-major: dQ = dS K (A: dS^T read transposed, B: K read transposed) or,
@@ -420,33 +466,28 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& params, const BwdS
         }
         wgmma_commit();
     };
-    // The dQ tile into shared memory as the step's [kBlockM, kTileCols] rows,
-    // kDqBoxes boxes of 32 fp32 columns, each in the 128-byte swizzle (the box
-    // the tensor map reduces). A thread's accumulator rows are 16 * warp +
-    // lane / 4 (+ 8), its columns j * 8 + 2 * (lane % 4) + {0, 1}: queries and
-    // head-dim columns, pairs of one row stored together; for dQ^T the other
-    // way round, each element alone (its pair lies in two rows of the tile).
+    // The dQ tile into shared memory as the step's [kBlockM, kTileCols] rows
+    // (store_dq_rows); for dQ^T the other way round, each element alone (its
+    // pair lies in two rows of the tile).
     auto store_dq = [&](const float (&dq)[1][Traits::kNTilesDq][4]) {
         const uint32_t tile = layout.dq();
+        if constexpr (Traits::kDqTransposed) {
 #pragma unroll
-        for (int j = 0; j < Traits::kNTilesDq; ++j) {
+            for (int j = 0; j < Traits::kNTilesDq; ++j) {
 #pragma unroll
-            for (int half = 0; half < 2; ++half) {
-                const int acc_row = warp_in_group * 16 + lane / 4 + half * 8;
-                const int acc_col = j * 8 + (lane % 4) * 2;
-                if constexpr (Traits::kDqTransposed) {
+                for (int half = 0; half < 2; ++half) {
+                    const int acc_row = warp_in_group * 16 + lane / 4 + half * 8;
+                    const int acc_col = j * 8 + (lane % 4) * 2;
                     const uint32_t box = tile + (acc_row / Traits::kDqBoxCols) * Traits::kDqBoxBytes;
 #pragma unroll
                     for (int e = 0; e < 2; ++e) {
                         store_shared_f32(swizzled_address(box, acc_col + e, (acc_row % Traits::kDqBoxCols) * 4),
                                          dq[0][j][2 * half + e]);
                     }
-                } else {
-                    const uint32_t box = tile + (acc_col / Traits::kDqBoxCols) * Traits::kDqBoxBytes;
-                    store_shared_f32x2(swizzled_address(box, acc_row, (acc_col % Traits::kDqBoxCols) * 4),
-                                       dq[0][j][2 * half], dq[0][j][2 * half + 1]);
                 }
             }
+        } else {
+            store_dq_rows<Traits>(dq, tile, 0, warp_in_group, lane);
         }
     };
     // Softcap: the scores in the score unit, tanh(q.k * softcap_inner_scale),
@@ -755,6 +796,224 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& params, const BwdS
     }
 }
 
+// A consumer warpgroup of the split backward (kernel_traits.h: BwdSplitTraits),
+// both over the block's 64 keys as wgmma rows. kRole 0, the P warpgroup: S^T =
+// K Q^T, P^T (masked, capped), handed to the other warpgroup in fp32 through
+// shared memory, dV += P^T dO from its registers, dQ's first column blocks.
+// kRole 1, the dS warpgroup: dP^T = V dO^T (while the other computes S^T),
+// dS^T = P^T (dP^T - D) from the hand-over, to shared memory in 16 bits, dK +=
+// dS^T Q from its registers, dQ's other column blocks. Each step, in order:
+//   P: S^T | P^T, hand-over (kPFullBarrier) | dV issued | kDsFullBarrier | dQ
+//   dS: dP^T | wait for P^T | dS^T stored, dK issued | kDsFullBarrier | dQ
+// then each waits for its GEMMs, releases the stage, stages its dQ columns in
+// fp32 and adds them into dq_accum by its own bulk reduce-adds.
+// One hand-over buffer and one dS^T buffer are enough: the P warpgroup
+// overwrites P^T only after the dS barrier of the step before, which the dS
+// warpgroup reaches once it has read it; the dS warpgroup overwrites dS^T only
+// after the next hand-over, which the P warpgroup makes once its dQ GEMM of
+// the step before (the last reader besides the dS warpgroup's own, waited
+// for) is complete.
+template <typename Traits, bool Is_local, bool Has_softcap, int kRole>
+__device__ __forceinline__ void bwd_split_consumer(const BwdParams& params, const BwdSmem<Traits>& layout,
+                                                   const CUtensorMap* tma_dq_accum) {
+    using Element = typename Traits::Element;
+    constexpr int kBlockM = Traits::kBlockM;
+    constexpr int kBlockN = Traits::kBlockN;
+    constexpr int kNTilesS = Traits::kNTilesS;
+    constexpr bool kP = kRole == 0;
+    // This warpgroup's gradient, dV or dK: 64 keys x its tile's columns.
+    constexpr int kGradCols = kP ? Traits::kTileColsV : Traits::kTileCols;
+    // Its columns of dQ: [kDqCol0, kDqCol0 + kDqCols).
+    constexpr int kDqCol0 = kP ? 0 : Traits::kDqColBlocksP * kSwizzleCols;
+    constexpr int kDqCols = (kP ? Traits::kDqColBlocksP : Traits::kColBlocks - Traits::kDqColBlocksP) * kSwizzleCols;
+    // Named barriers (0 is __syncthreads'): P^T handed over (P arrives, dS
+    // waits); dS^T stored (both wait); this warpgroup's dQ columns staged; the
+    // key rows past a packed sequence zeroed (as bwd_consumer's).
+    constexpr int kPFullBarrier = 1;
+    constexpr int kDsFullBarrier = 2;
+    constexpr int kDqStagedBarrier = 3 + kRole;
+    constexpr int kKeyRowsBarrier = 5;
+    constexpr int kConsumerThreads = Traits::kConsumerWarpgroups * 128;
+
+    const BwdWork<Traits, Is_local, /*Is_deterministic=*/false> work(params);
+    const int n0 = work.n_block * kBlockN;
+    const int thread_in_group = threadIdx.x % 128;
+    const int lane = threadIdx.x % 32;
+    const int warp_in_group = thread_in_group / 32;
+    const int warp_key0 = warp_in_group * 16;  // this warp's first key in the tile
+
+    float grad[1][kGradCols / 8][4];
+#pragma unroll
+    for (int i = 0; i < kGradCols / 2; ++i) flat(grad)[i] = 0.f;
+
+    // S^T or dP^T: all 64 rows of K or V, K-major. dQ: dS^T and K's column
+    // blocks from kDqCol0, both MN-major (keys are the K dimension).
+    const uint64_t x_desc =
+        smem_descriptor_sw128(kP ? layout.k() : layout.v(), kUnusedLeadingBytes, kSwizzleAtomBytes);
+    const uint64_t k_mn_desc = smem_descriptor_sw128(layout.k() + kDqCol0 / kSwizzleCols * Traits::kKVBlockBytes,
+                                                     Traits::kKVBlockBytes, kSwizzleAtomBytes);
+    const uint64_t ds_mn_desc = smem_descriptor_sw128(layout.ds(0), Traits::kDsBlockBytes, kSwizzleAtomBytes);
+    // A thread's slot in the hand-over: float4 i of thread r at (i * 128 + r) * 16.
+    const uint32_t xfer = layout.xfer() + thread_in_group * 16;
+
+    // Step t's S^T = K Q^T over the head dim, or dP^T = V dO^T over V's, issued
+    // once its Q and dO tiles are in shared memory (and, for packed rows, the
+    // producer's zeros past the sequence: BwdWork).
+    auto issue_scores = [&](int t, float (&s)[1][kNTilesS][4]) {
+        const StageOf<Traits> st(t);
+        mbarrier_wait(layout.full(st.stage), st.phase);
+        if (params.cu_seqlens_q != nullptr) mbarrier_wait(layout.stats_full(st.stage), st.phase);
+        issue_transposed_scores<Traits, kP ? Traits::kKStepsD : Traits::kKStepsDv>(
+            s, x_desc, kP ? layout.q(st.stage) : layout.dout(st.stage));
+    };
+
+    // Step t, all of it: the GEMMs issued in the step are complete at its end.
+    // (Issuing the next step's S^T or dP^T behind dQ, to run while dQ is
+    // staged, made d192 16% slower: NOTES.md.)
+    auto step = [&](int t) {
+        const StageOf<Traits> st(t);
+        const int m0 = work.m0_of(t);
+        float s[1][kNTilesS][4];
+        issue_scores(t, s);
+        mbarrier_wait(layout.stats_full(st.stage), st.phase);
+        wgmma_wait<0>();
+        pin_registers(flat(s));
+
+        uint32_t frag[Traits::kKStepsM][4];  // P^T's or dS^T's A fragments
+        if constexpr (kP) {
+            // P^T = exp2(S^T * scale_log2 - lse_log2), masked as bwd_consumer's
+            // scores (softcap: capped first, and handed over times the cap's
+            // chain factor 1 - S^T^2, 0 where masked).
+            if constexpr (Has_softcap) {
+#pragma unroll
+                for (int i = 0; i < kNTilesS * 4; ++i) flat(s)[i] = tanhf(flat(s)[i] * params.softcap_inner_scale);
+            }
+            if (!tile_is_full<kBlockM, kBlockN>(m0, n0, work.seq.seqlen_q, work.window)) {
+                mask_transposed<Is_local>(s, n0 + warp_key0, m0, work.window, lane);
+            }
+            const uint32_t lse_row = layout.lse_log2(st.stage) + 8 * (lane % 4);
+#pragma unroll
+            for (int j = 0; j < kNTilesS; ++j) {
+                const float2 lse = load_shared_f32x2(lse_row + 32 * j);
+                float handed[4];
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const float score = s[0][j][e];
+                    s[0][j][e] = exp2_approx(fmaf(score, params.softmax_scale_log2, -(e % 2 ? lse.y : lse.x)));
+                    handed[e] = Has_softcap ? s[0][j][e] * fmaxf(fmaf(-score, score, 1.f), 0.f) : s[0][j][e];
+                }
+                store_shared_f32x4(xfer + j * 128 * 16, handed[0], handed[1], handed[2], handed[3]);
+            }
+            named_barrier_arrive(kPFullBarrier, kConsumerThreads);
+            pack_a_fragments<Element>(frag, s);
+        } else {
+            // dS^T = P^T (dP^T - D) (softcap: times the chain factor the hand-over carries).
+            const uint32_t dsum_row = layout.dsum(st.stage) + 8 * (lane % 4);
+            named_barrier_sync_unaligned(kPFullBarrier, kConsumerThreads);
+#pragma unroll
+            for (int j = 0; j < kNTilesS; ++j) {
+                const float2 d = load_shared_f32x2(dsum_row + 32 * j);
+                const float4 p = load_shared_f32x4(xfer + j * 128 * 16);
+                s[0][j][0] = p.x * (s[0][j][0] - d.x);
+                s[0][j][1] = p.y * (s[0][j][1] - d.y);
+                s[0][j][2] = p.z * (s[0][j][2] - d.x);
+                s[0][j][3] = p.w * (s[0][j][3] - d.y);
+            }
+            pack_a_fragments<Element>(frag, s);
+            store_ds_fragments<Traits>(frag, layout.ds(0), warp_key0, lane);
+            fence_proxy_async_shared();  // the stores are read by wgmma (async proxy) after the barrier
+        }
+        // dV += P^T dO or dK += dS^T Q (queries are the K dimension: dO and Q read MN-major).
+        {
+            const uint64_t b_mn_desc = recompute_per_use(smem_descriptor_sw128(
+                kP ? layout.dout(st.stage) : layout.q(st.stage), Traits::kQBlockBytes, kSwizzleAtomBytes));
+            wgmma_fence();
+#pragma unroll
+            for (int k = 0; k < Traits::kKStepsM; ++k) {
+                Wgmma<kGradCols>::template rs<Element>(flat(grad), frag[k],
+                                                       advance_descriptor(b_mn_desc, k * 16 * kSwizzleBytes), 1);
+            }
+            wgmma_commit();
+        }
+        // The previous step's reduce has read this warpgroup's staged dQ
+        // columns before they are restaged (its issuer waits; the barrier
+        // holds the rest of the warpgroup).
+        if (thread_in_group == 0) bulk_wait_group_read<0>();
+        named_barrier_sync_unaligned(kDsFullBarrier, kConsumerThreads);  // the roles reach it by their own instructions
+
+        // dQ = dS K over the block's keys, this warpgroup's columns.
+        float dq[1][kDqCols / 8][4];
+        {
+            const uint64_t ds_mn = recompute_per_use(ds_mn_desc);
+            const uint64_t k_mn = recompute_per_use(k_mn_desc);
+            wgmma_fence();
+#pragma unroll
+            for (int k = 0; k < Traits::kKStepsN; ++k) {
+                Wgmma<kDqCols>::template ss_mn<Element>(flat(dq), advance_descriptor(ds_mn, k * 16 * kSwizzleBytes),
+                                                        advance_descriptor(k_mn, k * 16 * kSwizzleBytes),
+                                                        /*scale_d=*/k > 0);
+            }
+            wgmma_commit();
+        }
+        wgmma_wait<0>();
+        pin_registers(frag);
+        pin_registers(flat(grad));
+        pin_registers(flat(dq));
+        mbarrier_arrive(layout.empty(st.stage));  // this thread's reads of the stage are complete
+
+        store_dq_rows<Traits>(dq, layout.dq(), kDqCol0, warp_in_group, lane);
+        fence_proxy_async_shared();  // the stores are read by the bulk reduce (async proxy)
+        named_barrier_sync(kDqStagedBarrier, 128);
+        if (thread_in_group == 0) {
+#pragma unroll
+            for (int b = kDqCol0 / Traits::kDqBoxCols; b < (kDqCol0 + kDqCols) / Traits::kDqBoxCols; ++b) {
+                if (!dq_box_issued<Traits>(b, params.head_dim)) break;
+                tma_reduce_add_4d(tma_dq_accum, layout.dq() + b * Traits::kDqBoxBytes, b * Traits::kDqBoxCols,
+                                  work.seq.q_start + m0, work.head_of(params, t), work.q_batch(params));
+            }
+            bulk_commit_group();
+        }
+    };
+
+    if (work.steps > 0) {
+        mbarrier_wait(layout.kv_full(), 0);
+        if (work.zeroes_key_rows(params)) {  // uniform across both consumer warpgroups
+            zero_rows<Traits, kBlockN>(layout.k(), layout.v(), Traits::kKVBlockBytes, work.seq.seqlen_k - n0,
+                                       threadIdx.x - 128, kConsumerThreads);
+            fence_proxy_async_shared();  // the zeros are read by wgmma (async proxy) after the barrier
+            named_barrier_sync_unaligned(kKeyRowsBarrier, kConsumerThreads);
+        }
+#pragma unroll 1
+        for (int t = 0; t < work.steps; ++t) step(t);
+        // The last reduce is complete before the block (and its shared memory) is gone.
+        if (thread_in_group == 0) bulk_wait_group<0>();
+    }
+
+    // Epilogue: dV, or dK times the softmax scale; each thread writes its
+    // pairs of columns of its two key rows (rows past the sequence, columns
+    // past the head dim stay unwritten).
+    const int64_t batch_offset = kP ? work.batch * params.dv_batch_stride : work.batch * params.dk_batch_stride;
+    const int64_t head_offset = kP ? work.head_k * params.dv_head_stride : work.head_k * params.dk_head_stride;
+    Element* out = static_cast<Element*>(kP ? params.dv_ptr : params.dk_ptr) + batch_offset + head_offset;
+    const int64_t row_stride = kP ? params.dv_row_stride : params.dk_row_stride;
+    const int cols = kP ? params.head_dim_v : params.head_dim;
+    const float scale = kP ? 1.f : params.softmax_scale;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        const int key = n0 + warp_key0 + lane / 4 + half * 8;
+        if (key >= work.seq.seqlen_k) continue;
+        Element* row = out + static_cast<int64_t>(work.seq.k_start + key) * row_stride;
+#pragma unroll
+        for (int j = 0; j < kGradCols / 8; ++j) {
+            const int col = j * 8 + (lane % 4) * 2;
+            if (col < cols) {
+                *reinterpret_cast<uint32_t*>(row + col) =
+                    pack2<Element>(grad[0][j][2 * half] * scale, grad[0][j][2 * half + 1] * scale);
+            }
+        }
+    }
+}
+
 template <typename Traits, bool Is_local, bool Has_softcap, bool Is_deterministic>
 __global__ void __launch_bounds__(Traits::kNThreads, 1)
     bwd_kernel(const __grid_constant__ BwdParams params, const __grid_constant__ CUtensorMap tma_q,
@@ -804,11 +1063,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         if (lane == 0) {
             prefetch_tensor_map(&tma_q);
             prefetch_tensor_map(&tma_do);
-            mbarrier_arrive_expect_tx(layout.kv_full(), 2 * Traits::kKVBytes);
+            mbarrier_arrive_expect_tx(layout.kv_full(), Traits::kKVBytes + Traits::kVBytes);
             load_tile<Traits>(layout.k(), &tma_k, layout.kv_full(), work.seq.k_start + n0, work.head_k,
                               work.k_batch(params), Traits::kKVBlockBytes);
-            load_tile<Traits>(layout.v(), &tma_v, layout.kv_full(), work.seq.k_start + n0, work.head_k,
-                              work.k_batch(params), Traits::kKVBlockBytes);
+            load_tile<Traits, Traits::kColBlocksV>(layout.v(), &tma_v, layout.kv_full(), work.seq.k_start + n0,
+                                                   work.head_k, work.k_batch(params), Traits::kKVBlockBytes);
         }
         for (int t = 0; t < work.steps; ++t) {
             const StageOf<Traits> s(t);
@@ -823,11 +1082,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             // a packed sequence, the zeros of its rows there, BwdWork: the
             // consumers wait for stats_full before their wgmma read that tile).
             if (lane == 0) {
-                mbarrier_arrive_expect_tx(layout.full(s.stage), 2 * Traits::kQBytes);
+                mbarrier_arrive_expect_tx(layout.full(s.stage), Traits::kQBytes + Traits::kDoBytes);
                 load_tile<Traits>(layout.q(s.stage), &tma_q, layout.full(s.stage), work.seq.q_start + m0, head,
                                   work.q_batch(params), Traits::kQBlockBytes);
-                load_tile<Traits>(layout.dout(s.stage), &tma_do, layout.full(s.stage), work.seq.q_start + m0, head,
-                                  work.q_batch(params), Traits::kQBlockBytes);
+                load_tile<Traits, Traits::kColBlocksV>(layout.dout(s.stage), &tma_do, layout.full(s.stage),
+                                                       work.seq.q_start + m0, head, work.q_batch(params),
+                                                       Traits::kQBlockBytes);
             }
             const int64_t stats = work.batch * params.lse_batch_stride + head * params.lse_head_stride +
                                   work.seq.q_start + m0;
@@ -849,8 +1109,16 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         return;
     }
 
-    // Consumers: warpgroup 1 + kDqOwner owns dQ and takes the registers for it.
-    if (warpgroup - 1 == Traits::kDqOwner) {
+    if constexpr (Traits::kSplit) {
+        static_assert(!Is_deterministic, "the split backward adds dQ in no fixed order (dispatch.cu: serves_bwd)");
+        claim_registers<Traits::kConsumerRegs>();
+        if (warpgroup == 1) {
+            bwd_split_consumer<Traits, Is_local, Has_softcap, /*kRole=*/0>(params, layout, &tma_dq_accum);
+        } else {
+            bwd_split_consumer<Traits, Is_local, Has_softcap, /*kRole=*/1>(params, layout, &tma_dq_accum);
+        }
+    } else if (warpgroup - 1 == Traits::kDqOwner) {
+        // Consumers: warpgroup 1 + kDqOwner owns dQ and takes the registers for it.
         claim_registers<Traits::kDqOwnerRegs>();
         bwd_consumer<Traits, Is_local, Has_softcap, Is_deterministic, /*kOwnsDq=*/true>(params, layout, &tma_dq_accum);
     } else {

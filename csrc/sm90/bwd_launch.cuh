@@ -1,5 +1,5 @@
-// Launches the sm90 backward for one (dtype, head dim, local, softcap,
-// deterministic) instantiation (instantiations/sm90_bwd_*.cu): the sm80
+// Launches the sm90 backward for one (dtype, head dim, V head dim, local,
+// softcap, deterministic) instantiation (instantiations/sm90_bwd_*.cu): the sm80
 // family's preprocess (D into dsum_ptr), the main kernel (dK, dV; dQ added into
 // the zeroed dq_accum, deterministic: in an order that dq_semaphore keeps), and
 // the sm80 family's dQ conversion.
@@ -15,9 +15,9 @@
 
 namespace flash::sm90 {
 
-template <typename Element, int kHeadDim, bool Is_local, bool Has_softcap, bool Is_deterministic>
+template <typename Element, int kHeadDim, int kHeadDimV, bool Is_local, bool Has_softcap, bool Is_deterministic>
 cudaError_t run_bwd_(const BwdParams& params, cudaStream_t stream) {
-    using Traits = BwdTraitsFor<kHeadDim, Element>;
+    using Traits = BwdTraitsFor<kHeadDim, Element, kHeadDimV>;
     CUtensorMap tma_q{}, tma_k{}, tma_v{}, tma_do{}, tma_dq_accum{};
     cudaError_t err = make_fwd_tensor_maps(params, Traits::kBlockM, Traits::kBlockN, &tma_q, &tma_k, &tma_v);
     if (err == cudaSuccess) err = make_bwd_tensor_maps(params, Traits::kBlockM, Traits::kDqRows, &tma_do, &tma_dq_accum);

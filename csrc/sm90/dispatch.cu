@@ -17,7 +17,7 @@ namespace flash::sm90 {
 // Defined in instantiations/sm90_fwd_*.cu and sm90_bwd_*.cu.
 template <typename Element, int kHeadDim, int kHeadDimV, bool Is_local, bool Has_softcap>
 cudaError_t run_fwd_(const FwdParams& params, KeyCopy key_copy, cudaStream_t stream);
-template <typename Element, int kHeadDim, bool Is_local, bool Has_softcap, bool Is_deterministic>
+template <typename Element, int kHeadDim, int kHeadDimV, bool Is_local, bool Has_softcap, bool Is_deterministic>
 cudaError_t run_bwd_(const BwdParams& params, cudaStream_t stream);
 
 namespace {
@@ -110,21 +110,50 @@ int block_n_of(const FwdParams& params) {
 // work on zeros, 4/3 of what a d96 call needs (1.6x at d80), in all five
 // GEMMs (the forward's d96 kernel pads its P V alone).
 constexpr int bwd_head_dim(int head_dim) {
-    return head_dim <= 32 ? 0 : head_dim <= 64 ? 64 : head_dim <= 128 ? 128 : 0;
+    return head_dim <= 32    ? 0
+           : head_dim <= 64  ? 64
+           : head_dim <= 128 ? 128
+           : head_dim <= 192 ? 192
+           : head_dim <= 256 ? 256
+                             : 0;
 }
 template <int kHeadDim>
 constexpr bool kBwdMinHeadDimHolds = bwd_head_dim(BwdTraitsFor<kHeadDim, __half>::kMinHeadDim) == kHeadDim &&
                                      bwd_head_dim(BwdTraitsFor<kHeadDim, __half>::kMinHeadDim - 1) != kHeadDim;
-static_assert(kBwdMinHeadDimHolds<64> && kBwdMinHeadDimHolds<128>,
+static_assert(kBwdMinHeadDimHolds<64> && kBwdMinHeadDimHolds<128> && kBwdMinHeadDimHolds<192> &&
+                  kBwdMinHeadDimHolds<256>,
               "BwdTraits::kMinHeadDim: the smallest head dim bwd_head_dim sends to each kernel");
 
-template <typename Element, int kHeadDim>
+// The compiled (head dim, V head dim) of the backward kernel that serves a
+// call whose head dim bwd_head_dim serves: V at the head dim's width, or at
+// 192 the narrower 128 (narrow_head_dim_v) where v fits it. The d64 and d128
+// kernels run a narrower V padded to the head dim. f is called as
+// f.template operator()<kHeadDim, kHeadDimV>().
+template <typename F>
+auto bwd_head_dims_switch(const BwdParams& params, F&& f) {
+    switch (bwd_head_dim(params.head_dim)) {
+        case 64: return f.template operator()<64, 64>();
+        case 128: return f.template operator()<128, 128>();
+        case 192:
+            return params.head_dim_v <= narrow_head_dim_v(192) ? f.template operator()<192, narrow_head_dim_v(192)>()
+                                                               : f.template operator()<192, 192>();
+        default: return f.template operator()<256, 256>();
+    }
+}
+
+// The split kernels (192, 256) have no deterministic variant (serves_bwd).
+template <typename Element, int kHeadDim, int kHeadDimV>
 cudaError_t run_bwd_head_dim(const BwdParams& params, cudaStream_t stream) {
     return FLASH_BOOL_SWITCH(params.is_local, Is_local, [&] {
         return FLASH_BOOL_SWITCH(params.softcap > 0.f, Has_softcap, [&] {
-            return FLASH_BOOL_SWITCH(params.deterministic, Is_deterministic, [&] {
-                return run_bwd_<Element, kHeadDim, Is_local, Has_softcap, Is_deterministic>(params, stream);
-            });
+            if constexpr (BwdTraitsFor<kHeadDim, Element, kHeadDimV>::kSplit) {
+                return run_bwd_<Element, kHeadDim, kHeadDimV, Is_local, Has_softcap, false>(params, stream);
+            } else {
+                return FLASH_BOOL_SWITCH(params.deterministic, Is_deterministic, [&] {
+                    return run_bwd_<Element, kHeadDim, kHeadDimV, Is_local, Has_softcap, Is_deterministic>(params,
+                                                                                                       stream);
+                });
+            }
         });
     });
 }
@@ -170,26 +199,31 @@ cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream) {
     });
 }
 
-// Head dims 33..128 (bwd_head_dim), softcap of the extras, deterministic=True
-// (its own instantiations: bwd_kernel.cuh, bwd_dq_writer), and variable-length
-// batches (cu_seqlens, seqused_q/k, leftpad_k) as the forward serves them:
-// packed rows, each sequence's own lengths (bwd_kernel.cuh: BwdWork); each of
-// these with any of the others. The backward has no block table (paged keys
-// are gathered into a packed batch before it).
+// Head dims 33..256 (bwd_head_dim), softcap of the extras, deterministic=True
+// up to 128 (its own instantiations: bwd_kernel.cuh, bwd_dq_writer; the split
+// kernels of 192 and 256 leave it to sm80), and variable-length batches
+// (cu_seqlens, seqused_q/k, leftpad_k) as the forward serves them: packed
+// rows, each sequence's own lengths (bwd_kernel.cuh: BwdWork); each of these
+// with any of the others. The backward has no block table (paged keys are
+// gathered into a packed batch before it).
 bool serves_bwd(const BwdParams& params) {
     const int head_dim = bwd_head_dim(params.head_dim);
-    const int smem = head_dim == 64 ? BwdTraitsFor<64, __half>::kSmemBytes : BwdTraitsFor<128, __half>::kSmemBytes;
+    if (head_dim == 0 || (params.deterministic && head_dim > 128)) return false;
+    const int smem = bwd_head_dims_switch(params, [&]<int kHeadDim, int kHeadDimV>() {
+        return BwdTraitsFor<kHeadDim, __half, kHeadDimV>::kSmemBytes;
+    });
     // Of the extras, softcap alone (ALiBi and dropout stay with sm80).
     const bool extras_fit = params.alibi_slopes_ptr == nullptr && params.rng_state == nullptr;
-    return head_dim > 0 && extras_fit && params.block_table == nullptr && smem <= params.max_smem_per_block &&
+    return extras_fit && params.block_table == nullptr && smem <= params.max_smem_per_block &&
            bwd_tensor_maps_fit(params);
 }
 
 cudaError_t run_bwd(const BwdParams& params, cudaStream_t stream) {
     if (!serves_bwd(params)) return sm80::run_bwd(params, stream);
     return FLASH_DTYPE_SWITCH(params.dtype, Element, [&] {
-        return bwd_head_dim(params.head_dim) == 64 ? run_bwd_head_dim<Element, 64>(params, stream)
-                                                   : run_bwd_head_dim<Element, 128>(params, stream);
+        return bwd_head_dims_switch(params, [&]<int kHeadDim, int kHeadDimV>() {
+            return run_bwd_head_dim<Element, kHeadDim, kHeadDimV>(params, stream);
+        });
     });
 }
 
@@ -198,7 +232,9 @@ cudaError_t run_bwd(const BwdParams& params, cudaStream_t stream) {
 BwdWorkspace bwd_workspace(const BwdParams& params) {
     if (!serves_bwd(params)) return sm80::bwd_workspace(params);
     if (!params.deterministic) return {/*dq_accum=*/true, /*semaphores=*/0};
-    const int block_m = bwd_head_dim(params.head_dim) == 64 ? BwdConfig<64>::kBlockM : BwdConfig<128>::kBlockM;
+    const int block_m = bwd_head_dims_switch(params, [&]<int kHeadDim, int kHeadDimV>() {
+        return BwdTraitsFor<kHeadDim, __half, kHeadDimV>::kBlockM;
+    });
     const int64_t query_tiles = (params.seqlen_q + block_m - 1) / block_m;
     return {/*dq_accum=*/true, static_cast<int64_t>(params.batch) * params.num_heads * query_tiles};
 }

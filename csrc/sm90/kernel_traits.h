@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 namespace flash::sm90 {
 
@@ -246,7 +247,9 @@ static_assert(!gathers_keys(256, 128) && !gathers_keys(128, 128) && gathers_keys
 template <int kHeadDim_, int kBlockM_, typename Element_>
 struct BwdTraits {
     using Element = Element_;  // __half or __nv_bfloat16
+    static constexpr bool kSplit = false;  // (BwdSplitTraits)
     static constexpr int kHeadDim = kHeadDim_;
+    static constexpr int kHeadDimV = kHeadDim;  // a narrower V runs padded to the head dim
     static constexpr int kBlockM = kBlockM_;  // queries per step
     static constexpr int kWarpgroupKeys = 64;
     static constexpr int kConsumerWarpgroups = 2;
@@ -254,6 +257,7 @@ struct BwdTraits {
     static constexpr int kStages = 2;                                     // Q and dO tiles in flight
     static constexpr int kNThreads = 128 * (1 + kConsumerWarpgroups);
     static constexpr int kColBlocks = kHeadDim / kSwizzleCols;  // 64-column blocks of K, V, Q, dO
+    static constexpr int kColBlocksV = kColBlocks;
     static constexpr int kTileCols = kColBlocks * kSwizzleCols;
     static constexpr int kKStepsD = kHeadDim / 16;     // k16 steps of S^T and dP^T (over the head dim)
     static constexpr int kKStepsM = kBlockM / 16;      // of dV and dK (over the step's queries)
@@ -316,8 +320,10 @@ struct BwdTraits {
     // Bytes of one column block and of a whole tile.
     static constexpr int kKVBlockBytes = kBlockN * kSwizzleBytes;  // K, V: kBlockN rows
     static constexpr int kKVBytes = kColBlocks * kKVBlockBytes;
+    static constexpr int kVBytes = kKVBytes;
     static constexpr int kQBlockBytes = kBlockM * kSwizzleBytes;   // Q, dO: kBlockM rows
     static constexpr int kQBytes = kColBlocks * kQBlockBytes;
+    static constexpr int kDoBytes = kQBytes;
     static constexpr int kDsBlockBytes = kBlockN * kSwizzleBytes;  // dS^T: kBlockN key rows x 64 queries
     static constexpr int kDsBytes = kQueryBlocks * kDsBlockBytes;
     static constexpr int kDqBytes = kDqBoxes * kDqBoxBytes;        // the step's dQ tile, fp32
@@ -340,7 +346,7 @@ struct BwdTraits {
     static constexpr int kSmemAlign = kSwizzleAtomBytes;
     static constexpr int kSmemBytes = kSmemBarrierOffset + 8 * kBarriers + kSmemAlign;
 
-    static_assert(kHeadDim == 64 || kHeadDim == 128, "head dims 64 and 128 (the rest up to 128 run padded on them)");
+    static_assert(kHeadDim == 64 || kHeadDim == 128, "head dims 64 and 128 (33..128 run padded on them)");
     static_assert(kBlockM == 64 || kBlockM == 128, "whole 64-query column blocks of dS^T, wgmma N <= 256");
     static_assert((kDqTransposed ? kTileCols : kBlockM) == 64 && kDqN % 16 == 0 && kDqN <= 256,
                   "dQ (or dQ^T) is one warpgroup's M = 64 rows by a wgmma N");
@@ -357,14 +363,110 @@ struct BwdTraits {
     static_assert(kSmemBytes <= kMaxSmemPerBlock, "shared memory over the sm_90 per-block limit");
 };
 
-// Queries per step for each head dim the sm90 backward compiles (BwdTraits);
-// a call's head dim runs on the next one up (dispatch.cu: bwd_head_dim).
-template <int kHeadDim> struct BwdConfig;
-template <> struct BwdConfig<64> { static constexpr int kBlockM = 128; };
-template <> struct BwdConfig<128> { static constexpr int kBlockM = 64; };
+// The sm90 backward's main kernel at head dims 192 and 256 (bwd_kernel.cuh:
+// bwd_split_consumer). There dK and dV of 64 keys take d/2 + dv/2 fp32
+// registers a thread (192 and 256), which with the scores leave no room in
+// one warpgroup; so a block owns 64 keys (kBlockN), and its two consumer
+// warpgroups split the five GEMMs of a step of 64 queries between them:
+//   the P warpgroup (0): S^T = K Q^T, P^T, dV += P^T dO, dQ's first columns;
+//   the dS warpgroup (1): dP^T = V dO^T, dS^T = P^T (dP^T - D), dK += dS^T Q,
+//     dQ's other columns.
+// P^T crosses from the first to the second in fp32 through shared memory (with
+// softcap, P^T times the cap's chain factor), dS^T back in 16 bits (the A
+// operand of dQ = dS K, MN-major). dQ's column blocks are split so that the
+// GEMM work of the two is balanced (the P warpgroup takes the larger share at
+// an odd count: d192's 3 blocks), and each warpgroup adds its columns into
+// dq_accum by its own bulk reduce-adds. kHeadDimV: V's (dO's, dV's) tile width,
+// the head dim's or DeepSeek MLA's narrower 128 at 192.
+template <int kHeadDim_, int kHeadDimV_, typename Element_>
+struct BwdSplitTraits {
+    using Element = Element_;
+    static constexpr bool kSplit = true;
+    static constexpr int kHeadDim = kHeadDim_;
+    static constexpr int kHeadDimV = kHeadDimV_;
+    static constexpr int kBlockM = 64;  // queries per step
+    static constexpr int kBlockN = 64;  // keys per block: both warpgroups' wgmma M
+    static constexpr int kConsumerWarpgroups = 2;
+    static constexpr int kNThreads = 128 * (1 + kConsumerWarpgroups);
+    static constexpr int kColBlocks = kHeadDim / kSwizzleCols;    // of K, Q
+    static constexpr int kColBlocksV = kHeadDimV / kSwizzleCols;  // of V, dO
+    static constexpr int kTileCols = kColBlocks * kSwizzleCols;
+    static constexpr int kTileColsV = kColBlocksV * kSwizzleCols;
+    static constexpr int kKStepsD = kHeadDim / 16;    // of S^T (over the head dim)
+    static constexpr int kKStepsDv = kHeadDimV / 16;  // of dP^T (over V's)
+    static constexpr int kKStepsM = kBlockM / 16;     // of dV, dK (over the step's queries)
+    static constexpr int kKStepsN = kBlockN / 16;     // of dQ (over the block's keys)
+    static constexpr int kNTilesS = kBlockM / 8;      // n8 blocks of S^T, dP^T
+    // dQ: the P warpgroup's column blocks [0, kDqColBlocksP), the dS
+    // warpgroup's the rest; GEMM columns of a step, S^T + dV + dQ against
+    // dP^T + dK + dQ: 448 / 384 at (192, 128), 512 / 448 at 192, 512 / 512 at 256.
+    static constexpr int kDqColBlocksP = (kColBlocks + 1) / 2;
+    static constexpr int kDqBoxCols = kSwizzleBytes / 4;  // fp32 columns of a reduce box
+    static constexpr int kDqBoxes = kTileCols / kDqBoxCols;
+    static constexpr int kDqRows = kBlockM;
+    static constexpr int kDqBoxBytes = kDqRows * kSwizzleBytes;
+    // The smallest head dim a call runs this kernel at (dispatch.cu: bwd_head_dim).
+    static constexpr int kMinHeadDim = kHeadDim - 63;
 
-template <int kHeadDim, typename Element>
-using BwdTraitsFor = BwdTraits<kHeadDim, BwdConfig<kHeadDim>::kBlockM, Element>;
+    // setmaxnreg: the producer warp 24, each consumer the rest (240). Peaks:
+    // the P warpgroup dV (dv/2) + dQ (32 a column block) + P^T's A fragments
+    // (16): 208 at d256; the dS warpgroup dK (d/2) + dQ + 16: 208 at d256.
+    static constexpr int kProducerRegs = 24;
+    static constexpr int kConsumerRegs =
+        ((1 + kConsumerWarpgroups) * registers_at_entry(kNThreads) - kProducerRegs) / kConsumerWarpgroups / 8 * 8;
+
+    static constexpr int kKVBlockBytes = kBlockN * kSwizzleBytes;
+    static constexpr int kKVBytes = kColBlocks * kKVBlockBytes;  // K
+    static constexpr int kVBytes = kColBlocksV * kKVBlockBytes;
+    static constexpr int kQBlockBytes = kBlockM * kSwizzleBytes;
+    static constexpr int kQBytes = kColBlocks * kQBlockBytes;
+    static constexpr int kDoBytes = kColBlocksV * kQBlockBytes;
+    static constexpr int kDsBlockBytes = kBlockN * kSwizzleBytes;  // dS^T: 64 keys x 64 queries
+    static constexpr int kDsBytes = kDsBlockBytes;
+    static constexpr int kDsBuffers = 1;  // (bwd_split_consumer: why one is enough)
+    static constexpr int kXferBytes = kBlockN * kBlockM * 4;  // P^T in fp32, in the fragments' order
+    static constexpr int kDqBytes = kDqBoxes * kDqBoxBytes;
+    static constexpr int kRowStatsBytes = 2 * kBlockM * 4;
+    static constexpr int kSmemAlign = kSwizzleAtomBytes;
+    // K, V, then kStages Q and dO tiles, dS^T, P^T, the dQ tile, the row stats
+    // per stage and the barriers (BwdTraits' order): two stages where they fit
+    // (192), one at 256.
+    static constexpr int kFixedBytes = kKVBytes + kVBytes + kDsBytes + kXferBytes + kDqBytes + kSmemAlign;
+    static constexpr int kStageBytes = kQBytes + kDoBytes + kRowStatsBytes + 3 * 8;
+    static constexpr int kStages = kFixedBytes + 2 * kStageBytes + 8 <= kMaxSmemPerBlock ? 2 : 1;
+    static constexpr int kSmemKOffset = 0;
+    static constexpr int kSmemVOffset = kSmemKOffset + kKVBytes;
+    static constexpr int kSmemQOffset = kSmemVOffset + kVBytes;
+    static constexpr int kSmemDoOffset = kSmemQOffset + kStages * kQBytes;
+    static constexpr int kSmemDsOffset = kSmemDoOffset + kStages * kDoBytes;
+    static constexpr int kSmemXferOffset = kSmemDsOffset + kDsBytes;
+    static constexpr int kSmemDqOffset = kSmemXferOffset + kXferBytes;
+    static constexpr int kSmemRowStatsOffset = kSmemDqOffset + kDqBytes;
+    static constexpr int kSmemBarrierOffset = kSmemRowStatsOffset + kStages * kRowStatsBytes;
+    static constexpr int kBarriers = 1 + 3 * kStages;
+    static constexpr int kSmemBytes = kSmemBarrierOffset + 8 * kBarriers + kSmemAlign;
+
+    static_assert(kHeadDim == 192 || kHeadDim == 256, "head dims 192 and 256 (129..256 run padded on them)");
+    static_assert(kHeadDimV % kSwizzleCols == 0 && kHeadDimV <= kHeadDim, "V's head dim: whole column blocks");
+    static_assert(kKVBlockBytes % kSwizzleAtomBytes == 0 && kQBlockBytes % kSwizzleAtomBytes == 0 &&
+                      kDsBytes % kSwizzleAtomBytes == 0 && kXferBytes % kSwizzleAtomBytes == 0 &&
+                      kDqBoxBytes % kSwizzleAtomBytes == 0 && kSmemRowStatsOffset % kSwizzleAtomBytes == 0,
+                  "every swizzled block starts on an atom");
+    static_assert(128 * (kProducerRegs + 2 * kConsumerRegs) <= kNThreads * registers_at_entry(kNThreads) &&
+                      kConsumerRegs <= 256 && kConsumerRegs % 8 == 0,
+                  "setmaxnreg: the warpgroups' registers must fit what the block holds at entry");
+    static_assert(kSmemBytes <= kMaxSmemPerBlock, "shared memory over the sm_90 per-block limit");
+};
+
+// Queries per step for each head dim the sm90 backward compiles with BwdTraits
+// (64, 128; 192 and 256 take BwdSplitTraits); a call's head dim runs on the
+// next one up (dispatch.cu: bwd_head_dim).
+template <int kHeadDim> struct BwdConfig { static constexpr int kBlockM = 64; };
+template <> struct BwdConfig<64> { static constexpr int kBlockM = 128; };
+
+template <int kHeadDim, typename Element, int kHeadDimV = kHeadDim>
+using BwdTraitsFor = std::conditional_t<(kHeadDim <= 128), BwdTraits<kHeadDim, BwdConfig<kHeadDim>::kBlockM, Element>,
+                                        BwdSplitTraits<kHeadDim, kHeadDimV, Element>>;
 static_assert(BwdTraitsFor<128, void>::kDqOwnerRegs == 256 && BwdTraitsFor<128, void>::kKeyRegs == 224 &&
                   BwdTraitsFor<64, void>::kDqOwnerRegs == 240 && BwdTraitsFor<64, void>::kKeyRegs == 240,
               "the register split ptxas was checked with (no spills, no C75)");

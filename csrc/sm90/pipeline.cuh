@@ -31,12 +31,13 @@ struct StageOf {
 
 // Copies a tile of rows `row`.. of a [head dim, rows, heads, batch] tensor
 // map into `dst`, one box per column block of 64 elements (block_bytes apart),
-// the bytes counted on barrier `bar`.
-template <typename Traits>
+// the bytes counted on barrier `bar`: kColBlocks blocks, by default the head
+// dim's (Traits::kColBlocks; a narrower V's tiles pass Traits::kColBlocksV).
+template <typename Traits, int kColBlocks = Traits::kColBlocks>
 __device__ __forceinline__ void load_tile(uint32_t dst, const CUtensorMap* map, uint32_t bar, int row, int head,
                                           int batch, int block_bytes) {
 #pragma unroll
-    for (int cb = 0; cb < Traits::kColBlocks; ++cb) {
+    for (int cb = 0; cb < kColBlocks; ++cb) {
         tma_load_4d(dst + cb * block_bytes, map, bar, cb * kSwizzleCols, row, head, batch);
     }
 }

@@ -305,6 +305,20 @@ __device__ __forceinline__ float2 load_shared_f32x2(uint32_t addr) {
     return v;
 }
 
+// st.shared.v4.f32 / ld.shared.v4.f32 at a shared-memory address (16-byte aligned).
+__device__ __forceinline__ void store_shared_f32x4(uint32_t addr, float a, float b, float c, float d) {
+    asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "f"(a), "f"(b), "f"(c), "f"(d)
+                 : "memory");
+}
+__device__ __forceinline__ float4 load_shared_f32x4(uint32_t addr) {
+    float4 v;
+    asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+                 : "r"(addr)
+                 : "memory");
+    return v;
+}
+
 // stmatrix.sync.aligned.m8n8.x4.shared.b16: the warp stores four 8 x 8 matrices
 // of 16-bit elements. In matrix j (register rj) lane i holds row i / 4, elements
 // 2 (i % 4) and 2 (i % 4) + 1 (an mma.m16n8 accumulator's pairs, packed);

@@ -22,12 +22,13 @@ bool serves(const FwdParams& params);
 
 cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream);
 
-// Whether the sm90 backward serves a call: fp16/bf16, head dims 33..128 (on
-// its d64 and d128 kernels, padded), causal, windowed, softcap, GQA/MQA,
-// deterministic=True, padded batches and variable lengths (cu_seqlens,
-// seqused_q/k, leftpad_k) with strides the tensor maps can describe, in any
-// combination. Not (the sm80 family runs them): ALiBi, dropout (softcap with
-// either included), head dims up to 32 and over 128.
+// Whether the sm90 backward serves a call: fp16/bf16, head dims 33..256 (on
+// its d64, d128, d192 (and MLA's V of 128) and d256 kernels, padded),
+// causal, windowed, softcap, GQA/MQA, deterministic=True up to 128, padded
+// batches and variable lengths (cu_seqlens, seqused_q/k, leftpad_k) with
+// strides the tensor maps can describe, in any combination. Not (the sm80
+// family runs them): ALiBi, dropout (softcap with either included), head dims
+// up to 32 and over 256, deterministic=True over 128.
 bool serves_bwd(const BwdParams& params);
 cudaError_t run_bwd(const BwdParams& params, cudaStream_t stream);
 // The scratch a backward call needs (flash.h: BwdWorkspace): dq_accum, and
