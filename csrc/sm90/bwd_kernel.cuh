@@ -27,6 +27,11 @@
 //     by a bulk reduce-add, waited for a step later. The other warpgroup goes
 //     on to the next step's scores meanwhile; the owner takes more registers.
 //
+// At head dims 192 and 256 the two consumer warpgroups share one tile of 64
+// keys instead, each taking part of a step's five GEMMs (kernel_traits.h:
+// BwdSplitTraits; bwd_split_consumer); the producer and everything below are
+// the same.
+//
 // The steps are the query tiles that see a key of the block's tile
 // (mask.cuh: query_tile_range), for every query head of the KV head's group:
 // dK and dV of the group sum in registers.
@@ -48,7 +53,8 @@
 // (bwd_dq_writer). The turn waited for costs the owner nothing while the
 // writer is less than a step behind.
 //
-// A head dim below the kernel's (33..63 on d64, 65..127 on d128) runs padded:
+// A head dim below the kernel's (33..63 on d64, 65..127 on d128, 129..191 on
+// d192, 193..255 on d256) runs padded:
 // the copies read zeros past it (the tensor maps' inner extent is the call's
 // head dim), so the padding adds nothing to the scores, and the padding
 // columns of dK, dV and dQ, zeros, are not written (the epilogue's bound, the
