@@ -4,7 +4,6 @@
 #pragma once
 
 #include <cstdint>
-#include <type_traits>
 
 namespace flash::sm90 {
 
@@ -458,15 +457,24 @@ struct BwdSplitTraits {
     static_assert(kSmemBytes <= kMaxSmemPerBlock, "shared memory over the sm_90 per-block limit");
 };
 
-// Queries per step for each head dim the sm90 backward compiles with BwdTraits
-// (64, 128; 192 and 256 take BwdSplitTraits); a call's head dim runs on the
-// next one up (dispatch.cu: bwd_head_dim).
-template <int kHeadDim> struct BwdConfig { static constexpr int kBlockM = 64; };
-template <> struct BwdConfig<64> { static constexpr int kBlockM = 128; };
+// The traits of each head dim the sm90 backward compiles: 64 and 128 on
+// BwdTraits (their queries per step here), 192 and 256 on BwdSplitTraits; a
+// call's head dim runs on the next one up (dispatch.cu: bwd_head_dim).
+template <int kHeadDim, typename Element, int kHeadDimV>
+struct BwdTraitsOf {
+    using type = BwdSplitTraits<kHeadDim, kHeadDimV, Element>;
+};
+template <typename Element, int kHeadDimV>
+struct BwdTraitsOf<64, Element, kHeadDimV> {
+    using type = BwdTraits<64, 128, Element>;
+};
+template <typename Element, int kHeadDimV>
+struct BwdTraitsOf<128, Element, kHeadDimV> {
+    using type = BwdTraits<128, 64, Element>;
+};
 
 template <int kHeadDim, typename Element, int kHeadDimV = kHeadDim>
-using BwdTraitsFor = std::conditional_t<(kHeadDim <= 128), BwdTraits<kHeadDim, BwdConfig<kHeadDim>::kBlockM, Element>,
-                                        BwdSplitTraits<kHeadDim, kHeadDimV, Element>>;
+using BwdTraitsFor = typename BwdTraitsOf<kHeadDim, Element, kHeadDimV>::type;
 static_assert(BwdTraitsFor<128, void>::kDqOwnerRegs == 256 && BwdTraitsFor<128, void>::kKeyRegs == 224 &&
                   BwdTraitsFor<64, void>::kDqOwnerRegs == 240 && BwdTraitsFor<64, void>::kKeyRegs == 240,
               "the register split ptxas was checked with (no spills, no C75)");
