@@ -7,11 +7,13 @@ or paged KV cache, with ``KVCache`` for generation loops and
 ``apply_rotary_emb``) are drop-ins for FlashAttention-2's functions. They run the
 CUDA kernels on CUDA tensors and a PyTorch implementation of the same
 algorithm on CPU tensors. The naive reference used by tests and benchmarks is
-``flashattn.reference.attention_ref``.
+``flashattn.reference.attention_ref``. ``flashattn.parallel`` splits one sequence across the
+ranks of a torch.distributed process group (ring attention, Ulysses).
 """
 
 from . import flash_attn_interface  # flash-attn's module of that name: the private entry points too
 from . import nn  # the modules: flashattn.nn.MultiheadAttention, MHA, ...
+from . import parallel  # context parallelism over torch.distributed: ring_attention, ulysses_attention
 from ._extension import (HAS_CUDA_KERNELS, NOT_BUILT_REASON, check_faults, cuda_available, cuda_unavailable_reason,
                          kernel_family)
 from .interface import (
@@ -49,5 +51,6 @@ __all__ = [
     "kernel_family",
     "nn",
     "pad_input",
+    "parallel",
     "unpad_input",
 ]
