@@ -12,5 +12,6 @@ The measurements, shared by every command:
 
 The commands: suite/ (`suite`, scripts/suite.sh: the report with plots; `plots` redraws
 them), sweep.py (`sweep`, scripts/bench.sh), features.py, decode.py, decode_layouts.py,
-decode_overhead.py. The FLOP formula and the error bound are flashattn.testing's.
+decode_overhead.py, parallel.py (context parallelism over N GPUs). The FLOP formula and the
+error bound are flashattn.testing's.
 """

@@ -4,7 +4,7 @@ import argparse
 import shlex
 import sys
 
-from benchmarks import decode, decode_layouts, decode_overhead, families, features, paged, sweep
+from benchmarks import decode, decode_layouts, decode_overhead, families, features, paged, parallel, sweep
 from benchmarks.suite import cli as suite
 from benchmarks.suite import redraw
 
@@ -17,6 +17,7 @@ COMMANDS = {
     "decode-layouts": decode_layouts,
     "decode-overhead": decode_overhead,
     "paged": paged,
+    "parallel": parallel,
     "plots": redraw,
 }
 

@@ -11,11 +11,13 @@ and all-to-all: there this file's workers stage CUDA tensors through host memory
 the library code is the same.
 """
 
+import csv
 import dataclasses
 import datetime
 import math
 import os
 import socket
+import subprocess
 import sys
 from pathlib import Path
 
@@ -343,3 +345,19 @@ def test_ring_steps_cover_the_causal_mask_once(world_size, layout):
     if layout == "zigzag":
         assert len(set(work)) == 1, work
     assert math.isclose(sum(work), seqlen * (seqlen + 1) / 2)
+
+
+def test_benchmark_dry_run(tmp_path):
+    """benchmarks/parallel.py's plumbing on CPU (2 gloo ranks, tiny sizes): a row per method and length,
+    each timed, and the Markdown table."""
+    root = Path(__file__).resolve().parents[1]
+    run = subprocess.run([sys.executable, "-m", "benchmarks", "parallel", "--dry-run", "--out", str(tmp_path)],
+                         cwd=root, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    with open(tmp_path / "parallel.csv") as fh:
+        rows = list(csv.DictReader(fh))
+    assert [(r["method"], r["seqlen"]) for r in rows] == [
+        (method, seqlen) for method in ("single", "ring", "ulysses") for seqlen in ("64", "96")]
+    assert all(float(r["step_ms"]) > 0 for r in rows)
+    assert all(r["comm_ms"] and r["compute_ms"] for r in rows if r["method"] == "ring")
+    assert "| ring | 2 | 64 |" in (tmp_path / "parallel.md").read_text()
