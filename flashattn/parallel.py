@@ -14,9 +14,10 @@ kernels over NCCL and the CPU implementation over gloo:
   the output back. Its per-rank traffic (four all-to-alls of the local shard's size, forward) does not
   grow with world_size, but the heads must divide by it, and nothing overlaps the exchanges.
 
-Which is faster where: Ulysses moves less data once world_size exceeds about 4 and suits fast
-all-to-all (NVLink in one node) with many heads; the ring hides its traffic behind the attention of
-long blocks, takes any head count (MQA with 1 KV head), and stays usable across nodes. Figures:
+Which is faster where: in the forward Ulysses sends about (nheads + nheads_k) / (world_size * nheads_k)
+of the ring's bytes per rank (MHA: 2 / world_size) and suits a fast all-to-all (NVLink in one node);
+the ring hides its traffic behind the attention of long blocks, takes any head count (MQA with 1 KV
+head), and stays usable across nodes. Figures:
 benchmarks/parallel.py (README, "Context parallelism").
 
 Sharding (shard, unshard, positions): causal attention needs load balance, since the last tokens see
