@@ -220,7 +220,7 @@ class _ComputeOnly:
     def __init__(self, rank, world_size):
         self.rank, self.world_size = rank, world_size
 
-    def start(self, tensors):
+    def start(self, tensors, step=None):
         return tensors
 
     @staticmethod

@@ -24,8 +24,10 @@ Sharding (shard, unshard, positions): causal attention needs load balance, since
 the whole sequence and the first see nothing. The "zigzag" layout (ring-flash-attention's and PyTorch
 context_parallel's head-tail balancer) cuts the sequence into 2 * world_size chunks and gives rank r
 chunks r and 2 * world_size - 1 - r, so every rank does the same causal work. "contiguous" gives rank r
-the r-th of world_size equal slices (balanced without causal; correct but unbalanced with it). Both
-functions take either layout; every tensor of one call must use the same.
+the r-th of world_size equal slices (balanced without causal; correct but unbalanced with it), or,
+given local_seqlens, the r-th of slices of those lengths (uneven shards: ring_attention only; with
+causal the later ranks do more of the work). Both functions take either layout; every tensor of one
+call must use the same.
 """
 
 import contextlib
@@ -48,22 +50,31 @@ _EVERYTHING = slice(None)
 
 
 def positions(seqlen: int, rank: int, world_size: int, layout: str = "zigzag",
-              device: torch.device | str | None = None) -> Tensor:
+              device: torch.device | str | None = None, *, local_seqlens: Sequence[int] | None = None) -> Tensor:
     """The indices, in the whole sequence of length seqlen, of the tokens rank holds (int64, ascending):
-    for position-dependent inputs (rotary embeddings, labels) of the local shard."""
-    chunk = _chunk_length(seqlen, world_size, layout, "seqlen")
-    return torch.cat([torch.arange(c * chunk, (c + 1) * chunk, device=device)
-                      for c in _owned_chunks(rank, world_size, layout)])
+    for position-dependent inputs (rotary embeddings, labels) of the local shard. local_seqlens: as in
+    shard()."""
+    return torch.cat([torch.arange(start, start + length, device=device)
+                      for start, length in _spans(seqlen, rank, world_size, layout, local_seqlens, "seqlen")])
 
 
-def shard(x: Tensor, rank: int, world_size: int, layout: str = "zigzag", dim: int = 1) -> Tensor:
-    """rank's shard of x, the whole sequence along dim (q, k, v: (batch, seqlen, nheads, headdim), dim 1)."""
-    chunk = _chunk_length(x.shape[dim], world_size, layout, f"x.shape[{dim}]")
-    return torch.cat([x.narrow(dim, c * chunk, chunk) for c in _owned_chunks(rank, world_size, layout)], dim)
+def shard(x: Tensor, rank: int, world_size: int, layout: str = "zigzag", dim: int = 1, *,
+          local_seqlens: Sequence[int] | None = None) -> Tensor:
+    """rank's shard of x, the whole sequence along dim (q, k, v: (batch, seqlen, nheads, headdim), dim 1).
+
+    local_seqlens (layout "contiguous" only): the length of every rank's shard, in rank order, adding up
+    to x.shape[dim]; rank r gets the r-th slice of those lengths (ring_attention takes the same list)."""
+    spans = _spans(x.shape[dim], rank, world_size, layout, local_seqlens, f"x.shape[{dim}]")
+    return torch.cat([x.narrow(dim, start, length) for start, length in spans], dim)
 
 
 def unshard(shards: Sequence[Tensor], layout: str = "zigzag", dim: int = 1) -> Tensor:
-    """The whole sequence from every rank's shard, in rank order (e.g. from dist.all_gather)."""
+    """The whole sequence from every rank's shard, in rank order (e.g. from dist.all_gather); with layout
+    "contiguous" the shards may differ in length."""
+    _check_layout(layout)
+    if layout == "zigzag" and len({s.shape[dim] for s in shards}) > 1:
+        raise ValueError(f"flashattn.parallel: layout 'zigzag' needs shards of one length, got "
+                         f"{[s.shape[dim] for s in shards]} along dim {dim}")
     return _to_sequence_order(torch.cat(list(shards), dim), len(shards), layout, dim)
 
 
@@ -82,6 +93,7 @@ def ring_attention(
     *,
     group: dist.ProcessGroup | None = None,
     layout: str = "zigzag",
+    local_seqlens: Sequence[int] | None = None,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Ring attention over `group` (default: the default group), forward and backward.
 
@@ -89,7 +101,7 @@ def ring_attention(
         q: (batch, seqlen_local, nheads, headdim), this rank's shard in `layout` (see shard()).
         k, v: (batch, seqlen_local, nheads_k, headdim), sharded alike; nheads a multiple of nheads_k
             (GQA/MQA). The total length is world_size * seqlen_local; with layout "zigzag" seqlen_local
-            must be even (the total a multiple of 2 * world_size).
+            must be even (the total a multiple of 2 * world_size). Uneven shards: see local_seqlens.
         softmax_scale, softcap, deterministic: as in flash_attn_func (deterministic: each block's backward
             is, and blocks are summed in ring order, so the whole backward is bitwise reproducible).
         causal: over the whole sequence (top-left and bottom-right alignment agree: Sq == Sk).
@@ -98,6 +110,10 @@ def ring_attention(
         return_lse: also return softmax_lse (batch, nheads, seqlen_local), fp32, over the whole sequence.
             It is not differentiable here: a loss that uses it raises NotImplementedError in the backward.
         group: the process group of the ranks that share the sequence; layout: "zigzag" or "contiguous".
+        local_seqlens: with layout "contiguous", the local seqlen of every rank of the group in rank order
+            (q.shape[1] here), when they differ (shard(..., local_seqlens=...) cuts them); a rank may hold
+            0 tokens. The caller knows them from sharding: nothing is exchanged to learn them. None: every
+            rank holds q.shape[1] tokens. With causal the work is unbalanced, as with even contiguous shards.
 
     Returns:
         out (batch, seqlen_local, nheads, headdim_v) in q's dtype, differentiable in q, k and v;
@@ -118,8 +134,14 @@ def ring_attention(
     if alibi_slopes is not None:
         raise ValueError("flashattn.parallel: ring_attention does not support alibi_slopes (the blocks' biases need "
                          "their absolute positions): pass None, or use ulysses_attention, which does")
+    if local_seqlens is not None:
+        rank = dist.get_rank(group)
+        local_seqlens = _check_local_seqlens(local_seqlens, dist.get_world_size(group), layout)
+        if local_seqlens[rank] != q.shape[1]:
+            raise ValueError(f"flashattn.parallel: local_seqlens[{rank}] ({local_seqlens[rank]}) must be this rank's "
+                             f"local seqlen, q.shape[1] = {q.shape[1]}")
     scale = _resolve_softmax_scale(softmax_scale, q.shape[-1])
-    out, lse = _RingAttention.apply(q, k, v, _Ring(group), scale, bool(causal), float(softcap),
+    out, lse = _RingAttention.apply(q, k, v, _Ring(group, local_seqlens), scale, bool(causal), float(softcap),
                                     bool(deterministic), layout)
     return (out, lse) if return_lse else out
 
@@ -246,6 +268,32 @@ def _owned_chunks(rank: int, world_size: int, layout: str) -> tuple[int, ...]:
     return (rank, 2 * world_size - 1 - rank) if layout == "zigzag" else (rank,)
 
 
+def _check_local_seqlens(local_seqlens: object, world_size: int, layout: str) -> tuple[int, ...]:
+    if layout != "contiguous":
+        raise ValueError(f"flashattn.parallel: local_seqlens (uneven shards) needs layout='contiguous', got "
+                         f"{layout!r}, which cuts the sequence into 2 * world_size equal chunks: pad the sequence "
+                         "to a multiple of 2 * world_size, or use layout='contiguous'")
+    seqlens = tuple(local_seqlens) if isinstance(local_seqlens, Sequence) else ()
+    if len(seqlens) != world_size or not all(type(n) is int and n >= 0 for n in seqlens):
+        raise ValueError(f"flashattn.parallel: local_seqlens must hold the local seqlen of each of the {world_size} "
+                         f"ranks, in rank order, as non-negative ints; got {local_seqlens!r}")
+    return seqlens
+
+
+def _spans(seqlen: int, rank: int, world_size: int, layout: str, local_seqlens: Sequence[int] | None,
+           name: str) -> list[tuple[int, int]]:
+    """(start, length) in the whole sequence of each piece of it that rank holds, in the order it holds them."""
+    chunks = _owned_chunks(rank, world_size, layout)
+    if local_seqlens is None:
+        chunk = _chunk_length(seqlen, world_size, layout, name)
+        return [(c * chunk, chunk) for c in chunks]
+    seqlens = _check_local_seqlens(local_seqlens, world_size, layout)
+    if sum(seqlens) != seqlen:
+        raise ValueError(f"flashattn.parallel: local_seqlens {list(seqlens)} must add up to {name} ({seqlen}), got "
+                         f"{sum(seqlens)}")
+    return [(sum(seqlens[:rank]), seqlens[rank])]
+
+
 def _chunk_length(seqlen: int, world_size: int, layout: str, name: str) -> int:
     _check_layout(layout)
     chunks = 2 * world_size if layout == "zigzag" else world_size
@@ -264,6 +312,8 @@ def _rank_order(world_size: int, layout: str) -> list[int]:
 def _to_sequence_order(x: Tensor, world_size: int, layout: str, dim: int = 1) -> Tensor:
     """x, the ranks' shards concatenated in rank order along dim, in sequence order (slices and a cat:
     differentiable without scatters)."""
+    if layout == "contiguous":  # rank order is sequence order, whatever the shards' lengths
+        return x
     order = _rank_order(world_size, layout)
     pieces = x.chunk(len(order), dim)
     return torch.cat([pieces[order.index(c)] for c in range(len(order))], dim)
@@ -271,50 +321,71 @@ def _to_sequence_order(x: Tensor, world_size: int, layout: str, dim: int = 1) ->
 
 def _to_rank_order(x: Tensor, world_size: int, layout: str, dim: int = 1) -> Tensor:
     """The inverse of _to_sequence_order."""
+    if layout == "contiguous":
+        return x
     pieces = x.chunk(len(_rank_order(world_size, layout)), dim)
     return torch.cat([pieces[c] for c in _rank_order(world_size, layout)], dim)
 
 
-def _block(layout: str, causal: bool, rank: int, source: int, seqlen: int) -> tuple[slice, slice, bool] | None:
-    """Which of rank's query rows attend to which rows of the K/V block that rank `source` holds, and
-    whether causally; None where none does. On the diagonal (source == rank) the local rows are in
-    sequence order in both layouts, so the local causal mask is the global one. Zigzag: rank r holds
-    chunks (r, 2w-1-r), source s chunks (s, 2w-1-s). s < r: both our chunks come after chunk s and before
-    chunk 2w-1-s: all our rows, s's first half. s > r: only our late chunk 2w-1-r comes after s's two,
-    which both come after our early chunk r: our second half, all of s's rows. Either is half a
-    diagonal block's rows times half its keys."""
+def _block(layout: str, causal: bool, rank: int, source: int, seqlen: int,
+           source_seqlen: int) -> tuple[slice, slice, bool] | None:
+    """Which of rank's query rows (seqlen of them) attend to which rows of the K/V block that rank `source`
+    holds (source_seqlen), and whether causally; None where none does, or where either is empty (no
+    kernel call for an empty shard). On the diagonal (source == rank) the local rows are in sequence
+    order in both layouts, so the local causal mask is the global one. Contiguous: every token of a
+    lower rank comes before all of ours and every token of a higher rank after, whatever the shards'
+    lengths. Zigzag: rank r holds chunks (r, 2w-1-r), source s chunks (s, 2w-1-s). s < r: both our
+    chunks come after chunk s and before chunk 2w-1-s: all our rows, s's first half. s > r: only our
+    late chunk 2w-1-r comes after s's two, which both come after our early chunk r: our second half,
+    all of s's rows. Either is half a diagonal block's rows times half its keys."""
+    if not seqlen or not source_seqlen:
+        return None
     if not causal:
         return _EVERYTHING, _EVERYTHING, False
     if source == rank:
         return _EVERYTHING, _EVERYTHING, True
     if layout == "contiguous":
         return (_EVERYTHING, _EVERYTHING, False) if source < rank else None
-    half = seqlen // 2
     if source < rank:
-        return _EVERYTHING, slice(0, half), False
-    return slice(half, None), _EVERYTHING, False
+        return _EVERYTHING, slice(0, source_seqlen // 2), False
+    return slice(seqlen // 2, None), _EVERYTHING, False
 
 
 class _Ring:
     """This rank's neighbours in the ring of a process group: start() sends tensors to the next rank and
-    receives as many of the same shapes from the previous one; wait() returns what arrived.
+    receives as many from the previous one; wait() returns what arrived.
+
+    Uneven shards (local_seqlens): at step t of either pass this rank holds the K/V block of rank
+    source(t) = (rank - t) % world_size, and the previous rank holds block source(t + 1). So all that
+    arrives during step t (the next K/V block, and in the backward the dK/dV accumulators of the block
+    that the previous rank just used) is block source(t + 1)'s, of local_seqlens[source(t + 1)] tokens
+    along dim 1, the sender's length; after the last step, t = world_size - 1, it is source(world_size) =
+    rank's: the accumulators come home. Without local_seqlens every block has the shape sent.
 
     On CUDA with NCCL the sends and receives run on the process group's own stream, which waits for the
     caller's stream when they are issued (so they read finished data) and which the caller's stream waits
     for at wait(): issuing them before a block's attention kernel is what overlaps the two, and no other
     synchronisation is needed; the group also keeps the buffers alive for the allocator until then."""
 
-    def __init__(self, group: dist.ProcessGroup | None):
+    def __init__(self, group: dist.ProcessGroup | None, local_seqlens: tuple[int, ...] | None = None):
         self.group = group
         self.rank = dist.get_rank(group)
         self.world_size = dist.get_world_size(group)
+        self.local_seqlens = local_seqlens
         # P2POp takes global ranks.
         self._next, self._previous = (dist.get_global_rank(group or dist.group.WORLD, r % self.world_size)
                                       for r in (self.rank + 1, self.rank - 1))
 
-    def start(self, tensors: tuple[Tensor, ...]) -> tuple[tuple[Tensor, ...], list]:
+    def start(self, tensors: tuple[Tensor, ...], step: int | None = None) -> tuple[tuple[Tensor, ...], list]:
+        """Sends step's tensors ((batch, seqlen, ...): block source(step)'s or its gradients) and receives
+        the previous rank's, block source(step + 1)'s."""
         tensors = tuple(t.contiguous() for t in tensors)
-        received = tuple(torch.empty_like(t) for t in tensors)
+        if self.local_seqlens is None:
+            received = tuple(torch.empty_like(t) for t in tensors)
+        else:
+            # Zero-length blocks travel too (gloo and NCCL >= 2.12 take empty messages): every rank takes part.
+            seqlen = self.local_seqlens[(self.rank - step - 1) % self.world_size]
+            received = tuple(t.new_empty((t.shape[0], seqlen, *t.shape[2:])) for t in tensors)
         ops = [dist.P2POp(dist.isend, t, self._next, self.group) for t in tensors]
         ops += [dist.P2POp(dist.irecv, t, self._previous, self.group) for t in received]
         return received, dist.batch_isend_irecv(ops)
@@ -340,8 +411,8 @@ def _ring_forward(q, k, v, ring, scale, causal, softcap, layout) -> tuple[Tensor
     out = lse = None
     kv = (k, v)
     for step in range(ring.world_size):
-        incoming = ring.start(kv) if step + 1 < ring.world_size else None
-        block = _block(layout, causal, ring.rank, (ring.rank - step) % ring.world_size, q.shape[1])
+        incoming = ring.start(kv, step) if step + 1 < ring.world_size else None
+        block = _block(layout, causal, ring.rank, (ring.rank - step) % ring.world_size, q.shape[1], kv[0].shape[1])
         if block is not None:
             rows, keys, block_causal = block
             block_out, block_lse, _, _ = _flash_attn_forward(q[:, rows], kv[0][:, keys], kv[1][:, keys], 0.0, scale,
@@ -352,6 +423,9 @@ def _ring_forward(q, k, v, ring, scale, causal, softcap, layout) -> tuple[Tensor
                 _merge(out[:, rows], lse[:, :, rows], block_out, block_lse)
         if incoming is not None:
             kv = ring.wait(incoming)
+    if out is None:  # this rank holds no tokens
+        out = q.new_zeros((*q.shape[:3], v.shape[-1]), dtype=torch.float32)
+        lse = q.new_zeros((q.shape[0], q.shape[2], 0), dtype=torch.float32)
     return out.to(q.dtype), lse
 
 
@@ -359,8 +433,8 @@ def _ring_backward(dout, q, k, v, out, lse, ring, scale, causal, softcap, determ
     dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     kv, kv_grads = (k, v), None
     for step in range(ring.world_size):
-        incoming = ring.start(kv) if step + 1 < ring.world_size else None
-        block = _block(layout, causal, ring.rank, (ring.rank - step) % ring.world_size, q.shape[1])
+        incoming = ring.start(kv, step) if step + 1 < ring.world_size else None
+        block = _block(layout, causal, ring.rank, (ring.rank - step) % ring.world_size, q.shape[1], kv[0].shape[1])
         if block is not None:
             rows, keys, block_causal = block
             block_k, block_v = kv[0][:, keys], kv[1][:, keys]
@@ -378,7 +452,7 @@ def _ring_backward(dout, q, k, v, out, lse, ring, scale, causal, softcap, determ
             dk[:, keys] += block_dk
             dv[:, keys] += block_dv
         if ring.world_size > 1:  # after the last step this sends each block's gradients home
-            kv_grads = ring.start((dk, dv))
+            kv_grads = ring.start((dk, dv), step)
         if incoming is not None:
             kv = ring.wait(incoming)
     if kv_grads is not None:

@@ -40,7 +40,7 @@ class Case:
     layout: str
     causal: bool
     batch: int
-    chunk: int  # tokens per chunk: seqlen = chunk * (2 * world if zigzag else world)
+    chunk: int  # tokens per chunk: seqlen = chunk * (2 * world if zigzag else world); 0 with local_seqlens
     heads: int
     heads_k: int
     head_dim: int
@@ -48,6 +48,7 @@ class Case:
     softmax_scale: float | None = None
     softcap: float = 0.0
     window_size: tuple[int, int] = (-1, -1)
+    local_seqlens: tuple[tuple[int, ...], ...] = ()  # uneven contiguous shards: one length list per world size
 
 
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
@@ -58,6 +59,12 @@ CASES = {
     "ring-zigzag-full-softcap": Case("ring", "zigzag", False, 2, 3, 4, 1, 24, F32, softcap=5.0),
     "ring-contiguous-full": Case("ring", "contiguous", False, 1, 5, 2, 2, 8, F16),
     "ring-contiguous-causal": Case("ring", "contiguous", True, 1, 7, 2, 1, 16, BF16),
+    "ring-uneven-causal-gqa": Case("ring", "contiguous", True, 2, 0, 4, 2, 16, F32,
+                                   local_seqlens=((5, 3), (7, 1, 4, 6))),
+    "ring-uneven-full-mqa-d13": Case("ring", "contiguous", False, 1, 0, 3, 1, 13, BF16, softmax_scale=0.3,
+                                     local_seqlens=((2, 7), (3, 6, 1, 5))),
+    "ring-uneven-causal-empty-ranks": Case("ring", "contiguous", True, 1, 0, 2, 2, 8, F16,
+                                           local_seqlens=((0, 6), (4, 0, 0, 5))),
     "ulysses-zigzag-causal-gqa": Case("ulysses", "zigzag", True, 1, 3, 4, 2, 16, BF16),
     "ulysses-contiguous-full-d11": Case("ulysses", "contiguous", False, 2, 5, 4, 4, 11, F32),
     "ulysses-zigzag-causal-mqa-window": Case("ulysses", "zigzag", True, 1, 3, 8, 1, 16, F16, softcap=3.0,
@@ -75,6 +82,10 @@ BAD_CALLS = {
     "ulysses-heads": (ValueError, "nheads (q.shape[2] = 3)"),
     "ulysses-heads-k": (ValueError, "nheads_k (k.shape[2] = 3)"),
     "zigzag-odd-seqlen": (ValueError, "even local seqlen (q.shape[1] = 3:"),
+    "local-seqlens-count": (ValueError, "local_seqlens must hold the local seqlen of each of the"),
+    "local-seqlens-negative": (ValueError, "local_seqlens must hold the local seqlen of each of the"),
+    "local-seqlens-zigzag": (ValueError, "local_seqlens (uneven shards) needs layout='contiguous'"),
+    "local-seqlens-mismatch": (ValueError, "must be this rank's local seqlen, q.shape[1] = 4"),
     "k-seqlen": (ValueError, "k and v must be shards of q's sequence"),
     "layout": (ValueError, "layout must be one of"),
     "ring-lse-gradient": (NotImplementedError, "softmax_lse is not differentiable"),
@@ -95,7 +106,13 @@ def _dtype(case: Case, device: str) -> torch.dtype:
     return BF16 if device == "cuda" and case.dtype == F32 else case.dtype
 
 
+def _local_seqlens(case: Case, world_size: int) -> tuple[int, ...] | None:
+    return next((lengths for lengths in case.local_seqlens if len(lengths) == world_size), None)
+
+
 def _seqlen(case: Case, world_size: int) -> int:
+    if case.local_seqlens:
+        return sum(_local_seqlens(case, world_size))
     return case.chunk * (2 * world_size if case.layout == "zigzag" else world_size)
 
 
@@ -110,7 +127,9 @@ def _inputs(name: str, case: Case, world_size: int, device: str) -> tuple[torch.
 
 def _run_case(case: Case, inputs: tuple[torch.Tensor, ...], rank: int, world_size: int, device: str) -> dict:
     """This rank's out, softmax_lse (None through SDPA) and dq, dk, dv, on the CPU."""
-    q, k, v, dout = (shard(t, rank, world_size, case.layout).to(device) for t in inputs)
+    lengths = _local_seqlens(case, world_size)
+    q, k, v, dout = (shard(t, rank, world_size, case.layout, local_seqlens=lengths).to(device) for t in inputs)
+    uneven = {"local_seqlens": lengths} if lengths else {}
     leaves = tuple(t.detach().requires_grad_() for t in (q, k, v))
     lse = None
     with poisoned_allocations():
@@ -122,7 +141,7 @@ def _run_case(case: Case, inputs: tuple[torch.Tensor, ...], rank: int, world_siz
             attention = ring_attention if case.method == "ring" else ulysses_attention
             out, lse = attention(*leaves, softmax_scale=case.softmax_scale, causal=case.causal,
                                  window_size=case.window_size, softcap=case.softcap, return_lse=True,
-                                 layout=case.layout)
+                                 layout=case.layout, **uneven)
         grads = torch.autograd.grad(out, leaves, dout)
     return {"out": out.detach().cpu(), "lse": None if lse is None else lse.detach().cpu(),
             "grads": [g.cpu() for g in grads]}
@@ -147,6 +166,7 @@ def _bad_calls(device: str) -> dict:
             F.scaled_dot_product_attention(q, k, v, attn_mask=torch.ones(4, 4, dtype=torch.bool, device=device))
 
     slopes = torch.ones(4, device=device)
+    world_size = dist.get_world_size()
     return {
         "ring-dropout": lambda: ring_attention(*qkv(), dropout_p=0.1),
         "ulysses-dropout": lambda: ulysses_attention(*qkv(), dropout_p=0.1),
@@ -155,6 +175,12 @@ def _bad_calls(device: str) -> dict:
         "ulysses-heads": lambda: ulysses_attention(*qkv(heads=3, heads_k=1)),
         "ulysses-heads-k": lambda: ulysses_attention(*qkv(heads=12, heads_k=3)),
         "zigzag-odd-seqlen": lambda: ring_attention(*qkv(seqlen=3), causal=True),
+        "local-seqlens-count": lambda: ring_attention(*qkv(), layout="contiguous",
+                                                      local_seqlens=[4] * (world_size + 1)),
+        "local-seqlens-negative": lambda: ring_attention(*qkv(), layout="contiguous",
+                                                         local_seqlens=[4] * (world_size - 1) + [-1]),
+        "local-seqlens-zigzag": lambda: ring_attention(*qkv(), local_seqlens=[4] * world_size),
+        "local-seqlens-mismatch": lambda: ring_attention(*qkv(), layout="contiguous", local_seqlens=[3] * world_size),
         "k-seqlen": lambda: ring_attention(*qkv(seqlen=2, seqlen_k=4)),
         "layout": lambda: ring_attention(*qkv(), layout="striped"),
         "ring-lse-gradient": lse_gradient,
@@ -304,6 +330,19 @@ def test_shard_unshard_positions(world_size, layout):
         assert positions(seqlen, 0, world_size, layout)[-1] == seqlen - 1
 
 
+@pytest.mark.parametrize("local_seqlens", [(5,), (5, 3), (0, 4), (7, 1, 4, 6), (4, 0, 0, 5), (2, 0, 3, 1, 9)])
+def test_uneven_shard_unshard_positions(local_seqlens):
+    """With local_seqlens rank r gets the r-th contiguous slice of its length; unshard concatenates them back."""
+    world_size, seqlen = len(local_seqlens), sum(local_seqlens)
+    x = torch.randn(2, seqlen, 3, 5)
+    shards = [shard(x, r, world_size, "contiguous", local_seqlens=local_seqlens) for r in range(world_size)]
+    assert [s.shape[1] for s in shards] == list(local_seqlens)
+    for r, s in enumerate(shards):
+        assert torch.equal(s, x[:, positions(seqlen, r, world_size, "contiguous", local_seqlens=local_seqlens)])
+    assert torch.equal(unshard(shards, "contiguous"), x)
+    assert torch.equal(unshard([s.transpose(1, 2) for s in shards], "contiguous", dim=2), x.transpose(1, 2))
+
+
 def test_shard_errors_name_the_length():
     with pytest.raises(ValueError, match=r"x.shape\[1\] \(10\) must be a multiple of 8 for layout 'zigzag'"):
         shard(torch.randn(1, 10, 2, 4), 0, 4)
@@ -313,28 +352,38 @@ def test_shard_errors_name_the_length():
         positions(8, 4, 4)
     with pytest.raises(ValueError, match="layout must be one of"):
         shard(torch.randn(1, 8, 2, 4), 0, 2, "striped")
+    with pytest.raises(ValueError, match=r"local_seqlens \[5, 4\] must add up to x.shape\[1\] \(8\), got 9"):
+        shard(torch.randn(1, 8, 2, 4), 0, 2, "contiguous", local_seqlens=[5, 4])
+    with pytest.raises(ValueError, match=r"local_seqlens \(uneven shards\) needs layout='contiguous'"):
+        shard(torch.randn(1, 8, 2, 4), 0, 2, local_seqlens=[4, 4])
+    with pytest.raises(ValueError, match="local_seqlens must hold the local seqlen of each of the 2 ranks"):
+        positions(8, 0, 2, "contiguous", local_seqlens=[8])
+    with pytest.raises(ValueError, match="layout 'zigzag' needs shards of one length"):
+        unshard([torch.randn(1, 4, 2, 4), torch.randn(1, 2, 2, 4)])
 
 
-@pytest.mark.parametrize("world_size", [1, 2, 3, 5, 8])
-@pytest.mark.parametrize("layout", ["zigzag", "contiguous"])
-def test_ring_steps_cover_the_causal_mask_once(world_size, layout):
+@pytest.mark.parametrize(("world_size", "layout", "local_seqlens"), [
+    *((w, layout, None) for w in (1, 2, 3, 5, 8) for layout in ("zigzag", "contiguous")),
+    (2, "contiguous", (5, 3)), (4, "contiguous", (7, 1, 4, 6)), (5, "contiguous", (0, 3, 0, 0, 2))])
+def test_ring_steps_cover_the_causal_mask_once(world_size, layout, local_seqlens):
     """The (query, key) pairs that the ring's steps attend, over all ranks and steps, are the causal mask's,
     each once; with zigzag every rank computes the same number of scores."""
     chunk = 3
-    seqlen = chunk * (2 * world_size if layout == "zigzag" else world_size)
-    local = seqlen // world_size
+    seqlen = sum(local_seqlens) if local_seqlens else chunk * (2 * world_size if layout == "zigzag" else world_size)
+    local = local_seqlens or (seqlen // world_size,) * world_size
     seen = torch.zeros(seqlen, seqlen, dtype=torch.int64)
     work = []
     for rank in range(world_size):
-        rows_at = positions(seqlen, rank, world_size, layout)
+        rows_at = positions(seqlen, rank, world_size, layout, local_seqlens=local_seqlens)
         scores = 0
         for step in range(world_size):
             source = (rank - step) % world_size
-            block = _block(layout, True, rank, source, local)
+            block = _block(layout, True, rank, source, local[rank], local[source])
             if block is None:
                 continue
             rows, keys, causal = block
-            q_pos, k_pos = rows_at[rows], positions(seqlen, source, world_size, layout)[keys]
+            k_pos = positions(seqlen, source, world_size, layout, local_seqlens=local_seqlens)[keys]
+            q_pos = rows_at[rows]
             visible = torch.ones(len(q_pos), len(k_pos), dtype=torch.bool)
             if causal:
                 visible = visible.tril()
