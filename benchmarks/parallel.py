@@ -22,7 +22,6 @@ seconds), median of --reps after one warm-up. A 1M-token step takes about 16 s p
 import csv
 import datetime
 import os
-import socket
 import statistics
 import time
 
@@ -34,7 +33,7 @@ from benchmarks.arguments import add_out, choice_list, int_list
 from benchmarks.environment import cpu_header, dated_folder, gpu_header, header_lines, results_folder, slug
 from flashattn import flash_attn_func
 from flashattn.parallel import _Ring, _RingAttention, ring_attention, ulysses_attention
-from flashattn.testing import attention_flops
+from flashattn.testing import attention_flops, free_loopback_port
 
 HELP = "GPUs: context-parallel training step (ring, Ulysses) over N GPUs against one (--dry-run: CPU plumbing check)"
 METHODS = ("ring", "ulysses")
@@ -89,14 +88,8 @@ def run(args):
     if torchrun:
         _worker(int(os.environ["RANK"]), nproc, None, device, args, folder, header)
     else:
-        mp.spawn(_worker, args=(nproc, _free_port(), device, args, folder, header), nprocs=nproc)
+        mp.spawn(_worker, args=(nproc, free_loopback_port(), device, args, folder, header), nprocs=nproc)
     return 0
-
-
-def _free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _worker(rank, world_size, port, device, args, folder, header):

@@ -1,5 +1,6 @@
 """What the tests, the benchmarks and scripts/long_context.py share: the FLOP count of
-attention and the error bound that decides whether an output is correct.
+attention, the error bound that decides whether an output is correct, and a free loopback port for
+the process groups of multi-process runs (tests/test_parallel.py, benchmarks/parallel.py).
 
 The bound (the project's testing rule): against an accurate reference (fp32; float64
 for fp32 inputs), our error may be at most twice the error of PyTorch doing the same
@@ -15,6 +16,7 @@ it). Nothing here needs a GPU.
 """
 
 import math
+import socket
 
 import torch
 from torch import Tensor
@@ -27,6 +29,7 @@ __all__ = [
     "OUT_FACTOR",
     "PASS_FLOP_FACTORS",
     "attention_flops",
+    "free_loopback_port",
     "grad_bound",
     "grad_eps",
     "max_abs_diff",
@@ -101,3 +104,11 @@ def grad_bound(lowp_error: float, floor: float = 0.0, inherited: float = 0.0, ep
     same-dtype error, at least floor (rounding_floor), plus the error it inherits from the
     forward's out (0 for dv), plus eps (grad_eps for another softmax_scale)."""
     return max(GRAD_FACTOR * lowp_error, floor) + inherited + eps
+
+
+def free_loopback_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now: the rendezvous of spawned ranks
+    (init_method=f"tcp://127.0.0.1:{port}"), on this machine only."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
