@@ -190,6 +190,25 @@ __device__ __forceinline__ void store_ds_fragments(const uint32_t (&a)[kKSteps][
     }
 }
 
+// The same fragments stored transposed (BwdTraits::kDqSplit): dS with the
+// step's queries as rows, 128-byte rows of 64 keys per column block (the
+// K-major B of dQ^T = K^T dS), the warp's 16 keys in its warpgroup's block.
+// One stmatrix.trans a k16 step: matrix r of the x4 is register r, the keys
+// lane / 4 + 8 (r % 2) by the queries 8 (r / 2) + 2 (lane % 4) + {0, 1} of
+// the step; stored transposed, its rows are those 8 queries, each 16 bytes of
+// 8 keys. Lane 8r + i gives the address of row i of matrix r.
+template <typename Traits, int kKSteps>
+__device__ __forceinline__ void store_ds_rows_of_queries(const uint32_t (&a)[kKSteps][4], uint32_t ds_block,
+                                                         int warp_key_in_block, int lane) {
+    const int r = lane / 8;
+    const int key_byte = (warp_key_in_block + (r % 2) * 8) * 2;
+#pragma unroll
+    for (int k = 0; k < kKSteps; ++k) {
+        const int query = k * 16 + (r / 2) * 8 + lane % 8;
+        stmatrix_x4_trans(swizzled_address(ds_block, query, key_byte), a[k][0], a[k][1], a[k][2], a[k][3]);
+    }
+}
+
 // A warpgroup's dQ accumulator (rows: the step's queries, kNTiles n8 blocks of
 // columns from col0) into the staged dQ tile: kDqBoxes boxes of kDqBoxCols fp32
 // columns, each in the 128-byte swizzle (the box the tensor map reduces). A
@@ -391,19 +410,23 @@ __device__ __forceinline__ void bwd_dq_writer(const BwdParams& params, const Bwd
 }
 
 // A consumer warpgroup's whole work: its 64 keys' S^T, dP^T, dV and dK over
-// every step and, for the dQ owner (kOwnsDq), each step's whole dQ = dS K from
-// both warpgroups' dS^T, which it stages in fp32 and adds into dq_accum by the
-// copy engine (deterministic: hands to the dQ writer). Its place among the
-// consumers (its keys in the block's tile) follows from the role, at compile
-// time: the descriptors and addresses derived from it are then warp-uniform,
-// and can live in uniform registers.
-template <typename Traits, bool Is_local, bool Has_softcap, bool Is_deterministic, bool kOwnsDq>
+// every step and, for a warpgroup that computes dQ (kOwnsDq: the dQ owner, or
+// both under BwdTraits::kDqSplit), each step's whole dQ = dS K from both
+// warpgroups' dS^T (split: dQ^T = K^T dS for its half of the head dim), which
+// it stages in fp32 and adds into dq_accum by the copy engine (deterministic:
+// hands to the dQ writer). Its place among the consumers (kConsumer: its keys
+// in the block's tile, its half of dQ) is a compile-time constant: the
+// descriptors and addresses derived from it are then warp-uniform, and can
+// live in uniform registers.
+template <typename Traits, bool Is_local, bool Has_softcap, bool Is_deterministic, int kConsumer>
 __device__ __forceinline__ void bwd_consumer(const BwdParams& params, const BwdSmem<Traits>& layout,
                                              const CUtensorMap* tma_dq_accum) {
     using Element = typename Traits::Element;
     constexpr int kBlockM = Traits::kBlockM;
     constexpr int kBlockN = Traits::kBlockN;
-    constexpr int consumer = kOwnsDq ? Traits::kDqOwner : 1 - Traits::kDqOwner;
+    constexpr int consumer = kConsumer;
+    constexpr bool kOwnsDq = Traits::kDqSplit || kConsumer == Traits::kDqOwner;
+    static_assert(!(Traits::kDqSplit && Is_deterministic), "one dQ tile a step for the dQ writer (BwdTraitsOf)");
 
     const BwdWork<Traits, Is_local, Is_deterministic> work(params);
     const int n0 = work.n_block * kBlockN;
@@ -414,16 +437,16 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& params, const BwdS
     // Named barriers: 0 is __syncthreads'. kDsBarrier: both consumer
     // warpgroups' dS^T are in shared memory (the owner's dQ reads both; the
     // other warpgroup's next dS^T store waits for the owner's dQ of two steps
-    // ago through it). kDqBarrier: the owner's dQ tile is staged for the bulk
-    // reduce. kKeyRowsBarrier: the K and V rows past a packed sequence are
-    // zeroed (BwdWork), once per block.
+    // ago through it). kDqBarrier: the owner's dQ tile (split: this
+    // warpgroup's half) is staged for the bulk reduce. kKeyRowsBarrier: the K
+    // and V rows past a packed sequence are zeroed (BwdWork), once per block.
     constexpr int kDsBarrier = 1;
-    constexpr int kDqBarrier = 2;
+    constexpr int kDqBarrier = consumer == 0 ? 2 : 6;
     constexpr int kKeyRowsBarrier = 5;  // after the deterministic hand-off's 3 and 4
     constexpr int kConsumerThreads = Traits::kConsumerWarpgroups * 128;
     // Where dS^T is completed: the head of the gradients, or the end of the
-    // scores (kernel_traits.h: kDetDsInScores).
-    constexpr bool kDsInScores = Is_deterministic && Traits::kDetDsInScores;
+    // scores (kernel_traits.h: kDetDsInScores; kDqSplit without softcap).
+    constexpr bool kDsInScores = (Is_deterministic && Traits::kDetDsInScores) || (Traits::kDqSplit && !Has_softcap);
 
     float dk[1][Traits::kNTilesD][4];
     float dv[1][Traits::kNTilesD][4];
@@ -439,7 +462,10 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& params, const BwdS
                                                   kUnusedLeadingBytes, kSwizzleAtomBytes);
     const uint64_t v_desc = smem_descriptor_sw128(layout.v() + consumer * Traits::kWarpgroupKeys * kSwizzleBytes,
                                                   kUnusedLeadingBytes, kSwizzleAtomBytes);
-    const uint64_t k_mn_desc = smem_descriptor_sw128(layout.k(), Traits::kKVBlockBytes, kSwizzleAtomBytes);
+    // Split: this warpgroup's 64-column block of K, the A of dQ^T = K^T dS.
+    const uint64_t k_mn_desc = smem_descriptor_sw128(
+        layout.k() + (Traits::kDqSplit ? consumer * Traits::kKVBlockBytes : 0), Traits::kKVBlockBytes,
+        kSwizzleAtomBytes);
 
     // The steps of one query tile, named.
     // S^T = K Q^T or dP^T = V dO^T for this warpgroup's 64 keys, over the head dim.
@@ -450,15 +476,37 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& params, const BwdS
     auto pack = [&](uint32_t (&a)[Traits::kKStepsM][4], const float (&frag)[1][Traits::kNTilesS][4]) {
         pack_a_fragments<Element>(a, frag);
     };
-    // dS^T into shared memory for dQ (store_ds_fragments).
+    // dS^T into shared memory for dQ (store_ds_fragments); split, dS with
+    // queries as rows into this warpgroup's block (store_ds_rows_of_queries).
     auto store_ds = [&](const uint32_t (&a)[Traits::kKStepsM][4], uint32_t ds_smem) {
-        store_ds_fragments<Traits>(a, ds_smem, warp_key0, lane);
+        if constexpr (Traits::kDqSplit) {
+            store_ds_rows_of_queries<Traits>(a, ds_smem + consumer * Traits::kDsBlockBytes, warp_in_group * 16, lane);
+        } else {
+            store_ds_fragments<Traits>(a, ds_smem, warp_key0, lane);
+        }
     };
     // The step's dQ, one wgmma group over the block's 128 keys, both operands
     // MN-major: dQ = dS K (A: dS^T read transposed, B: K read transposed) or,
     // with more queries than head-dim columns, dQ^T = K^T dS^T (A: K, B: dS^T),
-    // so that N is 128 either way.
+    // so that N is 128 either way. Split: dQ^T = K^T dS for this warpgroup's
+    // 64 columns of the head dim (A: its block of K read transposed, B: dS
+    // K-major, 32 bytes into its 128-byte rows a k16 step, a column block of
+    // keys every 4), N = kBlockM.
     auto issue_dq = [&](float (&dq)[1][Traits::kNTilesDq][4], uint32_t ds_smem) {
+        if constexpr (Traits::kDqSplit) {
+            const uint64_t ds_desc = smem_descriptor_sw128(ds_smem, kUnusedLeadingBytes, kSwizzleAtomBytes);
+            const uint64_t k_mn = recompute_per_use(k_mn_desc);
+            wgmma_fence();
+#pragma unroll
+            for (int k = 0; k < Traits::kKStepsN; ++k) {
+                const uint32_t offset_ds = (k / 4) * Traits::kDsBlockBytes + (k % 4) * 32;
+                Wgmma<Traits::kDqN>::template ss_mn_a<Element>(flat(dq), advance_descriptor(k_mn, k * 16 * kSwizzleBytes),
+                                                               advance_descriptor(ds_desc, offset_ds),
+                                                               /*scale_d=*/k > 0);
+            }
+            wgmma_commit();
+            return;
+        }
         const uint64_t ds_mn_desc = smem_descriptor_sw128(ds_smem, Traits::kDsBlockBytes, kSwizzleAtomBytes);
         const uint64_t k_mn = recompute_per_use(k_mn_desc);
         wgmma_fence();
@@ -477,7 +525,27 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& params, const BwdS
     // pair lies in two rows of the tile).
     auto store_dq = [&](const float (&dq)[1][Traits::kNTilesDq][4]) {
         const uint32_t tile = layout.dq();
-        if constexpr (Traits::kDqTransposed) {
+        if constexpr (Traits::kDqSplit) {
+            // Row (query) j * 8 + 2 (lane % 4) + e of the boxes of column
+            // (head dim) consumer * 64 + 16 warp + lane / 4 + 8 half: the swizzle
+            // phase does not move with j, so that four addresses, computed here
+            // from an opaque thread index (not held across the main loop), serve
+            // all 40 stores with immediate offsets of 8 rows.
+            const int thread = opaque(thread_in_group);
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+                const int col = consumer * 64 + (thread / 32) * 16 + (thread % 32) / 4 + half * 8;
+                const uint32_t box = tile + (col / Traits::kDqBoxCols) * Traits::kDqBoxBytes;
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const uint32_t base = swizzled_address(box, (thread % 4) * 2 + e, (col % Traits::kDqBoxCols) * 4);
+#pragma unroll
+                    for (int j = 0; j < Traits::kNTilesDq; ++j) {
+                        store_shared_f32(base + j * 8 * kSwizzleBytes, dq[0][j][2 * half + e]);
+                    }
+                }
+            }
+        } else if constexpr (Traits::kDqTransposed) {
 #pragma unroll
             for (int j = 0; j < Traits::kNTilesDq; ++j) {
 #pragma unroll
@@ -625,6 +693,14 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& params, const BwdS
             Wgmma<Traits::kTileCols>::template rs<Element>(
                 flat(dv), p_frag[k], advance_descriptor(do_mn_desc, k * 16 * kSwizzleBytes), /*scale_d=*/1);
         }
+        // Split: dV is a group of its own, so that P^T's fragments are free
+        // (dV complete) before dQ^T's accumulators are taken: dK, dV, dS^T's
+        // fragments and dQ^T are 188 registers, with P^T's too 208, which
+        // leaves ptxas too few of the 240 to keep the wgmma asynchronous (C7512).
+        // Committed before the issuer's bulk wait below: behind that branch,
+        // ptxas closes the group with an empty wgmma of its own (an HGMMA
+        // 64x8x16 on RZ and a warpgroup.arrive a step, C7519).
+        if constexpr (Traits::kDqSplit) wgmma_commit();
         // The owner's previous dQ reduce has read the staged tile (its issuer
         // waits before the barrier that all the warpgroup passes before
         // restaging it). dS^T is written where the dQ GEMM of two steps ago
@@ -674,8 +750,10 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& params, const BwdS
         }
         named_barrier_sync(kDqBarrier, 128);
         if (thread_in_group == 0) {
+            // Split: this warpgroup's boxes.
+            constexpr int kFirstBox = Traits::kDqSplit ? consumer * Traits::kDqBoxesPerWarpgroup : 0;
 #pragma unroll
-            for (int b = 0; b < Traits::kDqBoxes; ++b) {
+            for (int b = kFirstBox; b < kFirstBox + Traits::kDqBoxesPerWarpgroup; ++b) {
                 if (!dq_box_issued<Traits>(b, params.head_dim)) break;
                 tma_reduce_add_4d(tma_dq_accum, layout.dq() + b * Traits::kDqBoxBytes, b * Traits::kDqBoxCols,
                                   work.seq.q_start + work.m0_of(t), work.head_of(params, t), work.q_batch(params));
@@ -732,7 +810,12 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& params, const BwdS
             uint32_t p_frag[Traits::kKStepsM][4];
             uint32_t ds_frag[Traits::kKStepsM][4];
             gradients(t, s, dp, p_frag, ds_frag);
-            if constexpr (kOwnsDq) {
+            if constexpr (Traits::kDqSplit) {
+                wgmma_wait<1>();  // dV; dK runs on
+                pin_registers(p_frag);
+                issue_dq(dq, layout.ds(t % Traits::kDsBuffers));
+                wgmma_wait<1>();  // dK; dQ^T runs on
+            } else if constexpr (kOwnsDq) {
                 issue_dq(dq, layout.ds(t % Traits::kDsBuffers));
                 wgmma_wait<1>();  // {dV, dK}; dQ runs on
             } else {
@@ -744,12 +827,23 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& params, const BwdS
             const StageOf<Traits> next(t + 1);
             step_gradients(t);
             wait_tiles(t + 1);
-            if constexpr (kOwnsDq) {
-                wgmma_wait<0>();
+            if constexpr (Traits::kDqSplit) {
+                // The next S^T goes in behind dQ^T, so that the tensor cores
+                // have this warpgroup's next work while it waits for dQ^T and
+                // stages it: dK, dV, dQ^T and S^T are 208 registers, the
+                // step's peak (the fragments are free once dK completed).
+                issue_scores(s, k_desc, layout.q(next.stage));
+                wgmma_wait<1>();  // dQ^T
                 reduce_dq(t, dq);
+                issue_scores(dp, v_desc, layout.dout(next.stage));
+            } else {
+                if constexpr (kOwnsDq) {
+                    wgmma_wait<0>();
+                    reduce_dq(t, dq);
+                }
+                issue_scores(s, k_desc, layout.q(next.stage));
+                issue_scores(dp, v_desc, layout.dout(next.stage));
             }
-            issue_scores(s, k_desc, layout.q(next.stage));
-            issue_scores(dp, v_desc, layout.dout(next.stage));
             scores(t + 1, s, dp);
         }
         step_gradients(work.steps - 1);
@@ -1124,12 +1218,14 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             bwd_split_consumer<Traits, Is_local, Has_softcap, /*kRole=*/1>(params, layout, &tma_dq_accum);
         }
     } else if (warpgroup - 1 == Traits::kDqOwner) {
-        // Consumers: warpgroup 1 + kDqOwner owns dQ and takes the registers for it.
+        // Consumers: warpgroup 1 + kDqOwner owns dQ and takes the registers
+        // for it (split: both compute half of it, with the same registers).
         claim_registers<Traits::kDqOwnerRegs>();
-        bwd_consumer<Traits, Is_local, Has_softcap, Is_deterministic, /*kOwnsDq=*/true>(params, layout, &tma_dq_accum);
+        bwd_consumer<Traits, Is_local, Has_softcap, Is_deterministic, Traits::kDqOwner>(params, layout, &tma_dq_accum);
     } else {
         claim_registers<Traits::kKeyRegs>();
-        bwd_consumer<Traits, Is_local, Has_softcap, Is_deterministic, /*kOwnsDq=*/false>(params, layout, &tma_dq_accum);
+        bwd_consumer<Traits, Is_local, Has_softcap, Is_deterministic, 1 - Traits::kDqOwner>(params, layout,
+                                                                                           &tma_dq_accum);
     }
 }
 

@@ -17,7 +17,7 @@ namespace flash::sm90 {
 
 template <typename Element, int kHeadDim, int kHeadDimV, bool Is_local, bool Has_softcap, bool Is_deterministic>
 cudaError_t run_bwd_(const BwdParams& params, cudaStream_t stream) {
-    using Traits = BwdTraitsFor<kHeadDim, Element, kHeadDimV>;
+    using Traits = BwdTraitsFor<kHeadDim, Element, kHeadDimV, Is_deterministic>;
     CUtensorMap tma_q{}, tma_k{}, tma_v{}, tma_do{}, tma_dq_accum{};
     cudaError_t err = make_fwd_tensor_maps(params, Traits::kBlockM, Traits::kBlockN, &tma_q, &tma_k, &tma_v);
     if (err == cudaSuccess) err = make_bwd_tensor_maps(params, Traits::kBlockM, Traits::kDqRows, &tma_do, &tma_dq_accum);

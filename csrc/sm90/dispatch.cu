@@ -210,7 +210,8 @@ bool serves_bwd(const BwdParams& params) {
     const int head_dim = bwd_head_dim(params.head_dim);
     if (head_dim == 0 || (params.deterministic && head_dim > 128)) return false;
     const int smem = bwd_head_dims_switch(params, [&]<int kHeadDim, int kHeadDimV>() {
-        return BwdTraitsFor<kHeadDim, __half, kHeadDimV>::kSmemBytes;
+        return params.deterministic ? BwdTraitsFor<kHeadDim, __half, kHeadDimV, true>::kSmemBytes
+                                    : BwdTraitsFor<kHeadDim, __half, kHeadDimV>::kSmemBytes;
     });
     // Of the extras, softcap alone (ALiBi and dropout stay with sm80).
     const bool extras_fit = params.alibi_slopes_ptr == nullptr && params.rng_state == nullptr;
@@ -233,7 +234,7 @@ BwdWorkspace bwd_workspace(const BwdParams& params) {
     if (!serves_bwd(params)) return sm80::bwd_workspace(params);
     if (!params.deterministic) return {/*dq_accum=*/true, /*semaphores=*/0};
     const int block_m = bwd_head_dims_switch(params, [&]<int kHeadDim, int kHeadDimV>() {
-        return BwdTraitsFor<kHeadDim, __half, kHeadDimV>::kBlockM;
+        return BwdTraitsFor<kHeadDim, __half, kHeadDimV, /*Is_deterministic=*/true>::kBlockM;
     });
     const int64_t query_tiles = (params.seqlen_q + block_m - 1) / block_m;
     return {/*dq_accum=*/true, static_cast<int64_t>(params.batch) * params.num_heads * query_tiles};

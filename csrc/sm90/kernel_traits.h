@@ -238,11 +238,21 @@ static_assert(!gathers_keys(256, 128) && !gathers_keys(128, 128) && gathers_keys
 // The sm90 backward's main kernel (bwd_kernel.cuh): a block owns kBlockN keys of
 // one KV head (64 per consumer warpgroup: the M of its S^T = K Q^T, dP^T = V dO^T,
 // dV += P^T dO and dK += dS^T Q) and walks query tiles of kBlockM rows, two
-// stages of Q and dO deep. dQ = dS K of a step, kBlockM x kHeadDim, belongs to
-// one consumer warpgroup (the dQ owner) as a single wgmma chain of N = 128, so
-// that no warpgroup runs a narrow SS GEMM for it: with kBlockM = 64 (d128) as
-// dQ itself (M = 64 queries, N = the head dim); with kHeadDim = 64 (d64) as its
-// transpose dQ^T = K^T dS^T (M = 64 head-dim columns, N = 128 queries).
+// stages of Q and dO deep. dQ of a step, kBlockM x kHeadDim, is computed one
+// of two ways:
+//   a dQ owner (kBlockM 64 or 128): one consumer warpgroup computes all of it
+//     as a single wgmma chain of N = 128, so that no warpgroup runs a narrow SS
+//     GEMM for it: with kBlockM = 64 (d128's deterministic kernels) as dQ
+//     itself (M = 64 queries, N = the head dim); with kHeadDim = 64 (d64) as
+//     its transpose dQ^T = K^T dS^T (M = 64 head-dim columns, N = 128
+//     queries); dS^T is stored with keys as rows (its MN-major operand).
+//   split (kDqSplit: kBlockM = 80, d128): each consumer warpgroup computes
+//     dQ^T = K^T dS for its half of the head dim (M = 64 columns, N = 80
+//     queries), so that both do the same work and neither waits for the other
+//     at the step's dS barrier; dS is stored with queries as rows (the K-major
+//     B of that GEMM, stmatrix.trans). 80 queries rather than 64 put a quarter
+//     more GEMM work behind each step's fixed costs (barriers, waits, the dQ
+//     staging); 80 is what fits: 2 x 80 x 128 x 2 B of Q and dO per stage.
 template <int kHeadDim_, int kBlockM_, typename Element_>
 struct BwdTraits {
     using Element = Element_;  // __half or __nv_bfloat16
@@ -263,20 +273,23 @@ struct BwdTraits {
     static constexpr int kKStepsN = kBlockN / 16;      // of dQ (over the block's keys)
     static constexpr int kNTilesS = kBlockM / 8;       // n8 blocks of a warp's S^T, dP^T fragment
     static constexpr int kNTilesD = kTileCols / 8;     // of its dK, dV fragment
-    static constexpr int kQueryBlocks = kBlockM / kSwizzleCols;  // 64-query column blocks of dS^T
+    static constexpr int kQueryBlocks = kBlockM / kSwizzleCols;  // 64-query column blocks of dS^T (owner)
+    static constexpr bool kDqSplit = kBlockM % kSwizzleCols != 0;
 
     // dQ: the owner's accumulator is 64 x kDqN, dQ (rows: queries) or, when
     // the step has more queries than the head dim has columns, dQ^T (rows:
     // head-dim columns). It is staged in fp32 as the step's [kBlockM, kTileCols]
     // tile in kDqBoxes boxes of 32 columns (128-byte rows, the swizzle's width)
     // for the bulk reduce-add into dq_accum.
-    static constexpr bool kDqTransposed = kBlockM > kTileCols;
+    // Split: each warpgroup's dQ^T, 64 x kBlockM, and its half of the tile's boxes.
+    static constexpr bool kDqTransposed = kDqSplit || kBlockM > kTileCols;
     static constexpr int kDqN = kDqTransposed ? kBlockM : kTileCols;
     static constexpr int kNTilesDq = kDqN / 8;
     static constexpr int kDqRows = kBlockM;  // rows of a reduce box: the step's queries
     static constexpr int kDqBoxCols = kSwizzleBytes / 4;
     static constexpr int kDqBoxes = kTileCols / kDqBoxCols;
     static constexpr int kDqBoxBytes = kDqRows * kSwizzleBytes;
+    static constexpr int kDqBoxesPerWarpgroup = kDqSplit ? kDqBoxes / kConsumerWarpgroups : kDqBoxes;
     // The smallest head dim a call runs this kernel at (dispatch.cu:
     // bwd_head_dim, 33..64 on d64, 65..128 on d128): only a box from that
     // column on can lie wholly past a call's head dim (dq_box_issued).
@@ -289,6 +302,8 @@ struct BwdTraits {
     // the P^T and dS^T A fragments (kBlockM / 2) and dQ (kDqN / 2): 224 at
     // d128 against 192, 192 against 192 at d64. The owner takes that
     // difference over an even split (d128: 256 and 224; d64: 240 each).
+    // Split (both compute dQ^T, after dV completes: P^T's fragments free):
+    // 128 + 80 in the scores, 128 + 20 + 40 at dQ^T; 240 each.
     static constexpr int kDqOwner = 0;  // the consumer warpgroup (0 or 1) that computes dQ
     static constexpr int kProducerRegs = 24;
     static constexpr int kKeyPeakRegs = kTileCols + kBlockM;
@@ -302,9 +317,10 @@ struct BwdTraits {
     // at the head of its gradients. The same arithmetic on the same live
     // registers either way; ptxas fits d64 (S^T and dP^T 64 registers each)
     // without spills only in the first place (104-164 B of spills in the
-    // second) and d128 only in the second (8 B in the first: a value the
-    // epilogue reads, kept across the loop).
-    static constexpr bool kSoftcapChainInScores = kBlockM == 128;
+    // second) and d128's 64-query owner only in the second (8 B in the first:
+    // a value the epilogue reads, kept across the loop); d128's 80-query split
+    // only in the first (16-28 B in the second, where dQ^T's fragments add).
+    static constexpr bool kSoftcapChainInScores = kBlockM != 64;
     // Deterministic kernels (bwd_kernel.cuh: finish_ds): whether dS^T =
     // P^T (dP^T - D) is completed at the end of a step's scores rather than at
     // the head of its gradients, where the default kernels complete it. At
@@ -313,7 +329,14 @@ struct BwdTraits {
     // are live and spills 12 B there (4 B at the loop's entry with local
     // softcap); at the end of the scores, with no A fragment live, nothing.
     // At d128 the end of the scores serialises the wgmma (C7512), the head
-    // of the gradients fits.
+    // of the gradients fits. The d128 split (kDqSplit, never deterministic)
+    // completes dS^T at the end of the scores too, softcap aside
+    // (bwd_consumer: kDsInScores): at the head of the gradients ptxas packs
+    // P^T for dV there as well while S^T, dP^T and D are live beside dK and
+    // dV, 232-235 of 240 registers, and spills 16-20 B (one store and load a
+    // step); at the end of the scores nothing. Its softcap kernels already
+    // run the chain there (kSoftcapChainInScores) and spill 40 B with dS^T
+    // added, none without.
     static constexpr bool kDetDsInScores = kBlockM == 128;
 
     // Bytes of one column block and of a whole tile.
@@ -323,8 +346,9 @@ struct BwdTraits {
     static constexpr int kQBlockBytes = kBlockM * kSwizzleBytes;   // Q, dO: kBlockM rows
     static constexpr int kQBytes = kColBlocks * kQBlockBytes;
     static constexpr int kDoBytes = kQBytes;
-    static constexpr int kDsBlockBytes = kBlockN * kSwizzleBytes;  // dS^T: kBlockN key rows x 64 queries
-    static constexpr int kDsBytes = kQueryBlocks * kDsBlockBytes;
+    // dS^T: kBlockN key rows x 64 queries a block; split, dS: kBlockM query rows x 64 keys a block.
+    static constexpr int kDsBlockBytes = (kDqSplit ? kBlockM : kBlockN) * kSwizzleBytes;
+    static constexpr int kDsBytes = (kDqSplit ? kBlockN / kSwizzleCols : kQueryBlocks) * kDsBlockBytes;
     static constexpr int kDqBytes = kDqBoxes * kDqBoxBytes;        // the step's dQ tile, fp32
 
     // K, V, then kStages Q and dO tiles, two dS^T buffers (a step's and the one
@@ -346,8 +370,10 @@ struct BwdTraits {
     static constexpr int kSmemBytes = kSmemBarrierOffset + 8 * kBarriers + kSmemAlign;
 
     static_assert(kHeadDim == 64 || kHeadDim == 128, "head dims 64 and 128 (33..128 run padded on them)");
-    static_assert(kBlockM == 64 || kBlockM == 128, "whole 64-query column blocks of dS^T, wgmma N <= 256");
-    static_assert((kDqTransposed ? kTileCols : kBlockM) == 64 && kDqN % 16 == 0 && kDqN <= 256,
+    static_assert(kBlockM == 64 || kBlockM == 128 || (kBlockM == 80 && kHeadDim == 128),
+                  "whole 64-query column blocks of dS^T (owner), or d128's split at 80 queries");
+    static_assert((kDqSplit ? kTileCols / kConsumerWarpgroups : kDqTransposed ? kTileCols : kBlockM) == 64 &&
+                      kDqN % 16 == 0 && kDqN <= 256,
                   "dQ (or dQ^T) is one warpgroup's M = 64 rows by a wgmma N");
     static_assert(kDqRows <= 256, "a reduce box is at most 256 rows");
     static_assert(kKVBlockBytes % kSwizzleAtomBytes == 0 && kQBlockBytes % kSwizzleAtomBytes == 0 &&
@@ -458,24 +484,28 @@ struct BwdSplitTraits {
 };
 
 // The traits of each head dim the sm90 backward compiles: 64 and 128 on
-// BwdTraits (their queries per step here), 192 and 256 on BwdSplitTraits; a
-// call's head dim runs on the next one up (dispatch.cu: bwd_head_dim).
-template <int kHeadDim, typename Element, int kHeadDimV>
+// BwdTraits (their queries per step here; d128 deterministic keeps the dQ
+// owner at 64, whose one dQ tile a step the dQ writer adds in order), 192 and
+// 256 on BwdSplitTraits; a call's head dim runs on the next one up
+// (dispatch.cu: bwd_head_dim).
+template <int kHeadDim, typename Element, int kHeadDimV, bool Is_deterministic>
 struct BwdTraitsOf {
     using type = BwdSplitTraits<kHeadDim, kHeadDimV, Element>;
 };
-template <typename Element, int kHeadDimV>
-struct BwdTraitsOf<64, Element, kHeadDimV> {
+template <typename Element, int kHeadDimV, bool Is_deterministic>
+struct BwdTraitsOf<64, Element, kHeadDimV, Is_deterministic> {
     using type = BwdTraits<64, 128, Element>;
 };
-template <typename Element, int kHeadDimV>
-struct BwdTraitsOf<128, Element, kHeadDimV> {
-    using type = BwdTraits<128, 64, Element>;
+template <typename Element, int kHeadDimV, bool Is_deterministic>
+struct BwdTraitsOf<128, Element, kHeadDimV, Is_deterministic> {
+    using type = BwdTraits<128, Is_deterministic ? 64 : 80, Element>;
 };
 
-template <int kHeadDim, typename Element, int kHeadDimV = kHeadDim>
-using BwdTraitsFor = typename BwdTraitsOf<kHeadDim, Element, kHeadDimV>::type;
-static_assert(BwdTraitsFor<128, void>::kDqOwnerRegs == 256 && BwdTraitsFor<128, void>::kKeyRegs == 224 &&
+template <int kHeadDim, typename Element, int kHeadDimV = kHeadDim, bool Is_deterministic = false>
+using BwdTraitsFor = typename BwdTraitsOf<kHeadDim, Element, kHeadDimV, Is_deterministic>::type;
+static_assert(BwdTraitsFor<128, void, 128, true>::kDqOwnerRegs == 256 &&
+                  BwdTraitsFor<128, void, 128, true>::kKeyRegs == 224 &&
+                  BwdTraitsFor<128, void>::kDqOwnerRegs == 240 && BwdTraitsFor<128, void>::kKeyRegs == 240 &&
                   BwdTraitsFor<64, void>::kDqOwnerRegs == 240 && BwdTraitsFor<64, void>::kKeyRegs == 240,
               "the register split ptxas was checked with (no spills, no C75)");
 

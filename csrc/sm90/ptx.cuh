@@ -329,6 +329,17 @@ __device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t
                  : "memory");
 }
 
+// The same with .trans: matrix j is stored transposed, so that the row whose
+// address lane 8j + r gives receives column r of the matrix as the lanes hold
+// it (element r of every lane's row): a fragment with keys as rows lands with
+// queries as rows.
+__device__ __forceinline__ void stmatrix_x4_trans(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2,
+                                                  uint32_t r3) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r0),
+                 "r"(r1), "r"(r2), "r"(r3)
+                 : "memory");
+}
+
 // fence.proxy.async: this thread's earlier shared-memory writes become visible
 // to the async proxy (wgmma's operand reads, the copy engine) that is ordered
 // after it (through a barrier).
@@ -366,7 +377,8 @@ __device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
 // (descriptors), both K-major. `rs`: A from registers (4 x 32 bits: the
 // m16k16 A fragment of mma.m16n8k16), B from shared memory MN-major (the
 // transpose bit). `ss_mn`: A and B from shared memory, both MN-major (both
-// transpose bits; 16-bit types only). scale_d = 0 overwrites d, 1 accumulates.
+// transpose bits; 16-bit types only); `ss_mn_a`: A MN-major, B K-major.
+// scale_d = 0 overwrites d, 1 accumulates.
 template <int N>
 struct Wgmma;
 
@@ -435,6 +447,15 @@ struct Wgmma;
                 FLASH_WGMMA_SS_ASM(N, "bf16", "1, 1", R0, R1, R2);                                            \
             } else {                                                                                          \
                 FLASH_WGMMA_SS_ASM(N, "f16", "1, 1", R0, R1, R2);                                             \
+            }                                                                                                 \
+        }                                                                                                     \
+        template <typename Element>                                                                           \
+        __device__ __forceinline__ static void ss_mn_a(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b,   \
+                                                       int scale_d) {                                         \
+            if constexpr (std::is_same_v<Element, __nv_bfloat16>) {                                           \
+                FLASH_WGMMA_SS_ASM(N, "bf16", "1, 0", R0, R1, R2);                                            \
+            } else {                                                                                          \
+                FLASH_WGMMA_SS_ASM(N, "f16", "1, 0", R0, R1, R2);                                             \
             }                                                                                                 \
         }                                                                                                     \
         template <typename Element>                                                                           \
