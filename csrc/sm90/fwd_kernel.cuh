@@ -9,7 +9,7 @@
 //     keys: one warp, a box per page, KeyTileSource). The rest of the
 //     warpgroup gives its registers back (setmaxnreg) and exits. Paged keys
 //     whose pages are smaller than a tile are gathered instead
-//     (KeyCopy::kGather): all 128 threads copy K and V rows with cp.async into
+//     (KeyCopy::kGather*): all 128 threads copy K and V rows with cp.async into
 //     the same swizzled layout (KeyTileGather); Q still comes by TMA.
 //   consumer warpgroups: 64 query rows each; per key tile: wait K, S = Q K^T
 //     (wgmma, both operands from shared memory), release K, mask, online
@@ -176,38 +176,42 @@ __device__ __forceinline__ void stage_o(const float (&o)[1][Traits::kNTilesO][4]
 }
 
 // Where the producer warpgroup gathers a paged key (and value) tile from
-// (KeyCopy::kGather): its 128 threads copy the tile's rows in 16-byte chunks
+// (KeyCopy::kGather*): its 128 threads copy the tile's rows in 16-byte chunks
 // with cp.async into the layout the bulk tensor copy writes (the 128-byte
 // swizzle: chunk c of row r of a column block lands at chunk c ^ (r % 8) of
 // that row), so that the consumers' descriptors read it as they read a TMA
-// tile. A warp copies 4 rows a pass, 8 lanes (a segment) a row, one 128-byte
-// column block row each (coalesced: whole 128-byte lines); kPasses passes of
-// the warpgroup cover the tile's kBlockN rows. A row's page is looked up once
-// per tile, by a lane of the segment that copies it, a tile ahead (look_up:
-// the block-table read is in flight while the producer waits for its copies of
-// the previous tile to land; resolve: the entry checked as checked_page does),
-// and the row's K and V addresses go to shared memory (gather_rows), where the
-// 8 lanes that copy the row read them for each copy: no register holds them
-// across the producer's waits (it has kProducerRegs). Lane j of a segment looks
-// up the segment's rows of passes j, j + 8, ..., so that the writer and the
+// tile. kLanes lanes copy a row (8, 4 or 2: KeyCopy), lane l of them its
+// chunks l, l + kLanes, ... of each column block, so that one copy of the
+// row's lanes is kLanes x 16 contiguous bytes; a pass of the warpgroup covers
+// 128 / kLanes rows, and the tile's kBlockN rows take kPasses passes (the last
+// one partly when kBlockN is no multiple of that). A row's page is looked up
+// once per tile, by one of the lanes that copy it, a tile ahead (look_up: the
+// block-table read is in flight while the producer waits for its copies of the
+// previous tile to land; resolve: the entry checked as checked_page does), and
+// the row's K and V addresses go to shared memory (gather_rows), where its
+// lanes read them, one shared load a row a pass: no register holds them across
+// the producer's waits (it has kProducerRegs). Fewer lanes a row mean fewer
+// passes, so fewer of those loads (each of which ptxas follows with padding
+// before the first copy that uses it) for the same copies (NOTES.md). Lane l
+// of a row looks up its passes l, l + kLanes, ..., so that the writer and the
 // readers of an address are one warp: __syncwarp orders them. Rows past the
 // sequence (only in the first tile walked) and columns past the head dim are
 // zero-filled, never read: no page past the sequence's is looked up.
-template <typename Traits>
+template <typename Traits, int kLanes>
 struct KeyTileGather {
     static constexpr int kThreads = 128;
     static constexpr int kChunkBytes = 16;                             // one cp.async
     static constexpr int kChunkCols = kChunkBytes / 2;                 // 16-bit elements a chunk
     static constexpr int kElementBytes = kChunkBytes / kChunkCols;
     static constexpr int kChunksPerRow = kSwizzleBytes / kChunkBytes;  // of a column block's row
+    static constexpr int kChunksPerLane = kChunksPerRow / kLanes;      // of a column block's row, a pass
     static constexpr int kAtomRows = kSwizzleAtomBytes / kSwizzleBytes;
-    static constexpr int kRowsPerWarp = 32 / kChunksPerRow;            // in one pass, one per segment
-    static constexpr int kRowsPerPass = kThreads / kChunksPerRow;
-    static constexpr int kPasses = Traits::kBlockN / kRowsPerPass;
-    // Lane j of a segment looks up the segment's rows of passes j + kPassesPerLookup * i.
-    static constexpr int kPassesPerLookup = kChunksPerRow;
-    static constexpr int kLookups = (kPasses + kPassesPerLookup - 1) / kPassesPerLookup;
-    static_assert(Traits::kBlockN % kRowsPerPass == 0, "whole passes");
+    static constexpr int kRowsPerWarp = 32 / kLanes;                   // in one pass
+    static constexpr int kRowsPerPass = kThreads / kLanes;
+    static constexpr int kPasses = (Traits::kBlockN + kRowsPerPass - 1) / kRowsPerPass;
+    static constexpr bool kPartialPass = Traits::kBlockN % kRowsPerPass != 0;
+    static constexpr int kLookups = (kPasses + kLanes - 1) / kLanes;
+    static_assert(kLanes == 8 || kLanes == 4 || kLanes == 2, "lanes a row");
     static_assert(kRowsPerPass % kAtomRows == 0, "a thread's rows share their swizzle phase");
     static_assert(Traits::kGatherRowBytes == 2 * sizeof(uint64_t), "a row's K and V addresses");
 
@@ -220,20 +224,21 @@ struct KeyTileGather {
                                              int head_k_)
         : params(params_), rows(rows_), batch(batch_), head_k(head_k_), seqlen_k(seqlen_k_) {}
 
-    // This thread's row of pass 0 (pass p: row + p * kRowsPerPass) and chunk.
-    // What is derived from the thread index is computed where it is used
-    // (opaque) rather than held in a register across the loops.
+    // This thread's row of pass 0 (pass p: row + p * kRowsPerPass) and lane
+    // among the row's. What is derived from the thread index is computed where
+    // it is used (opaque) rather than held in a register across the loops.
     __device__ __forceinline__ static int thread() { return opaque(static_cast<int>(threadIdx.x)); }
-    __device__ __forceinline__ static int row(int t) { return t / 32 * kRowsPerWarp + t % 32 / kChunksPerRow; }
-    __device__ __forceinline__ static int chunk(int t) { return t % kChunksPerRow; }
+    __device__ __forceinline__ static int row(int t) { return t / 32 * kRowsPerWarp + t % 32 / kLanes; }
+    __device__ __forceinline__ static int lane_of_row(int t) { return t % kLanes; }
 
-    // The row of the tile that lookup i of thread t is for, and whether the
-    // tile has it and it is inside the sequence (n0: the tile's first key).
-    __device__ __forceinline__ static int lookup_row(int t, int i) {
-        return row(t) + (chunk(t) + i * kPassesPerLookup) * kRowsPerPass;
-    }
+    // The pass of lookup i of thread t, the row of the tile it is for, and
+    // whether the tile has that row and it is inside the sequence (n0: the
+    // tile's first key).
+    __device__ __forceinline__ static int lookup_pass(int t, int i) { return lane_of_row(t) + i * kLanes; }
+    __device__ __forceinline__ static int lookup_row(int t, int i) { return row(t) + lookup_pass(t, i) * kRowsPerPass; }
     __device__ __forceinline__ bool looks_up(int t, int n0, int i) const {
-        return chunk(t) + i * kPassesPerLookup < kPasses && n0 + lookup_row(t, i) < seqlen_k;
+        return lookup_pass(t, i) < kPasses && (!kPartialPass || lookup_row(t, i) < Traits::kBlockN) &&
+               n0 + lookup_row(t, i) < seqlen_k;
     }
 
     // Reads the block-table entries of this lane's rows of the tile of keys
@@ -253,11 +258,11 @@ struct KeyTileGather {
     // sequence get page 0's first row, which is never read.
     __device__ __forceinline__ void resolve(int n0) {
         const int t = thread();
-        __syncwarp();  // the segment is done reading the previous tile's addresses
+        __syncwarp();  // the row's lanes are done reading the previous tile's addresses
         // One lookup at a time (not unrolled), so that one lookup's temporaries are live at a time.
 #pragma unroll 1
         for (int i = 0; i < kLookups; ++i) {
-            if (chunk(t) + i * kPassesPerLookup >= kPasses) continue;
+            if (lookup_pass(t, i) >= kPasses || (kPartialPass && lookup_row(t, i) >= Traits::kBlockN)) continue;
             int page_i = page[0], entry_i = entry[0];
 #pragma unroll
             for (int l = 1; l < kLookups; ++l) {
@@ -276,7 +281,7 @@ struct KeyTileGather {
             store_shared_u64x2(rows + lookup_row(t, i) * Traits::kGatherRowBytes, reinterpret_cast<uint64_t>(k_row),
                                reinterpret_cast<uint64_t>(v_row));
         }
-        __syncwarp();  // the addresses are there for the segment
+        __syncwarp();  // the addresses are there for the row's lanes
     }
 
     // Issues the copies of the tile of keys from n0 (resolved) into a stage
@@ -286,22 +291,31 @@ struct KeyTileGather {
     template <bool kValues>
     __device__ __forceinline__ void copy(uint32_t stage, uint32_t full, int n0) const {
         const int t = thread();
-        const uint32_t dst = stage + row(t) * kSwizzleBytes + (chunk(t) ^ (row(t) % kAtomRows)) * kChunkBytes;
+        const int lane = lane_of_row(t);
+        const uint32_t dst_row = stage + row(t) * kSwizzleBytes;
+        const int swizzle = row(t) % kAtomRows;
         const int rows_left = seqlen_k - n0 - row(t);  // in the sequence from this thread's row of pass 0
-        // Columns in the head from this chunk (zero-filled past it).
-        const int cols_left = (kValues ? params.head_dim_v : params.head_dim) - chunk(t) * kChunkCols;
+        // Columns in the head from this lane's first chunk (zero-filled past it).
+        const int cols_left = (kValues ? params.head_dim_v : params.head_dim) - lane * kChunkCols;
         const uint32_t src_of_row = rows + row(t) * Traits::kGatherRowBytes + (kValues ? sizeof(uint64_t) : 0);
 #pragma unroll
         for (int p = 0; p < kPasses; ++p) {
+            if (kPartialPass && p == kPasses - 1 && row(t) + p * kRowsPerPass >= Traits::kBlockN) break;
             const char* src = reinterpret_cast<const char*>(
                                   load_shared_u64(src_of_row + p * kRowsPerPass * Traits::kGatherRowBytes)) +
-                              chunk(t) * kChunkBytes;
+                              lane * kChunkBytes;
             const bool in_sequence = p * kRowsPerPass < rows_left;
 #pragma unroll
-            for (int cb = 0; cb < (kValues ? Traits::kColBlocksV : Traits::kColBlocks); ++cb) {
-                cp_async_16(dst + cb * Traits::kKVBlockBytes + p * kRowsPerPass * kSwizzleBytes,
-                            src + cb * kSwizzleBytes,
-                            /*fill_zeros=*/!in_sequence || cb * kSwizzleCols >= cols_left);
+            for (int j = 0; j < kChunksPerLane; ++j) {
+                // Chunk c = j kLanes + lane of the row, at chunk c ^ swizzle of the stage's row.
+                const uint32_t dst = dst_row + p * kRowsPerPass * kSwizzleBytes +
+                                     (((j * kLanes + lane) ^ swizzle) * kChunkBytes);
+#pragma unroll
+                for (int cb = 0; cb < (kValues ? Traits::kColBlocksV : Traits::kColBlocks); ++cb) {
+                    cp_async_16(dst + cb * Traits::kKVBlockBytes, src + cb * kSwizzleBytes + j * kLanes * kChunkBytes,
+                                /*fill_zeros=*/!in_sequence ||
+                                    cb * kSwizzleCols + j * kLanes * kChunkCols >= cols_left);
+                }
             }
         }
         cp_async_arrive_noinc(full);
@@ -412,7 +426,7 @@ __device__ __forceinline__ void load_query_tile(const FwdParams& params, const S
                       work.head, params.cu_seqlens_q == nullptr ? work.batch : 0, Traits::kQBlockBytes);
 }
 
-// The producer warpgroup when it gathers paged keys (KeyCopy::kGather): warp
+// The producer warpgroup when it gathers paged keys (KeyCopy::kGather*, kLanes a row): warp
 // 0 draws the work tiles (thread 0 also copies Q by TMA), warps 1-3 take each
 // draw from the work slot as the consumers do, and all 128 threads copy K and
 // V (KeyTileGather). A stage is full once the copies of every thread have
@@ -421,13 +435,13 @@ __device__ __forceinline__ void load_query_tile(const FwdParams& params, const S
 // earlier version waited for its own copies of tile i - 1 before the stage
 // waits of tile i, and signalled them: 3-8% slower, NOTES.md). The consumers
 // fence the async proxy after their wait (issue_qk, issue_pv).
-template <typename Traits, bool Is_local>
+template <typename Traits, bool Is_local, int kLanes>
 __device__ __forceinline__ void gather_tiles(const FwdParams& params, const SmemLayout<Traits>& layout,
                                              const WorkQueue<Traits>& queue, const CUtensorMap* tma_q,
                                              int num_m_blocks, int num_work) {
     constexpr int kBlockN = Traits::kBlockN;
     constexpr int kStages = Traits::kStages;
-    using Gather = KeyTileGather<Traits>;
+    using Gather = KeyTileGather<Traits, kLanes>;
     const int lane = threadIdx.x % 32;
     // Warp-uniform to the compiler (through the shuffles), so that what is
     // derived from them can live in uniform registers: the producer has few
@@ -469,7 +483,7 @@ __device__ __forceinline__ void gather_tiles(const FwdParams& params, const Smem
 // params.seqlen_q is the longest sequence's query count (varlen: max_seqlen_q).
 // o_by_tma: out takes bulk stores through tma_o (the launcher's choice; only
 // where Traits::kOStaged).
-// key_copy: how paged keys are copied (KeyCopy::kGather: tma_k and tma_v are
+// key_copy: how paged keys are copied (KeyCopy::kGather*: tma_k and tma_v are
 // not used); contiguous keys take kTma.
 template <typename Traits, bool Is_local, bool Has_softcap>
 __global__ void __launch_bounds__(Traits::kNThreads, 1)
@@ -487,7 +501,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     const SmemLayout<Traits> layout(smem);
     const int num_m_blocks = (params.seqlen_q + kBlockM - 1) / kBlockM;
     const int num_work = num_m_blocks * params.num_heads * params.batch;
-    const bool gather = key_copy == KeyCopy::kGather;
+    const bool gather = key_copy != KeyCopy::kTma;
 
     if (threadIdx.x == 0) {
         mbarrier_init(layout.q_full(), 1);
@@ -495,7 +509,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         mbarrier_init(layout.q_empty(), Traits::kConsumerWarpgroups * 4);
         // A stage's arrival: the producer thread's arrive.expect_tx (TMA), or
         // each producer thread's, made once its copies are complete (gathered).
-        const int full_arrivals = gather ? KeyTileGather<Traits>::kThreads : 1;
+        const int full_arrivals = gather ? KeyTileGather<Traits, 8>::kThreads : 1;
         for (int stage = 0; stage < kStages; ++stage) {
             mbarrier_init(layout.k_full(stage), full_arrivals);
             mbarrier_init(layout.v_full(stage), full_arrivals);
@@ -505,7 +519,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             mbarrier_init(layout.v_empty(stage), Traits::kConsumerWarpgroups * 4);
         }
         // Each consumer thread's take (and producer warps 1-3's, gathering).
-        const int takers = Traits::kConsumerWarpgroups * 128 + (gather ? KeyTileGather<Traits>::kThreads - 32 : 0);
+        const int takers = Traits::kConsumerWarpgroups * 128 + (gather ? KeyTileGather<Traits, 8>::kThreads - 32 : 0);
         for (int slot = 0; slot < Traits::kWorkSlots; ++slot) {
             mbarrier_init(layout.work_full(slot), 1);  // the producer's draw
             mbarrier_init(layout.work_empty(slot), takers);
@@ -528,7 +542,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         release_registers<Traits::kProducerRegs>();
         if (gather) {
             if (threadIdx.x == 0) prefetch_tensor_map(&tma_q);
-            gather_tiles<Traits, Is_local>(params, layout, queue, &tma_q, num_m_blocks, num_work);
+            if (key_copy == KeyCopy::kGather2) {
+                gather_tiles<Traits, Is_local, 2>(params, layout, queue, &tma_q, num_m_blocks, num_work);
+            } else if (key_copy == KeyCopy::kGather4) {
+                gather_tiles<Traits, Is_local, 4>(params, layout, queue, &tma_q, num_m_blocks, num_work);
+            } else {
+                gather_tiles<Traits, Is_local, 8>(params, layout, queue, &tma_q, num_m_blocks, num_work);
+            }
             return;
         }
         if (threadIdx.x >= 32) return;  // warp 0 draws the work; its lane 0 alone copies but for pages
@@ -689,7 +709,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         // uniform across the block, once per query tile.
         auto zero_tail_rows_of_v = [&](const StageOf<Traits>& s, int n_block) {
             const int first_row = seq.seqlen_k - n_block * kBlockN;  // of the tile
-            // Gathered keys (KeyCopy::kGather) arrive with those rows zero-filled already.
+            // Gathered keys (KeyCopy::kGather*) arrive with those rows zero-filled already.
             if (!tail_is_memory || gather || first_row >= kBlockN) return;
             constexpr int kChunksPerRow = kSwizzleBytes / 16;
             const int chunks = (kBlockN - first_row) * kChunksPerRow;
