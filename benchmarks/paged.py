@@ -4,7 +4,7 @@ keys packed, causal, bf16, H = 32, Hk = 8 (GQA), for full prefills and chunked p
 queries at the end of a longer cache). Each row checks that both give the same out, times both in one
 process and writes the ratio; results.csv and results.md go to the output folder. On the sm90 family
 --copy-modes times each way of copying paged keys in the same process (FLASHATTN_SM90_PAGED_COPY,
-which the binding reads at every call: auto, tma, gather, gather4, gather2); other families ignore it.
+which the binding reads at every call: auto, tma, gather, gather8); other families ignore it.
 
     python -m benchmarks paged [--out DIR] [--copy-modes auto,tma,gather]
 """
@@ -23,7 +23,7 @@ PROG = "python -m benchmarks paged"
 HELP = "GPU: paged (block_table) vs contiguous varlen forward on the same tokens"
 HEADS, HEADS_K = 32, 8
 PAGE_SIZES = (16, 256)
-COPY_MODES = ("auto", "tma", "gather", "gather4", "gather2")  # FLASHATTN_SM90_PAGED_COPY
+COPY_MODES = ("auto", "tma", "gather", "gather8")  # FLASHATTN_SM90_PAGED_COPY
 # name -> (query lengths, key lengths) per sequence: the queries are the last keys' positions.
 WORKLOADS = {
     "prefill 8 x 2k": ([2048] * 8, [2048] * 8),

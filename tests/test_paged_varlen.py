@@ -53,7 +53,7 @@ GPU_HEAD_DIMS = [32, 64, 96, 128, 192, 256, 40]  # 40: padded to 48 on CUDA
 CPU_HEAD_DIMS = [32, 59]
 GPU_DTYPES = [torch.float16, torch.bfloat16]
 CPU_DTYPES = [torch.float32, torch.bfloat16]
-COPY_MODES = ["auto", "tma", "gather", "gather4", "gather2"]  # FLASHATTN_SM90_PAGED_COPY
+COPY_MODES = ["auto", "tma", "gather", "gather8"]  # FLASHATTN_SM90_PAGED_COPY
 
 
 def sm90_runs_paged(page_size: int) -> bool:
@@ -656,7 +656,7 @@ def test_bad_values_never_kill_the_context(name):
 
 # FLASHATTN_SM90_PAGED_COPY (csrc/sm90/dispatch.cu, read at every call): tma copies a key tile in TMA
 # boxes of gcd(page size, tile height) rows; gather has the producer warpgroup copy its rows with
-# cp.async, each row's page looked up once per tile (8 lanes a row; gather4, gather2: 4 or 2); auto
+# cp.async, each row's page looked up once per tile (4 lanes a row; gather8: 8, for A/B); auto
 # gathers where a tile would take more than one box per column block. Pages of 12 have no boxes (gathered, or sm80 under tma).
 COPY_PAGE_SIZES = [8, 16, 32, 48, 256, 12]
 COPY_HEAD_DIMS = [64, 96, 128, 256]

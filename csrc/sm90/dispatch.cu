@@ -74,20 +74,19 @@ int fwd_block_n(bool is_local) {
 //     per column block (gathers_keys), by TMA otherwise;
 //   tma: TMA boxes wherever they fit; pages they do not fit (sizes that are no
 //     multiple of 8 against the tile height) run on the sm80 family;
-//   gather: every paged call gathered, 8 lanes a key row (KeyTileGather);
-//   gather4, gather2: the same with 4 or 2 lanes a row.
+//   gather: every paged call gathered (KeyTileGather, 4 lanes a key row);
+//   gather8: the same with 8 lanes a row (A/B runs).
 // Any other value fails every call on sm90 with an error that names the
 // variable (switch_error, which the binding checks first); a paged forward that
 // still gets here refuses it (invalid argument).
-enum class PagedCopy { kAuto, kTma, kGather, kGather4, kGather2, kUnknown };
+enum class PagedCopy { kAuto, kTma, kGather, kGather8, kUnknown };
 
 PagedCopy paged_copy_requested() {
     const char* env = std::getenv("FLASHATTN_SM90_PAGED_COPY");
     if (env == nullptr || std::strcmp(env, "") == 0 || std::strcmp(env, "auto") == 0) return PagedCopy::kAuto;
     if (std::strcmp(env, "tma") == 0) return PagedCopy::kTma;
     if (std::strcmp(env, "gather") == 0) return PagedCopy::kGather;
-    if (std::strcmp(env, "gather4") == 0) return PagedCopy::kGather4;
-    if (std::strcmp(env, "gather2") == 0) return PagedCopy::kGather2;
+    if (std::strcmp(env, "gather8") == 0) return PagedCopy::kGather8;
     return PagedCopy::kUnknown;
 }
 
@@ -96,8 +95,7 @@ KeyCopy key_copy_for(const FwdParams& params, PagedCopy requested, int block_n) 
     switch (requested) {
         case PagedCopy::kTma: return KeyCopy::kTma;
         case PagedCopy::kGather: return KeyCopy::kGather;
-        case PagedCopy::kGather4: return KeyCopy::kGather4;
-        case PagedCopy::kGather2: return KeyCopy::kGather2;
+        case PagedCopy::kGather8: return KeyCopy::kGather8;
         default: return gathers_keys(params.page_size, block_n) ? KeyCopy::kGather : KeyCopy::kTma;
     }
 }
@@ -187,7 +185,7 @@ bool serves(const FwdParams& params) {
 
 const char* switch_error() {
     return paged_copy_requested() == PagedCopy::kUnknown
-               ? "FLASHATTN_SM90_PAGED_COPY must be unset, empty, auto, tma, gather, gather4 or gather2"
+               ? "FLASHATTN_SM90_PAGED_COPY must be unset, empty, auto, tma, gather or gather8"
                : nullptr;
 }
 

@@ -180,7 +180,7 @@ __device__ __forceinline__ void stage_o(const float (&o)[1][Traits::kNTilesO][4]
 // with cp.async into the layout the bulk tensor copy writes (the 128-byte
 // swizzle: chunk c of row r of a column block lands at chunk c ^ (r % 8) of
 // that row), so that the consumers' descriptors read it as they read a TMA
-// tile. kLanes lanes copy a row (8, 4 or 2: KeyCopy), lane l of them its
+// tile. kLanes lanes copy a row (4, or 8: KeyCopy), lane l of them its
 // chunks l, l + kLanes, ... of each column block, so that one copy of the
 // row's lanes is kLanes x 16 contiguous bytes; a pass of the warpgroup covers
 // 128 / kLanes rows, and the tile's kBlockN rows take kPasses passes (the last
@@ -192,7 +192,9 @@ __device__ __forceinline__ void stage_o(const float (&o)[1][Traits::kNTilesO][4]
 // lanes read them, one shared load a row a pass: no register holds them across
 // the producer's waits (it has kProducerRegs). Fewer lanes a row mean fewer
 // passes, so fewer of those loads (each of which ptxas follows with padding
-// before the first copy that uses it) for the same copies (NOTES.md). Lane l
+// before the first copy that uses it) for the same copies, but less of each
+// 128-byte line a copy instruction: 4 lanes were faster than 8 at pages of 16
+// on every row of the benchmark, 2 slower at d128 (NOTES.md). Lane l
 // of a row looks up its passes l, l + kLanes, ..., so that the writer and the
 // readers of an address are one warp: __syncwarp orders them. Rows past the
 // sequence (only in the first tile walked) and columns past the head dim are
@@ -211,7 +213,7 @@ struct KeyTileGather {
     static constexpr int kPasses = (Traits::kBlockN + kRowsPerPass - 1) / kRowsPerPass;
     static constexpr bool kPartialPass = Traits::kBlockN % kRowsPerPass != 0;
     static constexpr int kLookups = (kPasses + kLanes - 1) / kLanes;
-    static_assert(kLanes == 8 || kLanes == 4 || kLanes == 2, "lanes a row");
+    static_assert(kLanes == 8 || kLanes == 4, "lanes a row");
     static_assert(kRowsPerPass % kAtomRows == 0, "a thread's rows share their swizzle phase");
     static_assert(Traits::kGatherRowBytes == 2 * sizeof(uint64_t), "a row's K and V addresses");
 
@@ -509,7 +511,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         mbarrier_init(layout.q_empty(), Traits::kConsumerWarpgroups * 4);
         // A stage's arrival: the producer thread's arrive.expect_tx (TMA), or
         // each producer thread's, made once its copies are complete (gathered).
-        const int full_arrivals = gather ? KeyTileGather<Traits, 8>::kThreads : 1;
+        const int full_arrivals = gather ? KeyTileGather<Traits, 4>::kThreads : 1;
         for (int stage = 0; stage < kStages; ++stage) {
             mbarrier_init(layout.k_full(stage), full_arrivals);
             mbarrier_init(layout.v_full(stage), full_arrivals);
@@ -519,7 +521,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             mbarrier_init(layout.v_empty(stage), Traits::kConsumerWarpgroups * 4);
         }
         // Each consumer thread's take (and producer warps 1-3's, gathering).
-        const int takers = Traits::kConsumerWarpgroups * 128 + (gather ? KeyTileGather<Traits, 8>::kThreads - 32 : 0);
+        const int takers = Traits::kConsumerWarpgroups * 128 + (gather ? KeyTileGather<Traits, 4>::kThreads - 32 : 0);
         for (int slot = 0; slot < Traits::kWorkSlots; ++slot) {
             mbarrier_init(layout.work_full(slot), 1);  // the producer's draw
             mbarrier_init(layout.work_empty(slot), takers);
@@ -542,12 +544,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         release_registers<Traits::kProducerRegs>();
         if (gather) {
             if (threadIdx.x == 0) prefetch_tensor_map(&tma_q);
-            if (key_copy == KeyCopy::kGather2) {
-                gather_tiles<Traits, Is_local, 2>(params, layout, queue, &tma_q, num_m_blocks, num_work);
-            } else if (key_copy == KeyCopy::kGather4) {
-                gather_tiles<Traits, Is_local, 4>(params, layout, queue, &tma_q, num_m_blocks, num_work);
-            } else {
+            if (key_copy == KeyCopy::kGather8) {
                 gather_tiles<Traits, Is_local, 8>(params, layout, queue, &tma_q, num_m_blocks, num_work);
+            } else {
+                gather_tiles<Traits, Is_local, 4>(params, layout, queue, &tma_q, num_m_blocks, num_work);
             }
             return;
         }

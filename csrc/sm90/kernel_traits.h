@@ -218,12 +218,13 @@ static_assert(kv_box_rows(16, 128) == 16 && kv_box_rows(256, 128) == 128 && kv_b
 
 // How the forward's producer fills a stage of paged keys and values
 // (fwd_kernel.cuh): kTma, one thread issues a bulk tensor copy per box of
-// kv_box_rows rows (KeyTileSource); kGather, kGather4 and kGather2, the whole
-// producer warpgroup copies the tile's rows in 16-byte chunks with cp.async,
-// 8, 4 or 2 lanes a row, each row's page looked up once per tile
-// (KeyTileGather). Contiguous keys always take kTma (one box per column
-// block). Chosen per call by the host (dispatch.cu).
-enum class KeyCopy : int { kTma = 0, kGather = 1, kGather4 = 2, kGather2 = 3 };
+// kv_box_rows rows (KeyTileSource); kGather, the whole producer warpgroup
+// copies the tile's rows in 16-byte chunks with cp.async, 4 lanes a row, each
+// row's page looked up once per tile (KeyTileGather); kGather8, the same with
+// 8 lanes a row (the earlier way, kept for A/B runs: 1-6% slower at pages of
+// 16, NOTES.md). Contiguous keys always take kTma (one box per column block).
+// Chosen per call by the host (dispatch.cu).
+enum class KeyCopy : int { kTma = 0, kGather = 1, kGather8 = 2 };
 
 // The automatic choice: the bulk tensor copy where a tile is one box per column
 // block (pages whose size the tile height divides), gathered rows otherwise:
