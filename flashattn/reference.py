@@ -67,6 +67,29 @@ def attention_ref(
 
     Order of operations: scale, softcap, ALiBi bias, mask, softmax, dropout.
     """
+    probs, v, softmax_lse = attention_probs(q, k, v, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                                            upcast, dropout_p, dropout_mask, learnable_sink)
+    out = torch.einsum("bhqk,bkhd->bqhd", probs.to(v.dtype), v)
+    return out, softmax_lse
+
+
+def attention_probs(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: Tensor | None = None,
+    upcast: bool = True,
+    dropout_p: float = 0.0,
+    dropout_mask: Tensor | None = None,
+    learnable_sink: Tensor | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """attention_ref's probabilities [B, H, Sq, Sk] (dropped and rescaled with dropout; in the
+    softmax's dtype, before attention_ref casts them to v's), v with its heads repeated to q's
+    [B, Sk, H, Dv] in the dtype P V runs in, and softmax_lse: attention_ref is P V of these."""
     seqlen_q, num_heads, head_dim = q.shape[1:]
     seqlen_k, num_heads_k = k.shape[1:3]
     scale = head_dim**-0.5 if softmax_scale is None else softmax_scale
@@ -96,9 +119,7 @@ def attention_ref(
     probs = torch.exp(scores - offset.unsqueeze(-1))
     if dropout_mask is not None:
         probs = probs.masked_fill(~dropout_mask, 0.0) / (1 - dropout_p)
-    probs = probs.to(compute_dtype)
-    out = torch.einsum("bhqk,bkhd->bqhd", probs, v)
-    return out, softmax_lse
+    return probs, v, softmax_lse
 
 
 def _diagonal_distance(seqlen_q: int, seqlen_k: int, device: torch.device) -> Tensor:

@@ -10,7 +10,8 @@ gradients, whose low-precision error compounds over more products:
     max|ours - ref| <= max(2 * max|torch_same_dtype - ref|, rounding floor) + eps
 
 The rounding floor is one unit in the last place of the result's dtype (see
-rounding_floor); gradients may add the error that FlashAttention's backward inherits
+rounding_floor); where out cancels, the rounding of the probabilities before P V sets it
+instead (probs_rounding_floor); gradients may add the error that FlashAttention's backward inherits
 from the forward's rounded out (tests/helpers.py and scripts/long_context.py compute
 it). Nothing here needs a GPU.
 """
@@ -34,6 +35,7 @@ __all__ = [
     "grad_eps",
     "max_abs_diff",
     "output_bound",
+    "probs_rounding_floor",
     "reference_dtype",
     "rounding_floor",
 ]
@@ -85,6 +87,25 @@ def rounding_floor(reference: Tensor, dtype: torch.dtype) -> float:
     if dtype == torch.float32 or reference.numel() == 0:
         return 0.0
     return torch.finfo(dtype).eps * reference.abs().max().item()
+
+
+def probs_rounding_floor(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float | None, causal: bool,
+                         **ref_options: object) -> float:
+    """The error that storing the probabilities in q's dtype before P V (as every 16-bit kernel
+    and PyTorch's own run do) leaves in out: each p_ij is rounded by up to half a unit,
+    independently, so out[i, d] moves with a standard deviation of about eps / (2 sqrt 3) times
+    ||p_i* v_*d||_2, the 2-norm over the keys of the terms it sums; the floor is eps times that
+    norm at its largest (about 3.5 deviations). It exceeds rounding_floor only where out cancels
+    (|out| far below its terms: one query over many keys of mixed sign, head dim 1, which
+    hypothesis finds), on so few elements that PyTorch's own rounding can land far below it by
+    luck. 0 for fp32 inputs. ref_options: attention_ref's keyword arguments."""
+    if q.dtype == torch.float32 or q.numel() == 0 or k.shape[1] == 0:
+        return 0.0
+    from flashattn.reference import attention_probs
+
+    probs, v_heads, _ = attention_probs(q, k, v, softmax_scale, causal, **ref_options)
+    terms_sq = torch.einsum("bhqk,bkhd->bqhd", probs.square(), v_heads.square())
+    return torch.finfo(q.dtype).eps * terms_sq.max().sqrt().item()
 
 
 def grad_eps(softmax_scale: float, head_dim: int) -> float:
