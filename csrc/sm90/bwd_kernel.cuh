@@ -500,7 +500,7 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& params, const BwdS
 #pragma unroll
             for (int k = 0; k < Traits::kKStepsN; ++k) {
                 const uint32_t offset_ds = (k / 4) * Traits::kDsBlockBytes + (k % 4) * 32;
-                Wgmma<Traits::kDqN>::template ss_mn_a<Element>(flat(dq), advance_descriptor(k_mn, k * 16 * kSwizzleBytes),
+                Wgmma<Traits::kDqN>::template ss<Element, 1, 0>(flat(dq), advance_descriptor(k_mn, k * 16 * kSwizzleBytes),
                                                                advance_descriptor(ds_desc, offset_ds),
                                                                /*scale_d=*/k > 0);
             }
@@ -516,7 +516,7 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& params, const BwdS
             const uint64_t k_k = advance_descriptor(k_mn, k * 16 * kSwizzleBytes);
             const uint64_t a_k = Traits::kDqTransposed ? k_k : ds_k;
             const uint64_t b_k = Traits::kDqTransposed ? ds_k : k_k;
-            Wgmma<Traits::kDqN>::template ss_mn<Element>(flat(dq), a_k, b_k, /*scale_d=*/k > 0);
+            Wgmma<Traits::kDqN>::template ss<Element, 1, 1>(flat(dq), a_k, b_k, /*scale_d=*/k > 0);
         }
         wgmma_commit();
     };
@@ -1049,7 +1049,7 @@ __device__ __forceinline__ void bwd_split_consumer(const BwdParams& params, cons
             wgmma_fence();
 #pragma unroll
             for (int k = 0; k < Traits::kKStepsN; ++k) {
-                Wgmma<kDqCols>::template ss_mn<Element>(flat(dq), advance_descriptor(ds_mn, k * 16 * kSwizzleBytes),
+                Wgmma<kDqCols>::template ss<Element, 1, 1>(flat(dq), advance_descriptor(ds_mn, k * 16 * kSwizzleBytes),
                                                         advance_descriptor(k_mn, k * 16 * kSwizzleBytes),
                                                         /*scale_d=*/k > 0);
             }

@@ -374,10 +374,10 @@ __device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
 // wgmma.mma_async m64nNk16 with fp32 accumulators d[N / 2] (the warpgroup's
 // 64 x N tile; warp w holds rows 16w..16w+15 in the layout of mma.m16n8
 // accumulators, n8 block j at d[4j..4j+3]). `ss`: A and B from shared memory
-// (descriptors), both K-major. `rs`: A from registers (4 x 32 bits: the
+// (descriptors), K-major, or MN-major where kTransA / kTransB is 1 (the
+// transpose bits; 16-bit types only). `rs`: A from registers (4 x 32 bits: the
 // m16k16 A fragment of mma.m16n8k16), B from shared memory MN-major (the
-// transpose bit). `ss_mn`: A and B from shared memory, both MN-major (both
-// transpose bits; 16-bit types only); `ss_mn_a`: A MN-major, B K-major.
+// transpose bit).
 // scale_d = 0 overwrites d, 1 accumulates.
 template <int N>
 struct Wgmma;
@@ -415,13 +415,14 @@ struct Wgmma;
     FLASH_ACC_CONSTRAINTS_192, FLASH_ACC_8(96), FLASH_ACC_8(104), FLASH_ACC_8(112), FLASH_ACC_8(120)
 
 // SS: the operands after the accumulators are %R (desc_a), %R+1 (desc_b),
-// %R+2 (scale_d); RS: %R..%R+3 (a), %R+4 (desc_b), %R+5 (scale_d); R = N / 2.
-#define FLASH_WGMMA_SS_ASM(N, TYPE, TRANSPOSE, R0, R1, R2)                                                   \
+// %R+2 (scale_d), %R+3 and %R+4 (the transpose bits, immediates); RS: %R..%R+3
+// (a), %R+4 (desc_b), %R+5 (scale_d); R = N / 2.
+#define FLASH_WGMMA_SS_ASM(N, TYPE, R0, R1, R2, R3, R4)                                                      \
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" R2 ", 0;\n"                                          \
                  "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TYPE "." TYPE " {" FLASH_ACC_OPERANDS_##N \
-                 "}, %" R0 ", %" R1 ", p, 1, 1, " TRANSPOSE ";\n}\n"                                         \
+                 "}, %" R0 ", %" R1 ", p, 1, 1, %" R3 ", %" R4 ";\n}\n"                                      \
                  : FLASH_ACC_CONSTRAINTS_##N                                                                \
-                 : "l"(desc_a), "l"(desc_b), "r"(scale_d))
+                 : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(kTransA), "n"(kTransB))
 #define FLASH_WGMMA_RS_ASM(N, TYPE, R0, R1, R2, R3, R4, R5)                                                  \
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" R5 ", 0;\n"                                          \
                  "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TYPE "." TYPE " {" FLASH_ACC_OPERANDS_##N \
@@ -431,31 +432,13 @@ struct Wgmma;
 #define FLASH_DEFINE_WGMMA(N, R0, R1, R2, R3, R4, R5)                                                          \
     template <>                                                                                               \
     struct Wgmma<N> {                                                                                         \
-        template <typename Element>                                                                           \
+        template <typename Element, int kTransA = 0, int kTransB = 0>                                         \
         __device__ __forceinline__ static void ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b,        \
                                                   int scale_d) {                                              \
             if constexpr (std::is_same_v<Element, __nv_bfloat16>) {                                           \
-                FLASH_WGMMA_SS_ASM(N, "bf16", "0, 0", R0, R1, R2);                                            \
+                FLASH_WGMMA_SS_ASM(N, "bf16", R0, R1, R2, R3, R4);                                            \
             } else {                                                                                          \
-                FLASH_WGMMA_SS_ASM(N, "f16", "0, 0", R0, R1, R2);                                             \
-            }                                                                                                 \
-        }                                                                                                     \
-        template <typename Element>                                                                           \
-        __device__ __forceinline__ static void ss_mn(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b,     \
-                                                     int scale_d) {                                           \
-            if constexpr (std::is_same_v<Element, __nv_bfloat16>) {                                           \
-                FLASH_WGMMA_SS_ASM(N, "bf16", "1, 1", R0, R1, R2);                                            \
-            } else {                                                                                          \
-                FLASH_WGMMA_SS_ASM(N, "f16", "1, 1", R0, R1, R2);                                             \
-            }                                                                                                 \
-        }                                                                                                     \
-        template <typename Element>                                                                           \
-        __device__ __forceinline__ static void ss_mn_a(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b,   \
-                                                       int scale_d) {                                         \
-            if constexpr (std::is_same_v<Element, __nv_bfloat16>) {                                           \
-                FLASH_WGMMA_SS_ASM(N, "bf16", "1, 0", R0, R1, R2);                                            \
-            } else {                                                                                          \
-                FLASH_WGMMA_SS_ASM(N, "f16", "1, 0", R0, R1, R2);                                             \
+                FLASH_WGMMA_SS_ASM(N, "f16", R0, R1, R2, R3, R4);                                             \
             }                                                                                                 \
         }                                                                                                     \
         template <typename Element>                                                                           \
