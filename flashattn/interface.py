@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import cpu, ops
+from . import cpu, fp8, ops
 from ._extension import HAS_CUDA_KERNELS, NOT_BUILT_REASON, unsupported_gpu_reason
 from .cpu import MAX_HEAD_DIM
 
@@ -67,6 +67,10 @@ def flash_attn_func(
     return_attn_probs: bool = False,
     *,
     learnable_sink: Tensor | None = None,
+    q_descale: Tensor | None = None,
+    k_descale: Tensor | None = None,
+    v_descale: Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
 ) -> Tensor | tuple[Tensor, Tensor, Tensor]:
     """Exact attention ``softmax(q @ k^T * softmax_scale) @ v``, computed tile by tile.
 
@@ -105,6 +109,13 @@ def flash_attn_func(
             log(sum_j exp(s_ij) + exp(sink_h)). Used as given: not multiplied by softmax_scale,
             not capped, no ALiBi bias. A row that sees no key outputs 0 (lse = sink_h).
             Differentiable (its gradient is fp32 (nheads,), summed in a fixed order).
+        q_descale, k_descale, v_descale, out_dtype: keyword-only, for q, k and v in
+            torch.float8_e4m3fn (FlashAttention-3's names and meaning): the real values are the
+            stored ones times the descale, an fp32 (batch, nheads_k) tensor on q's device or None
+            (1); a query head takes its KV head's q_descale. out is out_dtype (torch.bfloat16, the
+            default, or torch.float16). Forward only. No FP8 kernel exists yet: every device computes
+            16-bit attention on the dequantised values (flashattn.fp8). Given with 16-bit inputs,
+            they raise ValueError.
 
     Bad option values raise ValueError or TypeError (RuntimeError for a tensor
     on another device) naming the option: dropout_p outside [0, 1), a
@@ -144,6 +155,7 @@ def flash_attn_func(
     headdim_v are zeros in shared memory, never read from memory).
     """
     _check_tensors(q=q, k=k, v=v)
+    q, k, v = fp8.dequantize(q, k, v, dict(q_descale=q_descale, k_descale=k_descale, v_descale=v_descale), out_dtype)
     return _attention(
         q, k, v, None, _NAMES, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
         return_attn_probs, learnable_sink,
@@ -229,6 +241,10 @@ def flash_attn_varlen_func(
     seqused_q: Tensor | None = None,
     seqused_k: Tensor | None = None,
     learnable_sink: Tensor | None = None,
+    q_descale: Tensor | None = None,
+    k_descale: Tensor | None = None,
+    v_descale: Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
 ) -> Tensor | tuple[Tensor, Tensor, Tensor]:
     """flash_attn_func on a variable-length batch: the sequences' tokens packed one after another.
 
@@ -268,6 +284,9 @@ def flash_attn_varlen_func(
             its first seqused_q[b] queries and seqused_k[b] keys of its cu_seqlens range (with
             block_table, seqused_k[b] is its length, at most the rows its pages hold). Unused query
             rows get out 0 (lse -inf) and, like unused keys, zero gradients.
+        q_descale, k_descale, v_descale, out_dtype: as in flash_attn_func, for float8_e4m3fn q, k
+            and v, the descales (batch, nheads_k) with batch the sequences of cu_seqlens_q; not with
+            block_table (NotImplementedError).
 
     What is checked: cu_seqlens_* are int32 1-D tensors of one length on q's device,
     max_seqlen_* non-negative ints. On CPU tensors the values are checked too
@@ -288,6 +307,11 @@ def flash_attn_varlen_func(
     _check_tensors(_OFFSETS, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
     _check_tensors("an int32 tensor", optional=True, block_table=block_table, seqused_q=seqused_q,
                    seqused_k=seqused_k)
+    if block_table is not None and fp8.is_fp8(k):
+        raise NotImplementedError("flashattn: FP8 pages (float8_e4m3fn k and v with block_table) are not "
+                                  "supported: a page may serve sequences of different k_descale")
+    q, k, v = fp8.dequantize(q, k, v, dict(q_descale=q_descale, k_descale=k_descale, v_descale=v_descale), out_dtype,
+                             cu_seqlens_q.numel() - 1, cu_seqlens_q, cu_seqlens_k)
     names = _NAMES
     varlen = _varlen(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, names, seqused_q=seqused_q,
                      seqused_k=seqused_k, block_table=block_table)
