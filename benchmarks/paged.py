@@ -6,8 +6,14 @@ process and writes the ratio; results.csv and results.md go to the output folder
 --copy-modes times each way of copying paged keys in the same process (FLASHATTN_SM90_PAGED_COPY,
 which the binding reads at every call: auto, tma, gather, gather8); other families ignore it.
 
+The contiguous call and each copy mode of one (head dim, workload, page size) are timed in turn,
+round after round (benchmarks/timing.py: best_of_rounds), each keeping its best median: a single
+timing of a row moved by up to 10% between runs (benchmarks/NOTES.md, thirteenth session).
+
     python -m benchmarks paged [--out DIR] [--copy-modes auto,tma,gather]
+    python -m benchmarks paged --dry-run --out /tmp/paged   # CPU, tiny lengths: checks the plumbing
 """
+import contextlib
 import csv
 import os
 import sys
@@ -15,12 +21,12 @@ import sys
 import torch
 
 from benchmarks.arguments import add_out, choice_list
-from benchmarks.environment import dated_folder, gpu_header, header_lines, results_folder, slug
+from benchmarks.environment import cpu_header, dated_folder, gpu_header, header_lines, results_folder, slug
 from benchmarks.tables import table_lines
-from benchmarks.timing import FWD_REP_MS, FWD_WARMUP_MS
+from benchmarks.timing import FWD_REP_MS, FWD_WARMUP_MS, best_of_rounds, cpu_timer
 
 PROG = "python -m benchmarks paged"
-HELP = "GPU: paged (block_table) vs contiguous varlen forward on the same tokens"
+HELP = "GPU: paged (block_table) vs contiguous varlen forward on the same tokens (--dry-run: CPU plumbing check)"
 HEADS, HEADS_K = 32, 8
 PAGE_SIZES = (16, 256)
 COPY_MODES = ("auto", "tma", "gather", "gather8")  # FLASHATTN_SM90_PAGED_COPY
@@ -39,6 +45,8 @@ def add_arguments(parser):
     parser.add_argument("--head-dims", default="128,64", help="comma list of head dims (default 128,64)")
     parser.add_argument("--copy-modes", type=choice_list(COPY_MODES, ordered=True), default=["auto"],
                         help="sm90: how paged keys are copied, each timed in this process (default auto)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="CPU, every length divided by 64: checks the plumbing, no figures")
 
 
 def fwd_flops(lengths_q, lengths_k, head_dim):
@@ -66,57 +74,97 @@ def to_pages(keys, values, cu_k, lengths_k, page_size, gen):
     return k_pages, v_pages, table.to(keys.device)
 
 
-def run(args):
-    if not torch.cuda.is_available():
-        print(f"{PROG}: needs a CUDA GPU", file=sys.stderr)
-        return 2
-    from triton.testing import do_bench
+@contextlib.contextmanager
+def copy_mode(mode):
+    """FLASHATTN_SM90_PAGED_COPY=mode inside (None: left as it is), restored after."""
+    before = os.environ.get("FLASHATTN_SM90_PAGED_COPY")
+    if mode is not None:
+        os.environ["FLASHATTN_SM90_PAGED_COPY"] = mode
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("FLASHATTN_SM90_PAGED_COPY", None)
+        else:
+            os.environ["FLASHATTN_SM90_PAGED_COPY"] = before
 
+
+def run(args):
+    if not args.dry_run and not torch.cuda.is_available():
+        print(f"{PROG}: needs a CUDA GPU (or --dry-run)", file=sys.stderr)
+        return 2
     from flashattn import flash_attn_varlen_func
 
-    timing = f"triton.testing.do_bench median (warmup {FWD_WARMUP_MS} ms, rep {FWD_REP_MS} ms)"
-    header = gpu_header(timing)
+    device = "cpu" if args.dry_run else "cuda"
+    if args.dry_run:
+        timing = "--dry-run: one CPU call each, no figures"
+        header = cpu_header("--dry-run: tiny lengths on the CPU")
+        header["timing"] = timing
+        timer = cpu_timer(0.0, min_reps=1, max_reps=1)
+        workloads = {name: ([max(1, n // 64) for n in lq], [max(1, n // 64) for n in lk])
+                     for name, (lq, lk) in WORKLOADS.items()}
+    else:
+        from triton.testing import do_bench
+
+        timing = (f"triton.testing.do_bench median (warmup {FWD_WARMUP_MS} ms, rep {FWD_REP_MS} ms), the calls of a "
+                  "row timed in turn, best of rounds")
+        header = gpu_header(timing)
+        timer = lambda fn: do_bench(fn, warmup=FWD_WARMUP_MS, rep=FWD_REP_MS, return_mode="median")  # noqa: E731
+        workloads = WORKLOADS
     print("\n".join(header_lines(header)), flush=True)
     gen = torch.Generator().manual_seed(0)
     rows = []
     for head_dim in (int(d) for d in args.head_dims.split(",")):
-        for name, (lengths_q, lengths_k) in WORKLOADS.items():
-            cu_q = torch.tensor([0, *torch.tensor(lengths_q).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
-            cu_k = torch.tensor([0, *torch.tensor(lengths_k).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
-            q = torch.randn(sum(lengths_q), HEADS, head_dim, generator=gen).to("cuda", torch.bfloat16)
-            k, v = (torch.randn(sum(lengths_k), HEADS_K, head_dim, generator=gen).to("cuda", torch.bfloat16)
+        for name, (lengths_q, lengths_k) in workloads.items():
+            cu_q = torch.tensor([0, *torch.tensor(lengths_q).cumsum(0).tolist()], dtype=torch.int32, device=device)
+            cu_k = torch.tensor([0, *torch.tensor(lengths_k).cumsum(0).tolist()], dtype=torch.int32, device=device)
+            q = torch.randn(sum(lengths_q), HEADS, head_dim, generator=gen).to(device, torch.bfloat16)
+            k, v = (torch.randn(sum(lengths_k), HEADS_K, head_dim, generator=gen).to(device, torch.bfloat16)
                     for _ in range(2))
             common = dict(max_seqlen_q=max(lengths_q), max_seqlen_k=max(lengths_k), causal=True)
             contiguous = lambda: flash_attn_varlen_func(q, k, v, cu_q, cu_k, **common)  # noqa: E731
             want = contiguous()
-            base_ms = do_bench(contiguous, warmup=FWD_WARMUP_MS, rep=FWD_REP_MS, return_mode="median")
             # The same call through the kernel variant the paged path runs (softcap/ALiBi/dropout compiled
             # in, switched off at run time: zero ALiBi slopes): what paging itself costs is paged / this.
-            zero_slopes = torch.zeros(HEADS, device="cuda")
+            zero_slopes = torch.zeros(HEADS, device=device)
             extras = lambda: flash_attn_varlen_func(q, k, v, cu_q, cu_k, **common, alibi_slopes=zero_slopes)  # noqa: E731
-            extras_ms = do_bench(extras, warmup=FWD_WARMUP_MS, rep=FWD_REP_MS, return_mode="median")
+            extras_ms = timer(extras)
             flops = fwd_flops(lengths_q, lengths_k, head_dim)
             for page_size in PAGE_SIZES:
                 k_pages, v_pages, table = to_pages(k, v, cu_k, lengths_k, page_size, gen)
                 paged = lambda: flash_attn_varlen_func(q, k_pages, v_pages, cu_q, cu_k, **common,  # noqa: E731
                                                        block_table=table)
+                same = {}
                 for mode in args.copy_modes:
-                    os.environ["FLASHATTN_SM90_PAGED_COPY"] = mode
-                    same = torch.equal(paged(), want)
-                    ms = do_bench(paged, warmup=FWD_WARMUP_MS, rep=FWD_REP_MS, return_mode="median")
+                    with copy_mode(mode):
+                        same[mode] = torch.equal(paged(), want)
+
+                def measure(fn, mode=None):
+                    def timed():
+                        with copy_mode(mode):
+                            return timer(fn)
+                    return timed
+
+                best, failed = best_of_rounds({"contiguous": measure(contiguous),
+                                               **{mode: measure(paged, mode) for mode in args.copy_modes}})
+                if failed:
+                    print(f"{PROG}: d{head_dim} {name} page {page_size}: {failed}", file=sys.stderr)
+                base_ms = best.get("contiguous", float("nan"))
+                for mode in args.copy_modes:
+                    ms = best.get(mode, float("nan"))
                     row = {"head_dim": head_dim, "workload": name, "page_size": page_size, "copy_mode": mode,
                            "contiguous_ms": round(base_ms, 4), "contiguous_extras_kernel_ms": round(extras_ms, 4),
                            "paged_ms": round(ms, 4),
                            "paged_over_contiguous": round(ms / base_ms, 3),
                            "contiguous_tflops": round(flops / base_ms / 1e9, 1),
-                           "paged_tflops": round(flops / ms / 1e9, 1), "same_out": same}
+                           "paged_tflops": round(flops / ms / 1e9, 1), "same_out": same[mode]}
                     rows.append(row)
                     print(f"d{head_dim} {name:22s} page {page_size:3d} {mode:6s}: contiguous {base_ms:.3f} ms "
                           f"(extras kernel {extras_ms:.3f}), paged {ms:.3f} ms (x{ms / base_ms:.3f}), "
-                          f"same out: {same}", flush=True)
-                os.environ.pop("FLASHATTN_SM90_PAGED_COPY", None)
+                          f"same out: {same[mode]}", flush=True)
                 del k_pages, v_pages
-    folder = results_folder(args.out, dated_folder(f"{slug(torch.cuda.get_device_name())}-paged"))
+    gpu_name = "cpu" if args.dry_run else slug(torch.cuda.get_device_name())
+    folder = results_folder(args.out, dated_folder(f"{gpu_name}-paged"))
     with open(folder / "results.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()

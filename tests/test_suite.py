@@ -180,3 +180,21 @@ def test_best_of_rounds_takes_turns_keeps_each_best_and_drops_a_failing_measure(
     assert calls == ["a", "b", "c", "a", "b", "a", "b"]
     assert best == {"a": 3.0, "b": 1.5}
     assert failed == {"c": "ValueError: shape not supported"}
+
+
+def test_paged_benchmark_dry_run(tmp_path) -> None:
+    """benchmarks/paged.py's plumbing on CPU (--dry-run, tiny lengths): a row per workload, page size
+    and copy mode, the contiguous and paged calls timed in rounds, the same out, the Markdown table."""
+    root = Path(__file__).resolve().parents[1]
+    run = subprocess.run([sys.executable, "-m", "benchmarks", "paged", "--dry-run", "--head-dims", "64",
+                          "--copy-modes", "auto,gather", "--out", str(tmp_path)],
+                         cwd=root, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    with open(tmp_path / "results.csv") as fh:
+        rows = list(csv.DictReader(fh))
+    from benchmarks.paged import PAGE_SIZES, WORKLOADS
+
+    assert [(r["workload"], int(r["page_size"]), r["copy_mode"]) for r in rows] == [
+        (name, page, mode) for name in WORKLOADS for page in PAGE_SIZES for mode in ("auto", "gather")]
+    assert all(r["same_out"] == "True" and float(r["paged_ms"]) > 0 and float(r["contiguous_ms"]) > 0 for r in rows)
+    assert "| 64 | prefill 8 x 2k | 16 | auto |" in (tmp_path / "results.md").read_text()
