@@ -62,9 +62,11 @@ std::string str(at::ScalarType dtype) { return "torch." + std::string(c10::getDt
 
 // The kernels read rows of 16-byte chunks: every stride but the last a multiple
 // of 8 elements, and a 16-byte aligned start.
+// (FP8: 16 elements.)
 bool strides_aligned(const at::Tensor& t) {
+    const int64_t align = 16 / t.element_size();
     for (int64_t d = 0; d + 1 < t.dim(); ++d) {
-        if (t.size(d) > 1 && t.stride(d) % kAlignElems != 0) return false;
+        if (t.size(d) > 1 && t.stride(d) % align != 0) return false;
     }
     return true;
 }
@@ -113,13 +115,17 @@ void check_same_device(const at::Tensor& t, const char* name, const at::Tensor& 
 }
 
 // Rank, device and dtype: what every data tensor must have (q: a dtype of the
-// kernels; the others: q's).
-void check_tensor(const at::Tensor& t, const char* name, const at::Tensor& q, const Layout& layout) {
+// kernels, float8_e4m3fn for the FP8 operator (fp8); the others: q's).
+void check_tensor(const at::Tensor& t, const char* name, const at::Tensor& q, const Layout& layout,
+                  bool fp8 = false) {
     TORCH_CHECK_VALUE(t.dim() == layout.rank(name), "flashattn: ", name, " must be ", str(layout.rank(name)), "-D ",
                       layout.shape(name), ", got shape ", str(t.sizes()));
     check_same_device(t, name, q);
     TORCH_CHECK(t.is_cuda(), "flashattn: ", name, " must be a CUDA tensor (got device ", t.device().str(), ")");
-    if (t.is_same(q)) {
+    if (t.is_same(q) && fp8) {
+        TORCH_CHECK_TYPE(q.scalar_type() == at::kFloat8_e4m3fn, "flashattn: q has dtype ", str(q.scalar_type()),
+                         "; the FP8 operator takes torch.float8_e4m3fn");
+    } else if (t.is_same(q)) {
         TORCH_CHECK_TYPE(q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16, "flashattn: q has dtype ",
                          str(q.scalar_type()), "; accepted on cuda: torch.float16, torch.bfloat16");
     } else {
@@ -191,14 +197,16 @@ void check_v_head_dim(const at::Tensor& q, const at::Tensor& k, const at::Tensor
 // are copied (flash_api.cpp's aligned()); a head dim that is not a multiple of
 // 8 is refused here and zero-padded by flash_attn_func. softmax_scale is the
 // public functions' to check (a Python argument).
-void check_qkv(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const Layout& layout) {
+// fp8: the FP8 operator's (float8_e4m3fn, head dims multiples of 16).
+void check_qkv(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const Layout& layout,
+               bool fp8 = false) {
     // k or v on another device than q first: with q on the CPU and k on the GPU,
     // the call lands here, and the error names the tensor that differs.
     check_same_device(k, "k", q);
     check_same_device(v, "v", q);
-    check_tensor(q, "q", q, layout);
-    check_tensor(k, "k", q, layout);
-    check_tensor(v, "v", q, layout);
+    check_tensor(q, "q", q, layout, fp8);
+    check_tensor(k, "k", q, layout, fp8);
+    check_tensor(v, "v", q, layout, fp8);
     const int64_t num_heads = q.size(-2), head_dim = q.size(-1), num_heads_k = k.size(-2);
     const std::string shapes = "q " + str(q.sizes()) + ", k " + str(k.sizes()) + ", v " + str(v.sizes());
     if (!layout.varlen) {
@@ -229,10 +237,12 @@ void check_qkv(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, co
     check_last_dim_contiguous(k, "k");
     check_last_dim_contiguous(v, "v");
     // What only the kernels need comes last, so that the checks cpu.py shares come in its order.
-    TORCH_CHECK_VALUE(head_dim % kAlignElems == 0 && v.size(-1) % kAlignElems == 0,
-                      "flashattn: the kernel needs head_dim to be a multiple of ", str(kAlignElems), " (got ",
+    const int64_t align = 16 / q.element_size();  // a row of 16-byte chunks
+    TORCH_CHECK_VALUE(head_dim % align == 0 && v.size(-1) % align == 0,
+                      "flashattn: the kernel needs head_dim to be a multiple of ", str(align), " (got ",
                       str(head_dim), v.size(-1) == head_dim ? "" : ", v's " + str(v.size(-1)),
-                      "); flash_attn_func pads it for you");
+                      fp8 ? "); flash_attn_func runs other FP8 head dims dequantised"
+                          : "); flash_attn_func pads it for you");
     TORCH_CHECK_VALUE(num_heads <= 65535 && (layout.varlen || q.size(0) <= 65535), "flashattn: batch and heads (",
                       str(num_heads), ") must each be at most 65535");
     TORCH_CHECK_VALUE(layout.rows(q) <= INT32_MAX && layout.rows(k) <= INT32_MAX,
@@ -273,6 +283,20 @@ void check_options(const at::Tensor& q, int64_t batch, int64_t window_left, int6
                     str(rng_state->scalar_type()), " of shape ", str(rng_state->sizes()), " on ",
                     rng_state->device().str());
     }
+}
+
+// An FP8 descale (q_descale, k_descale, v_descale): float32 (batch, nheads_k)
+// on q's device, or none (1).
+void check_descale(const std::optional<at::Tensor>& descale, const char* name, const at::Tensor& q, int64_t batch,
+                   int64_t num_heads_k) {
+    if (!descale.has_value()) return;
+    const std::string accepted =
+        "a float32 tensor of shape (batch, nheads_k) = (" + str(batch) + ", " + str(num_heads_k) + ")";
+    TORCH_CHECK_TYPE(descale->scalar_type() == at::kFloat, "flashattn: ", name, " must be ", accepted,
+                     ", got dtype ", str(descale->scalar_type()));
+    TORCH_CHECK_VALUE(descale->dim() == 2 && descale->size(0) == batch && descale->size(1) == num_heads_k,
+                      "flashattn: ", name, " must be ", accepted, ", got shape ", str(descale->sizes()));
+    check_same_device(*descale, name, q);
 }
 
 // learnable_sink: float32 (nheads,) on q's device (the binding passes the

@@ -3,7 +3,8 @@
 // entry points; the binding calls nothing else of it.
 //
 // Families: sm90 (wgmma, TMA; sm_90 only, compiled in when the build includes
-// 9.0a: FLASHATTN_HAS_SM90), sm80 (mma.sync; every GPU from sm_80 on).
+// 9.0a: FLASHATTN_HAS_SM90; the only one with an FP8 kernel), sm80 (mma.sync;
+// every GPU from sm_80 on).
 // FLASHATTN_FAMILY=sm80 forces a family on a GPU that has a newer one (A/B runs
 // and tests); unset or "auto", each device gets the newest family built for it.
 // A family may read switches of its own: FLASHATTN_SM90_PAGED_COPY=auto|tma|gather
@@ -44,6 +45,12 @@ struct Family {
     // What is wrong with the family's own switches (environment variables), or nullptr;
     // checked at every call, before anything runs (nullptr: the family has none).
     const char* (*switch_error)() = nullptr;
+    // FP8 attention (FwdParams::fp8), nullptr where the family has no FP8 kernel:
+    // whether it serves a call, the workspace bytes it asks for (FwdParams::vt_ptr),
+    // and the call.
+    bool (*serves_fp8)(const flash::FwdParams&) = nullptr;
+    int64_t (*fwd_fp8_workspace)(const flash::FwdParams&) = nullptr;
+    cudaError_t (*run_fwd_fp8)(const flash::FwdParams&, cudaStream_t) = nullptr;
 };
 
 inline constexpr Family kSm80{"sm80",
@@ -71,7 +78,10 @@ inline constexpr Family kSm90{"sm90",
                               &flash::sm90::bwd_workspace,
                               &flash::sm90::run_combine,
                               9,
-                              &flash::sm90::switch_error};
+                              &flash::sm90::switch_error,
+                              &flash::sm90::serves_fp8,
+                              &flash::sm90::fwd_fp8_workspace,
+                              &flash::sm90::run_fwd_fp8};
 #endif
 
 // Newest first: a device gets the first family it can run.

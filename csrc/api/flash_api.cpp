@@ -217,6 +217,70 @@ std::tuple<at::Tensor, at::Tensor> mha_fwd(const at::Tensor& q,  // [B, Sq, H, D
     return {out, lse};
 }
 
+// FP8 attention (flashattn/ops.py: FP8_SCHEMA): float8_e4m3fn q, k, v standing
+// for stored value x descale, out in out_dtype (bf16 by default, or fp16), on
+// the family's FP8 kernel; forward only. A call the family's FP8 kernel does not
+// serve is refused (flashattn/fp8.py sends only calls it serves here).
+std::tuple<at::Tensor, at::Tensor> mha_fwd_fp8(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                               const std::optional<at::Tensor>& q_descale,
+                                               const std::optional<at::Tensor>& k_descale,
+                                               const std::optional<at::Tensor>& v_descale, double softmax_scale,
+                                               bool causal, int64_t window_left, int64_t window_right,
+                                               const std::optional<at::Tensor>& cu_seqlens_q,
+                                               const std::optional<at::Tensor>& cu_seqlens_k, int64_t max_seqlen_q,
+                                               int64_t max_seqlen_k, std::optional<at::ScalarType> out_dtype) {
+    const Layout layout = check_varlen(q, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k);
+    check_qkv(q, k, v, layout, /*fp8=*/true);
+    const DeviceKernels kernels = device_kernels(q.get_device());
+    const int64_t batch = layout.varlen ? cu_seqlens_q->size(0) - 1 : q.size(0);
+    check_options(q, batch, window_left, window_right, std::nullopt, 0.0, std::nullopt);
+    const int64_t num_heads_k = k.size(-2);
+    check_descale(q_descale, "q_descale", q, batch, num_heads_k);
+    check_descale(k_descale, "k_descale", q, batch, num_heads_k);
+    check_descale(v_descale, "v_descale", q, batch, num_heads_k);
+    const at::ScalarType out_type = out_dtype.value_or(at::kBFloat16);
+    TORCH_CHECK_VALUE(out_type == at::kBFloat16 || out_type == at::kHalf,
+                      "flashattn: out_dtype must be torch.bfloat16 or torch.float16 for FP8 inputs, got ",
+                      str(out_type));
+    TORCH_CHECK_NOT_IMPLEMENTED(kernels.family->run_fwd_fp8 != nullptr, "flashattn: no FP8 kernel serves cuda:",
+                                str(q.get_device()), " (the ", kernels.family->name,
+                                " family; the FP8 kernel is sm90's); flash_attn_func runs FP8 inputs dequantised there");
+    const c10::cuda::CUDAGuard device_guard(q.device());
+    const int64_t rows = layout.rows(q), num_heads = q.size(-2);
+    const at::TensorOptions out_options = q.options().dtype(out_type);
+    at::Tensor out = at::empty(out_shape(q, v), out_options);
+    at::Tensor lse = layout.varlen ? at::empty({num_heads, rows}, q.options().dtype(at::kFloat))
+                                   : at::empty({batch, num_heads, rows}, q.options().dtype(at::kFloat));
+    if (batch == 0 || rows == 0 || num_heads == 0) return {out.zero_(), lse.fill_(-INFINITY)};
+
+    const at::Tensor q_in = aligned(q), k_in = aligned(k), v_in = aligned(v);
+    const std::optional<at::Tensor> q_descale_in = contiguous_if_given(q_descale),
+                                    k_descale_in = contiguous_if_given(k_descale),
+                                    v_descale_in = contiguous_if_given(v_descale);
+    flash::FwdParams params{};
+    set_params(params, q_in, k_in, v_in, out, lse, layout, batch, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+               max_seqlen_k, softmax_scale, causal, window_left, window_right, /*softcap=*/0.0, std::nullopt,
+               /*dropout_p=*/0.0, std::nullopt, std::nullopt, kernels.max_smem_per_block);
+    params.dtype = out_type == at::kBFloat16 ? flash::DType::kBFloat16 : flash::DType::kFloat16;
+    params.fp8 = true;
+    params.q_descale = q_descale_in.has_value() ? q_descale_in->data_ptr<float>() : nullptr;
+    params.k_descale = k_descale_in.has_value() ? k_descale_in->data_ptr<float>() : nullptr;
+    params.v_descale = v_descale_in.has_value() ? v_descale_in->data_ptr<float>() : nullptr;
+    TORCH_CHECK_VALUE(kernels.family->serves_fp8(params), "flashattn: the FP8 kernel does not serve q ",
+                      str(q.sizes()), ", k ", str(k.sizes()), ", v ", str(v.sizes()),
+                      " (head dims up to 256, v's no wider than q's, strides that are not 0)");
+    const at::Tensor workspace = at::empty({kernels.family->fwd_fp8_workspace(params)}, q.options().dtype(at::kByte));
+    params.vt_ptr = workspace.data_ptr();
+    const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
+    at::Tensor counters;
+    if (const int count = kernels.family->fwd_counters(params); count > 0) {
+        counters = zeroed_counters(q, count, stream);
+        params.fwd_counters = reinterpret_cast<unsigned int*>(counters.data_ptr<int>());
+    }
+    check_launch(kernels.family->run_fwd_fp8(params, stream), "FP8 forward", q, params, *kernels.family);
+    return {out, lse};
+}
+
 // The sink's gradient of a backward with no key, where no kernel runs (flash.h:
 // BwdParams::dsink_ptr): -sum over each head's rows of exp(sink - lse) * (D -
 // dlse), D = rowsum(dout * out), rows of lse -inf (no sequence) left out.
@@ -520,6 +584,7 @@ TORCH_LIBRARY_IMPL(flashattn, CUDA, m) {
     m.impl("bwd", &mha_bwd);
     m.impl("fwd_kvcache", &mha_fwd_kvcache);
     m.impl("combine", &mha_combine);
+    m.impl("fwd_fp8", &mha_fwd_fp8);
 }
 
 // flashattn._C.kernel_family(device_index) -> str: the family that serves

@@ -185,7 +185,19 @@ struct FwdParams {
     // after it; the binding allocates them (nullptr where none were asked).
     unsigned int* fwd_counters;
 
-    DType dtype;
+    DType dtype;  // of q, k and v; with fp8, of out (q, k and v are e4m3)
+
+    // FP8 attention (a family's run_fwd_fp8): q, k and v are float8_e4m3fn
+    // and stand for stored value x descale, q_descale, k_descale and
+    // v_descale fp32 [B, Hk] contiguous, or nullptr for 1 (a query head takes
+    // its KV head's q_descale); out is `dtype` (16-bit). Only the forward;
+    // no extras, sinks, pages or seqused. vt_ptr: the family's workspace
+    // (fwd_fp8_workspace bytes) for v in the layout its kernel reads.
+    bool fp8;
+    const float* __restrict__ q_descale;
+    const float* __restrict__ k_descale;
+    const float* __restrict__ v_descale;
+    void* __restrict__ vt_ptr;
 };
 
 // Backward over the same tensors as the forward (the FwdParams part: q, k, v,

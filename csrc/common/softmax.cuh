@@ -21,7 +21,23 @@ constexpr float kLog2e = 1.4426950408889634f;  // exp(x) = exp2(x * log2(e))
 // exp2(-inf + inf) = NaN.
 __device__ __forceinline__ float lse_to_log2(float lse) { return lse == -INFINITY ? INFINITY : lse * kLog2e; }
 
-template <int kMTiles>
+// kExpBias: every p is taken 2^kExpBias larger (exp2(s * scale_log2 - m +
+// kExpBias)), the row sums with them, so that out = sum p v / sum p is the same
+// (row_offset is the unbiased one less kExpBias, so the LSE, row_offset +
+// log2(sum), is the same): FP8 attention's P uses e4m3's range up to 2^8 (its
+// largest normal is 448), not only up to 1.
+//
+// kChains: the independent chains of a row's max and sum over a tile (1: one
+// fmax or add after the other, the rounding of the sum fixed by the order of
+// the keys). FP8's tiles take so little tensor-core time against their softmax
+// that the latency of one chain of 96 dependent adds per row shows (NOTES.md).
+//
+// kSlack: a row keeps the offset its p are taken against while its max grows
+// by at most kSlack (base 2) past it, so that p stays below 2^(kExpBias +
+// kSlack) and neither the output nor the sum is rescaled for it (0: the offset
+// follows every new max). Late in a long row the max moves by little, and a
+// warp rescales its output whenever one of its 16 rows' max moves.
+template <int kMTiles, int kExpBias = 0, int kChains = 1, int kSlack = 0>
 struct OnlineSoftmax {
     static constexpr int kRows = 2 * kMTiles;
     float row_max[kRows];     // running max of the raw scores; -inf until the row sees a key
@@ -51,6 +67,7 @@ struct OnlineSoftmax {
             if (sink_log2[r] == -INFINITY) continue;
             // Any max in score units works, as long as every p is taken against
             // row_offset: the sink's own term is 2^(sink_log2 - row_offset), ~1.
+            static_assert(kExpBias == 0, "a sink with a biased exponent");
             row_max[r] = __fdividef(sink_log2[r], scale_log2);
             row_offset[r] = row_max[r] * scale_log2;
             row_sum[r] = lane % 4 == 0 ? exp2_approx(sink_log2[r] - row_offset[r]) : 0.f;
@@ -90,16 +107,29 @@ struct OnlineSoftmax {
 #pragma unroll
             for (int half = 0; half < 2; ++half) {
                 const int r = mt * 2 + half;
-                float m_new = row_max[r];
+                float m[kChains];
+#pragma unroll
+                for (int c = 0; c < kChains; ++c) m[c] = c == 0 ? row_max[r] : -INFINITY;
 #pragma unroll
                 for (int j = 0; j < kNTilesS; ++j) {
-                    m_new = fmaxf(m_new, fmaxf(s[mt][j][2 * half], s[mt][j][2 * half + 1]));
+                    m[j % kChains] = fmaxf(m[j % kChains], fmaxf(s[mt][j][2 * half], s[mt][j][2 * half + 1]));
                 }
+                float m_new = m[0];
+#pragma unroll
+                for (int c = 1; c < kChains; ++c) m_new = fmaxf(m_new, m[c]);
                 m_new = fmaxf(m_new, __shfl_xor_sync(0xffffffffu, m_new, 1));
                 m_new = fmaxf(m_new, __shfl_xor_sync(0xffffffffu, m_new, 2));
                 // A row that has seen only masked keys keeps max = -inf; subtracting 0
                 // instead keeps exp2(-inf - offset) = 0 rather than exp2(-inf + inf) = NaN.
-                const float offset = (m_new == -INFINITY) ? 0.f : m_new * scale_log2;
+                float offset = (m_new == -INFINITY) ? 0.f : m_new * scale_log2;
+                if constexpr (kExpBias != 0) offset = (m_new == -INFINITY) ? 0.f : offset - kExpBias;
+                if constexpr (kSlack != 0) {
+                    if (row_max[r] != -INFINITY && offset <= row_offset[r] + kSlack) {
+                        // Within the slack: the offset (and the max it was taken at) stay.
+                        correction.factor[r] = 1.f;
+                        continue;
+                    }
+                }
                 // The difference of the two stored offsets, not row_max * scale_log2 -
                 // offset: the compiler contracts that into an FMA whose result is the
                 // product's rounding error, not 0, when the max did not move, and a
@@ -128,16 +158,21 @@ struct OnlineSoftmax {
 #pragma unroll
             for (int half = 0; half < 2; ++half) {
                 const int r = mt * 2 + half;
-                float sum = 0.f;
+                float sums[kChains];
+#pragma unroll
+                for (int c = 0; c < kChains; ++c) sums[c] = 0.f;
 #pragma unroll
                 for (int j = 0; j < kNTilesS; ++j) {
 #pragma unroll
                     for (int e = 0; e < 2; ++e) {
                         const float p = exp2_approx(fmaf(s[mt][j][2 * half + e], scale_log2, -row_offset[r]));
                         s[mt][j][2 * half + e] = p;
-                        sum += p;
+                        sums[j % kChains] += p;
                     }
                 }
+                float sum = sums[0];
+#pragma unroll
+                for (int c = 1; c < kChains; ++c) sum += sums[c];
                 row_sum[r] += sum;
             }
         }
@@ -176,6 +211,8 @@ struct OnlineSoftmax {
                 const float inv_sum = empty ? 0.f : 1.f / sum;
                 // Every p was exp2(score * scale_log2 - row_offset): the LSE in base 2 is
                 // row_offset + log2(sum), with no rounding of row_max * scale_log2 between.
+                // (With kExpBias, row_offset holds it already: p = 2^(s - row_offset) is
+                // 2^kExpBias times the unbiased p, and so is the sum.)
                 lse[r] = empty ? -INFINITY : (row_offset[r] + log2_approx(sum)) * kLn2;
 #pragma unroll
                 for (int j = 0; j < kNTilesO; ++j) {

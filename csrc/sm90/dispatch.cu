@@ -8,6 +8,7 @@
 #include "common/flash.h"
 #include "common/static_switch.h"
 #include "sm80/sm80.h"
+#include "sm90/fp8_values.cuh"
 #include "sm90/kernel_traits.h"
 #include "sm90/sm90.h"
 #include "sm90/tensor_map.h"
@@ -19,6 +20,8 @@ template <typename Element, int kHeadDim, int kHeadDimV, bool Is_local, bool Has
 cudaError_t run_fwd_(const FwdParams& params, KeyCopy key_copy, cudaStream_t stream);
 template <typename Element, int kHeadDim, int kHeadDimV, bool Is_local, bool Has_softcap, bool Is_deterministic>
 cudaError_t run_bwd_(const BwdParams& params, cudaStream_t stream);
+template <typename Out, int kHeadDim, bool Is_local>
+cudaError_t run_fwd_fp8_(const FwdParams& params, cudaStream_t stream);
 
 namespace {
 
@@ -255,7 +258,34 @@ cudaError_t run_fwd_kvcache(const FwdParams& params, cudaStream_t stream) {
     return sm80::run_fwd_kvcache(params, stream);
 }
 
-int fwd_counters(const FwdParams& params) { return serves(params) && params.is_local ? kWorkCounterInts : 0; }
+int fwd_counters(const FwdParams& params) {
+    return (params.fp8 || serves(params)) && params.is_local ? kWorkCounterInts : 0;
+}
+
+bool serves_fp8(const FwdParams& params) {
+    const int head_dim = fp8_head_dim(params.head_dim);
+    if (head_dim == 0 || params.head_dim_v > params.head_dim || params.has_extras ||
+        params.learnable_sink != nullptr || params.block_table != nullptr || params.seqused_q != nullptr ||
+        params.seqused_k != nullptr || params.leftpad_k != nullptr || !tensor_maps_fit(params)) {
+        return false;
+    }
+    const int smem = head_dim == 128 ? Fp8FwdTraitsFor<128, __half, false>::kSmemBytes
+                                     : Fp8FwdTraitsFor<256, __half, false>::kSmemBytes;
+    return smem <= params.max_smem_per_block;
+}
+
+int64_t fwd_fp8_workspace(const FwdParams& params) { return value_bytes(params); }
+
+cudaError_t run_fwd_fp8(const FwdParams& params, cudaStream_t stream) {
+    if (!params.fp8 || !serves_fp8(params) || params.vt_ptr == nullptr) return cudaErrorInvalidValue;
+    if (const cudaError_t err = sm80::run_fwd_unwritten_rows(params, stream); err != cudaSuccess) return err;
+    return FLASH_DTYPE_SWITCH(params.dtype, Out, [&] {
+        return FLASH_BOOL_SWITCH(params.is_local, Is_local, [&] {
+            return fp8_head_dim(params.head_dim) == 128 ? run_fwd_fp8_<Out, 128, Is_local>(params, stream)
+                                                        : run_fwd_fp8_<Out, 256, Is_local>(params, stream);
+        });
+    });
+}
 
 // The sm90 forward kernels round head dims as the sm80 ones do (32 is sm80's alone).
 int kernel_head_dim(int head_dim) { return sm80::kernel_head_dim(head_dim); }

@@ -44,6 +44,7 @@
 #include "common/ptx.cuh"
 #include "common/sink.cuh"
 #include "common/softmax.cuh"
+#include "sm90/fp8_values.cuh"
 #include "sm90/kernel_traits.h"
 #include "sm90/pipeline.cuh"
 #include "sm90/ptx.cuh"
@@ -143,11 +144,27 @@ struct KeyTileSource {
 #pragma unroll
         for (int cb = 0; cb < Traits::kColBlocks; ++cb) {
             if (cb == col_blocks) break;
-            tma_load_4d(dst + cb * Traits::kKVBlockBytes + box.shared_offset, map, full, cb * kSwizzleCols, box.row,
+            tma_load_4d(dst + cb * Traits::kKVBlockBytes + box.shared_offset, map, full, cb * Traits::kElementCols, box.row,
                         head_k, box.page);
         }
     }
 };
+
+// FP8 (Traits::kFp8): copies the V^T tile of the keys from n0 of sequence
+// `batch` into a stage (dst), from the family's transposed copy of v
+// (fp8_values.cuh; its map: columns, head-dim rows, KV heads; the swizzle of
+// kValueSwizzleBytes): one box of that many columns by all of the tile's
+// head-dim rows per column block of keys.
+template <typename Traits>
+__device__ __forceinline__ void load_values_transposed(const FwdParams& params, uint32_t dst, const CUtensorMap* map,
+                                                       uint32_t full, int batch, int head_k, int n0) {
+    mbarrier_arrive_expect_tx(full, Traits::kVBytes);
+    const int column = value_key_start(params, batch) + n0;
+#pragma unroll
+    for (int cb = 0; cb < Traits::kColBlocksV; ++cb) {
+        tma_load_4d(dst + cb * Traits::kVBlockBytes, map, full, column + cb * Traits::kValueSwizzleBytes, 0, head_k, 0);
+    }
+}
 
 // Writes a consumer warpgroup's normalised O (its fp32 accumulator, 64 rows x
 // kTileColsV) as Element into its rows of the output tile (`group`: those of the
@@ -159,7 +176,7 @@ struct KeyTileSource {
 // matrix land in eight distinct chunks: no bank conflict.
 template <typename Traits>
 __device__ __forceinline__ void stage_o(const float (&o)[1][Traits::kNTilesO][4], uint32_t group, int warp, int lane) {
-    using Element = typename Traits::Element;
+    using Element = typename Traits::Out;
     const int row = warp * 16 + (lane / 8 % 2) * 8 + lane % 8;  // of the warpgroup's 64
     const uint32_t row_addr = group + row * kSwizzleBytes;
     // Chunk of n8 block j = 2p + lane / 16 in its column block: j % 8 = 2 (p % 4) + lane / 16,
@@ -494,6 +511,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                const __grid_constant__ CUtensorMap tma_o, bool o_by_tma, WorkCounter* work_counter,
                KeyCopy key_copy) {
     using Element = typename Traits::Element;
+    using Out = typename Traits::Out;
     using Work = WorkTile<Traits, Is_local>;
     constexpr int kBlockM = Traits::kBlockM;
     constexpr int kBlockN = Traits::kBlockN;
@@ -542,14 +560,16 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         // rows are packed: its tensor maps have one batch entry and the
         // sequence's rows start at q_start / k_start.
         release_registers<Traits::kProducerRegs>();
-        if (gather) {
-            if (threadIdx.x == 0) prefetch_tensor_map(&tma_q);
-            if (key_copy == KeyCopy::kGather8) {
-                gather_tiles<Traits, Is_local, 8>(params, layout, queue, &tma_q, num_m_blocks, num_work);
-            } else {
-                gather_tiles<Traits, Is_local, 4>(params, layout, queue, &tma_q, num_m_blocks, num_work);
+        if constexpr (!Traits::kFp8) {
+            if (gather) {
+                if (threadIdx.x == 0) prefetch_tensor_map(&tma_q);
+                if (key_copy == KeyCopy::kGather8) {
+                    gather_tiles<Traits, Is_local, 8>(params, layout, queue, &tma_q, num_m_blocks, num_work);
+                } else {
+                    gather_tiles<Traits, Is_local, 4>(params, layout, queue, &tma_q, num_m_blocks, num_work);
+                }
+                return;
             }
-            return;
         }
         if (threadIdx.x >= 32) return;  // warp 0 draws the work; its lane 0 alone copies but for pages
         const int lane = threadIdx.x;
@@ -573,7 +593,14 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                 if (tile_count >= kStages) mbarrier_wait(layout.k_empty(s.stage), s.phase ^ 1);
                 source.load(layout.k(s.stage), &tma_k, layout.k_full(s.stage), box, Traits::kColBlocks);
                 if (tile_count >= kStages) mbarrier_wait(layout.v_empty(s.stage), s.phase ^ 1);
-                source.load(layout.v(s.stage), &tma_v, layout.v_full(s.stage), box, source.value_col_blocks());
+                if constexpr (Traits::kFp8) {
+                    if (lane == 0) {
+                        load_values_transposed<Traits>(params, layout.v(s.stage), &tma_v, layout.v_full(s.stage),
+                                                       work.batch, head_k, (work.key_tiles.n_end - 1 - i) * kBlockN);
+                    }
+                } else {
+                    source.load(layout.v(s.stage), &tma_v, layout.v_full(s.stage), box, source.value_col_blocks());
+                }
             }
         }
         return;
@@ -633,10 +660,20 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         for (int j = 0; j < Traits::kNTilesO; ++j)
 #pragma unroll
             for (int e = 0; e < 4; ++e) o[0][j][e] = 0.f;
-        OnlineSoftmax<1> softmax;
-        if (params.learnable_sink != nullptr) {  // the sink joins each row as its first column
+        // FP8: p = exp2(s - m + 6) (OnlineSoftmax: kExpBias), the offset kept
+        // while the max grows by at most 2 past it (kSlack), so p < 2^8, in
+        // e4m3's range (448); 4 chains of each row's max and sum (kChains). The
+        // scores' unit is the stored values', so the scale takes their descales
+        // (those of the sequence and KV head).
+        OnlineSoftmax<1, Traits::kFp8 ? 6 : 0, Traits::kFp8 ? 4 : 1, Traits::kFp8 ? 2 : 0> softmax;
+        float scale_log2 = params.softmax_scale_log2;
+        if constexpr (Traits::kFp8) {
+            const int descale = work.batch * params.num_heads_k + work.head / params.heads_per_kv_head;
+            if (params.q_descale != nullptr) scale_log2 *= params.q_descale[descale];
+            if (params.k_descale != nullptr) scale_log2 *= params.k_descale[descale];
+        } else if (params.learnable_sink != nullptr) {  // the sink joins each row as its first column
             const float sink_log2 = learnable_sink_log2_of</*May_pack=*/false>(params, work.head, 0);
-            softmax.start_at_sink({sink_log2, sink_log2}, params.softmax_scale_log2, lane);
+            softmax.start_at_sink({sink_log2, sink_log2}, scale_log2, lane);
         }
         const ScoreExtras extras(params, work.batch, work.head, work.window.diagonal);
 
@@ -650,7 +687,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             wgmma_fence();
 #pragma unroll
             for (int k = 0; k < Traits::kKStepsQK; ++k) {
-                // k16 step k: 32 bytes into a 128-byte row, column block k / 4.
+                // k16 (FP8: k32) step k: 32 bytes into a 128-byte row, column block k / 4.
                 const uint32_t offset_q = (k / 4) * Traits::kQBlockBytes + (k % 4) * 32;
                 const uint32_t offset_k = (k / 4) * Traits::kKVBlockBytes + (k % 4) * 32;
                 Wgmma<kBlockN>::template ss<Element>(flat(s_frag), advance_descriptor(q_desc, offset_q),
@@ -660,16 +697,26 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         };
         uint32_t p[Traits::kKStepsPV][4];  // P of the last tile whose scores were exponentiated
         auto issue_pv = [&](const StageOf<Traits>& s) {  // O += P V
+            // 16-bit: V read MN-major (column blocks of 64 head-dim columns
+            // kKVBlockBytes apart); FP8: V^T, K-major as K is, in the 128- or
+            // 64-byte swizzle (kValueSwizzleBytes).
+            constexpr bool kValueSw64 = Traits::kFp8 && Traits::kValueSwizzleBytes == 64;
             const uint64_t v_desc =
-                smem_descriptor_sw128(layout.v(s.stage), Traits::kKVBlockBytes, kSwizzleAtomBytes);
+                kValueSw64     ? smem_descriptor_sw64(layout.v(s.stage))
+                : Traits::kFp8 ? smem_descriptor_sw128(layout.v(s.stage), kUnusedLeadingBytes, kSwizzleAtomBytes)
+                               : smem_descriptor_sw128(layout.v(s.stage), Traits::kKVBlockBytes, kSwizzleAtomBytes);
             mbarrier_wait(layout.v_full(s.stage), s.phase);
             if (gather) fence_proxy_async_shared();
             wgmma_fence();
 #pragma unroll
             for (int k = 0; k < Traits::kKStepsPV; ++k) {
-                // k16 step k: 16 keys = 16 rows of 128 bytes further.
-                Wgmma<Traits::kTileColsV>::template rs<Element>(flat(o), p[k],
-                                                                advance_descriptor(v_desc, k * 16 * kSwizzleBytes),
+                // 16-bit: k16 step k, 16 keys = 16 rows of 128 bytes further. FP8:
+                // k32 step k, 32 keys = 32 bytes further in a row of a column block.
+                constexpr int kStepsPerBlock = Traits::kValueSwizzleBytes / 32;
+                const uint32_t offset = Traits::kFp8 ? (k / kStepsPerBlock) * Traits::kVBlockBytes +
+                                                           (k % kStepsPerBlock) * 32
+                                                     : k * 16 * kSwizzleBytes;
+                Wgmma<Traits::kTileColsV>::template rs<Element>(flat(o), p[k], advance_descriptor(v_desc, offset),
                                                                 /*scale_d=*/1);
             }
             wgmma_commit();
@@ -688,8 +735,23 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             }
         };
         // P, re-packed from the accumulator into the A fragments of the k16
-        // steps of P V: step k holds n8 blocks 2k and 2k + 1.
+        // steps of P V: step k holds n8 blocks 2k and 2k + 1. FP8: k32 step k
+        // holds n8 blocks 4k .. 4k + 3, each thread's values where they are,
+        // which puts key value_key(kk) at k index kk (fp8_values.cuh: V^T's keys
+        // are stored in that order).
         auto pack_p = [&](const float (&s_frag)[1][Traits::kNTilesS][4]) {
+            if constexpr (Traits::kFp8) {
+#pragma unroll
+                for (int k = 0; k < Traits::kKStepsPV; ++k) {
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {  // rows r, r + 8 of blocks 4k, 4k + 1, then of 4k + 2, 4k + 3
+                        const int j = 4 * k + 2 * (i / 2), e = 2 * (i % 2);
+                        p[k][i] = pack4_e4m3(s_frag[0][j][e], s_frag[0][j][e + 1], s_frag[0][j + 1][e],
+                                             s_frag[0][j + 1][e + 1]);
+                    }
+                }
+                return;
+            }
 #pragma unroll
             for (int k = 0; k < Traits::kKStepsPV; ++k) {
                 p[k][0] = pack2<Element>(s_frag[0][2 * k][0], s_frag[0][2 * k][1]);
@@ -709,8 +771,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         // uniform across the block, once per query tile.
         auto zero_tail_rows_of_v = [&](const StageOf<Traits>& s, int n_block) {
             const int first_row = seq.seqlen_k - n_block * kBlockN;  // of the tile
-            // Gathered keys (KeyCopy::kGather*) arrive with those rows zero-filled already.
-            if (!tail_is_memory || gather || first_row >= kBlockN) return;
+            // Gathered keys (KeyCopy::kGather*) arrive with those rows zero-filled already;
+            // FP8's V^T with zero columns past each sequence (fp8_values.cuh).
+            if (Traits::kFp8 || !tail_is_memory || gather || first_row >= kBlockN) return;
             constexpr int kChunksPerRow = kSwizzleBytes / 16;
             const int chunks = (kBlockN - first_row) * kChunksPerRow;
             mbarrier_wait(layout.v_full(s.stage), s.phase);
@@ -735,7 +798,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         // registers for the mask beside the last tile's P, which the GEMM in
         // flight reads (ptxas spilled in the key loop): their masked steps wait
         // for both GEMMs first (the diagonal's or the window edges' few tiles).
-        constexpr bool kSerialMaskedSteps = Is_local && Traits::kConsumerWarpgroups == 3;
+        // So do FP8's d256 (spills of 136 B in its masked steps otherwise).
+        constexpr bool kSerialMaskedSteps =
+            Is_local && (Traits::kConsumerWarpgroups == 3 || (Traits::kFp8 && Traits::kHeadDim > 128));
         auto first_step = [&](int n_block, auto is_masked) {
             const StageOf<Traits> s(tile_count);
             float s_frag[1][Traits::kNTilesS][4];
@@ -746,8 +811,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             pin_registers(flat(s_frag));
             release(layout.k_empty(s.stage));
             scores(s_frag, n_block, is_masked);
-            softmax.fold_max(s_frag, params.softmax_scale_log2);  // O is still 0: nothing to rescale
-            softmax.exponentiate(s_frag, params.softmax_scale_log2);
+            softmax.fold_max(s_frag, scale_log2);  // O is still 0: nothing to rescale
+            softmax.exponentiate(s_frag, scale_log2);
             pack_p(s_frag);
             zero_tail_rows_of_v(s, n_block);
         };
@@ -768,8 +833,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                 release(layout.k_empty(s.stage));
                 release(layout.v_empty(previous.stage));
                 scores(s_frag, n_block, is_masked);
-                const auto correction = softmax.fold_max(s_frag, params.softmax_scale_log2);
-                softmax.exponentiate(s_frag, params.softmax_scale_log2);
+                const auto correction = softmax.fold_max(s_frag, scale_log2);
+                softmax.exponentiate(s_frag, scale_log2);
                 softmax.rescale(o, correction);
                 pack_p(s_frag);
                 return;
@@ -778,8 +843,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             pin_registers(flat(s_frag));
             release(layout.k_empty(s.stage));
             scores(s_frag, n_block, is_masked);
-            const auto correction = softmax.fold_max(s_frag, params.softmax_scale_log2);
-            softmax.exponentiate(s_frag, params.softmax_scale_log2);
+            const auto correction = softmax.fold_max(s_frag, scale_log2);
+            softmax.exponentiate(s_frag, scale_log2);
             wgmma_wait<0>();
             pin_registers(flat(o));
             pin_registers(p);
@@ -820,6 +885,16 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         // (rows past the sequence and columns past the head dim stay unwritten).
         float lse[2];
         softmax.finalize(o, lse);
+        if constexpr (Traits::kFp8) {  // v's descale, of the sequence and KV head
+            if (params.v_descale != nullptr) {
+                const float v_descale =
+                    params.v_descale[work.batch * params.num_heads_k + work.head / params.heads_per_kv_head];
+#pragma unroll
+                for (int j = 0; j < Traits::kNTilesO; ++j)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) o[0][j][e] *= v_descale;
+            }
+        }
         const int group_row0 = work.m_block * kBlockM + consumer * Traits::kWarpgroupRows;
         const int group_rows = seq.seqlen_q - group_row0;  // > 0: the warpgroup has min(this, 64) rows to write
         // The bulk store clips a box only at the tensor map's edges: exact for a
@@ -848,7 +923,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                 named_barrier_sync(kOBarrier + consumer, 128);
                 if (o_issuer) {
 #pragma unroll
-                    for (int cb = 0; cb < Traits::kColBlocksV; ++cb) {
+                    for (int cb = 0; cb < Traits::kColBlocksO; ++cb) {
                         if (cb * kSwizzleCols >= params.head_dim_v) break;  // a box wholly past out's columns
                         tma_store_4d(&tma_o, layout.o_group(consumer) + cb * Traits::kOBlockBytes, cb * kSwizzleCols,
                                      seq.q_start + group_row0, work.head,
@@ -858,7 +933,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                 }
             }
         }
-        Element* out = static_cast<Element*>(params.o_ptr) + work.batch * params.o_batch_stride +
+        Out* out = static_cast<Out*>(params.o_ptr) + work.batch * params.o_batch_stride +
                        work.head * params.o_head_stride + static_cast<int64_t>(seq.q_start) * params.o_row_stride;
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
@@ -870,13 +945,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             }
             if (o_by_copy) continue;
             // From registers: each thread its pairs of output columns.
-            Element* out_row = out + static_cast<int64_t>(row) * params.o_row_stride;
+            Out* out_row = out + static_cast<int64_t>(row) * params.o_row_stride;
 #pragma unroll
             for (int j = 0; j < Traits::kNTilesO; ++j) {
                 const int col = j * 8 + (lane % 4) * 2;
                 if (col < params.head_dim_v) {
                     *reinterpret_cast<uint32_t*>(out_row + col) =
-                        pack2<Element>(o[0][j][2 * half], o[0][j][2 * half + 1]);
+                        pack2<Out>(o[0][j][2 * half], o[0][j][2 * half + 1]);
                 }
             }
         }

@@ -3,6 +3,8 @@
 // reads them too (serves(), the launcher), so nothing here is device-only.
 #pragma once
 
+#include <cuda_fp8.h>
+
 #include <cstdint>
 
 namespace flash::sm90 {
@@ -23,15 +25,26 @@ constexpr int kMaxSmemPerBlock = 227 * 1024;
 // what setmaxnreg redistributes among the warpgroups of a block.
 constexpr int registers_at_entry(int threads) { return 65536 / threads / 8 * 8; }
 
+// The bytes of an element type; void stands for either 16-bit type where only
+// the sizes matter (the checks below, host code that sizes shared memory).
+template <typename T>
+inline constexpr int kBytesOf = sizeof(T);
+template <>
+inline constexpr int kBytesOf<void> = 2;
+
 // CTA: one producer warpgroup (one thread issues every bulk copy and the rest
 // of it exits; or, gathering paged keys, all 128 threads copy) and
 // kConsumerWarpgroups consumer warpgroups of 64 query rows each (the M of
 // wgmma), which walk the same key tiles. kHeadDimV: V's (and O's) head dim,
 // kHeadDim's or a narrower one (DeepSeek MLA: 192 for Q and K, 128 for V):
-// V tiles and the P V GEMM are that wide.
-template <int kHeadDim_, int kBlockN_, typename Element_, int kConsumerWarpgroups_ = 2, int kHeadDimV_ = kHeadDim_>
+// V tiles and the P V GEMM are that wide. Element: q's, k's and v's type,
+// 16-bit, or e4m3 for FP8 attention (kFp8), whose out is Out (16-bit).
+template <int kHeadDim_, int kBlockN_, typename Element_, int kConsumerWarpgroups_ = 2, int kHeadDimV_ = kHeadDim_,
+          typename Out_ = Element_>
 struct FwdTraits {
-    using Element = Element_;  // __half or __nv_bfloat16
+    using Element = Element_;  // __half or __nv_bfloat16, or __nv_fp8_e4m3 (kFp8)
+    using Out = Out_;          // out's: Element, or with FP8 __half or __nv_bfloat16
+    static constexpr bool kFp8 = kBytesOf<Element> == 1;
     static constexpr int kHeadDim = kHeadDim_;
     static constexpr int kHeadDimV = kHeadDimV_;
     static constexpr int kWarpgroupRows = 64;
@@ -46,29 +59,45 @@ struct FwdTraits {
     // wgmma are serialised, ptxas C7512), the consumers the rest of what the
     // block holds at entry (one block per SM), in the allocation unit of 8:
     // 232 each of two.
-    static constexpr int kProducerRegs = kConsumerWarpgroups == 3 ? 32 : 40;
+    // FP8 at d256 (never gathered: one copying thread) 24, which gives its
+    // consumers 240: at 232 ptxas serialised their wgmma (C7512) and spilled
+    // 172 B in the key loop; at 24 the producer's bookkeeping spills 40 B
+    // (NOTES.md), outside the consumers' loop.
+    static constexpr int kProducerRegs = kFp8 && kHeadDim > 128 ? 24 : kConsumerWarpgroups == 3 ? 32 : 40;
     static constexpr int kConsumerRegs =
         (kNThreads * registers_at_entry(kNThreads) - 128 * kProducerRegs) / (128 * kConsumerWarpgroups) / 8 * 8;
 
+    // Elements of one swizzled row (128 bytes): 64 in 16 bits, 128 in 8; the K
+    // of one wgmma (32 bytes of a row either way: k16, or k32 in 8 bits).
+    static constexpr int kElementCols = kSwizzleBytes / kBytesOf<Element>;
+    static constexpr int kKStep = 32 / kBytesOf<Element>;
     // Tiles are whole column blocks wide: head dim 96 is stored (and its P V
     // computed) 128 columns wide, the last 32 zeros from the copies' bounds,
     // since the swizzle atom of V, read MN-major, is 64 columns wide.
-    static constexpr int kColBlocks = (kHeadDim + kSwizzleCols - 1) / kSwizzleCols;
-    static constexpr int kTileCols = kColBlocks * kSwizzleCols;
-    static constexpr int kColBlocksV = (kHeadDimV + kSwizzleCols - 1) / kSwizzleCols;  // of V and O
-    static constexpr int kTileColsV = kColBlocksV * kSwizzleCols;
-    static constexpr int kKStepsQK = kHeadDim / 16;  // k16 steps of S = Q K^T
-    static constexpr int kKStepsPV = kBlockN / 16;   // k16 steps of O += P V
-    static constexpr int kNTilesS = kBlockN / 8;     // n8 blocks of a warp's S fragment
-    static constexpr int kNTilesO = kTileColsV / 8;  // n8 blocks of a warp's O fragment
+    static constexpr int kColBlocks = (kHeadDim + kElementCols - 1) / kElementCols;
+    static constexpr int kTileCols = kColBlocks * kElementCols;
+    // O (16-bit) in column blocks of 64; so are 16-bit V tiles. FP8 takes V
+    // transposed (B of P V must be K-major in 8 bits): V^T tiles of kTileColsV
+    // head-dim rows by kBlockN keys, in column blocks of 128 keys in the
+    // 128-byte swizzle, or where the tile is no multiple of 128 keys (192) of 64
+    // in the 64-byte one (d256 ran 5% slower on those than on 128, NOTES.md).
+    static constexpr int kColBlocksO = (kHeadDimV + kSwizzleCols - 1) / kSwizzleCols;
+    static constexpr int kTileColsV = kColBlocksO * kSwizzleCols;
+    static constexpr int kValueSwizzleBytes = kFp8 && kBlockN % 128 != 0 ? 64 : kSwizzleBytes;  // V^T's rows
+    static constexpr int kColBlocksV = kFp8 ? kBlockN / kValueSwizzleBytes : kColBlocksO;  // of a V (V^T) tile
+    static constexpr int kKStepsQK = kHeadDim / kKStep;  // k16 (k32) steps of S = Q K^T
+    static constexpr int kKStepsPV = kBlockN / kKStep;   // k16 (k32) steps of O += P V
+    static constexpr int kNTilesS = kBlockN / 8;         // n8 blocks of a warp's S fragment
+    static constexpr int kNTilesO = kTileColsV / 8;      // n8 blocks of a warp's O fragment
 
     // Bytes of one column block, and of a whole tile (what a tile's copies
     // deliver, out-of-bounds zeros included).
     static constexpr int kQBlockBytes = kBlockM * kSwizzleBytes;
-    static constexpr int kKVBlockBytes = kBlockN * kSwizzleBytes;  // of K and of V
+    static constexpr int kKVBlockBytes = kBlockN * kSwizzleBytes;  // of K and of a 16-bit V
+    static constexpr int kVBlockBytes = kFp8 ? kTileColsV * kValueSwizzleBytes : kKVBlockBytes;
     static constexpr int kQBytes = kColBlocks * kQBlockBytes;
     static constexpr int kKVBytes = kColBlocks * kKVBlockBytes;  // a K tile
-    static constexpr int kVBytes = kColBlocksV * kKVBlockBytes;
+    static constexpr int kVBytes = kColBlocksV * kVBlockBytes;
 
     // O's way out of the block (issue 18). Where the output tile, [kBlockM, kTileCols] in Q's
     // layout, fits beside Q and the stages (kOStaged), each consumer warpgroup writes its
@@ -78,7 +107,7 @@ struct FwdTraits {
     // warpgroup's GEMMs. Elsewhere the consumers store O from registers (the table under
     // FwdConfig says which configs and why).
     static constexpr int kOBlockBytes = kBlockM * kSwizzleBytes;
-    static constexpr int kOBytes = kColBlocksV * kOBlockBytes;
+    static constexpr int kOBytes = kColBlocksO * kOBlockBytes;
     static constexpr int kOGroupBoxBytes = kWarpgroupRows * kSwizzleBytes;  // a warpgroup's box of a column block
 
     // Q, then kStages K tiles, then kStages V tiles, then (kOStaged) the output tile, then the
@@ -107,6 +136,9 @@ struct FwdTraits {
     static_assert(kHeadDim % 32 == 0 && kHeadDim <= 256, "head dims 64, 96, 128, 192, 256");
     static_assert(kHeadDimV % 32 == 0 && kHeadDimV <= kHeadDim, "V's head dim: Q's and K's, or narrower");
     static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "wgmma N and the k16 steps of P V");
+    static_assert(!kFp8 || (kBlockN % kValueSwizzleBytes == 0 && kHeadDim % kElementCols == 0 &&
+                            kHeadDimV == kHeadDim && kBytesOf<Out> == 2),
+                  "FP8: whole column blocks of 64 keys (V^T) and of the head dim, one head dim, 16-bit out");
     static_assert(kQBlockBytes % kSwizzleAtomBytes == 0 && kKVBlockBytes % kSwizzleAtomBytes == 0 &&
                       kOGroupBoxBytes % kSwizzleAtomBytes == 0,
                   "every column block (and a warpgroup's box of O) starts on a swizzle atom");
@@ -149,6 +181,23 @@ template <bool Is_local> struct FwdConfig<256, Is_local> {
 template <bool Is_local> struct FwdConfig<192, Is_local, 128> {
     static constexpr int kBlockN = Is_local ? 96 : 128, kConsumerWarpgroups = 2;
 };
+
+// FP8 (e4m3 q, k, v; Fp8FwdTraitsFor): head dims 128 and 256 (smaller ones
+// padded up to them), two consumer warpgroups, key tiles of 192 at d128 without
+// a mask that cuts keys, else 128 (whole column blocks of V^T's 64 keys): d128
+// at 128 keys ran at 824 TFLOP/s, 42% of the tensor cores' FP8 rate, and
+// FlashAttention-3 takes longer tiles for FP8 than for 16 bits (NOTES.md).
+// 256 keys at d128 spilled 640 B and serialised the wgmma (C7512); d256 has the
+// registers for 128 (its O takes 128 a thread).
+template <int kHeadDim, bool Is_local>
+struct Fp8FwdConfig {
+    static_assert(kHeadDim == 128 || kHeadDim == 256, "FP8 head dims 128 and 256");
+    static constexpr int kBlockN = kHeadDim == 128 && !Is_local ? 192 : 128, kConsumerWarpgroups = 2;
+};
+constexpr int fp8_head_dim(int head_dim) { return head_dim <= 128 ? 128 : head_dim <= 256 ? 256 : 0; }
+template <int kHeadDim, typename Out, bool Is_local>
+using Fp8FwdTraitsFor = FwdTraits<kHeadDim, Fp8FwdConfig<kHeadDim, Is_local>::kBlockN, __nv_fp8_e4m3,
+                                  Fp8FwdConfig<kHeadDim, Is_local>::kConsumerWarpgroups, kHeadDim, Out>;
 
 // The narrower V head dim compiled for a head dim, 0 where there is none
 // (dispatch.cu runs a call whose V is at most that wide on it).

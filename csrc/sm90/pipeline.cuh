@@ -38,7 +38,8 @@ __device__ __forceinline__ void load_tile(uint32_t dst, const CUtensorMap* map, 
                                           int batch, int block_bytes) {
 #pragma unroll
     for (int cb = 0; cb < kColBlocks; ++cb) {
-        tma_load_4d(dst + cb * block_bytes, map, bar, cb * kSwizzleCols, row, head, batch);
+        tma_load_4d(dst + cb * block_bytes, map, bar, cb * kSwizzleBytes / static_cast<int>(sizeof(typename Traits::Element)),
+                    row, head, batch);
     }
 }
 

@@ -7,6 +7,7 @@
 #include <cuda.h>  // CUtensorMap (a type only: nothing here calls the driver)
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <cstdint>
 #include <type_traits>
@@ -214,6 +215,14 @@ __device__ __forceinline__ uint64_t smem_descriptor_sw128(uint32_t addr, uint32_
            (static_cast<uint64_t>(stride_bytes >> 4) << 32) | (1ull << 62);
 }
 
+// A K-major operand in the 64-byte swizzle (swizzle mode 2; FP8's V^T): rows
+// of 64 bytes, 8-row atoms of 512 (the stride offset), each k32 slice inside
+// one row (the leading offset unused). The tile starts 512-byte aligned.
+__device__ __forceinline__ uint64_t smem_descriptor_sw64(uint32_t addr) {
+    return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(kUnusedLeadingBytes >> 4) << 16) |
+           (static_cast<uint64_t>(512 >> 4) << 32) | (2ull << 62);
+}
+
 // A descriptor moved `bytes` further into shared memory (bytes a multiple of 16,
 // the address field does not overflow: shared memory is under 256 KB).
 __device__ __forceinline__ uint64_t advance_descriptor(uint64_t desc, uint32_t bytes) {
@@ -371,6 +380,20 @@ __device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
     asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
+// cvt.rn.satfinite.e4m3x2.f32, twice: four fp32 values rounded to e4m3 (to
+// nearest; beyond +-448 saturated to it) in one 32-bit register, `b0` in the
+// lowest byte, `b3` in the highest.
+__device__ __forceinline__ uint32_t pack4_e4m3(float b0, float b1, float b2, float b3) {
+    uint32_t r;
+    asm("{\n.reg .b16 lo, hi;\n"
+        "cvt.rn.satfinite.e4m3x2.f32 lo, %2, %1;\n"
+        "cvt.rn.satfinite.e4m3x2.f32 hi, %4, %3;\n"
+        "mov.b32 %0, {lo, hi};\n}\n"
+        : "=r"(r)
+        : "f"(b0), "f"(b1), "f"(b2), "f"(b3));
+    return r;
+}
+
 // wgmma.mma_async m64nNk16 with fp32 accumulators d[N / 2] (the warpgroup's
 // 64 x N tile; warp w holds rows 16w..16w+15 in the layout of mma.m16n8
 // accumulators, n8 block j at d[4j..4j+3]). `ss`: A and B from shared memory
@@ -429,13 +452,32 @@ struct Wgmma;
                  "}, {%" R0 ", %" R1 ", %" R2 ", %" R3 "}, %" R4 ", p, 1, 1, 1;\n}\n"                       \
                  : FLASH_ACC_CONSTRAINTS_##N                                                                \
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d))
+// FP8 (e4m3): m64nNk32, both operands K-major (8-bit types have no transpose
+// bits); the register A operand is the m16n8k32 A fragment of mma.sync
+// (4 x 32 bits: row lane / 4 k 4 (lane % 4) .. + 3, row + 8 the same, then
+// both again 16 further in k, the lowest k in the lowest byte).
+#define FLASH_WGMMA_SS_FP8_ASM(N, R0, R1, R2)                                                                \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" R2 ", 0;\n"                                          \
+                 "wgmma.mma_async.sync.aligned.m64n" #N "k32.f32.e4m3.e4m3 {" FLASH_ACC_OPERANDS_##N         \
+                 "}, %" R0 ", %" R1 ", p, 1, 1;\n}\n"                                                       \
+                 : FLASH_ACC_CONSTRAINTS_##N                                                                \
+                 : "l"(desc_a), "l"(desc_b), "r"(scale_d))
+#define FLASH_WGMMA_RS_FP8_ASM(N, R0, R1, R2, R3, R4, R5)                                                    \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" R5 ", 0;\n"                                          \
+                 "wgmma.mma_async.sync.aligned.m64n" #N "k32.f32.e4m3.e4m3 {" FLASH_ACC_OPERANDS_##N         \
+                 "}, {%" R0 ", %" R1 ", %" R2 ", %" R3 "}, %" R4 ", p, 1, 1;\n}\n"                          \
+                 : FLASH_ACC_CONSTRAINTS_##N                                                                \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d))
 #define FLASH_DEFINE_WGMMA(N, R0, R1, R2, R3, R4, R5)                                                          \
     template <>                                                                                               \
     struct Wgmma<N> {                                                                                         \
         template <typename Element, int kTransA = 0, int kTransB = 0>                                         \
         __device__ __forceinline__ static void ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b,        \
                                                   int scale_d) {                                              \
-            if constexpr (std::is_same_v<Element, __nv_bfloat16>) {                                           \
+            if constexpr (sizeof(Element) == 1) {                                                             \
+                static_assert(kTransA == 0 && kTransB == 0, "8-bit operands are K-major");                    \
+                FLASH_WGMMA_SS_FP8_ASM(N, R0, R1, R2);                                                        \
+            } else if constexpr (std::is_same_v<Element, __nv_bfloat16>) {                                   \
                 FLASH_WGMMA_SS_ASM(N, "bf16", R0, R1, R2, R3, R4);                                            \
             } else {                                                                                          \
                 FLASH_WGMMA_SS_ASM(N, "f16", R0, R1, R2, R3, R4);                                             \
@@ -444,7 +486,9 @@ struct Wgmma;
         template <typename Element>                                                                           \
         __device__ __forceinline__ static void rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b, \
                                                   int scale_d) {                                              \
-            if constexpr (std::is_same_v<Element, __nv_bfloat16>) {                                           \
+            if constexpr (sizeof(Element) == 1) {                                                             \
+                FLASH_WGMMA_RS_FP8_ASM(N, R0, R1, R2, R3, R4, R5);                                            \
+            } else if constexpr (std::is_same_v<Element, __nv_bfloat16>) {                                   \
                 FLASH_WGMMA_RS_ASM(N, "bf16", R0, R1, R2, R3, R4, R5);                                        \
             } else {                                                                                          \
                 FLASH_WGMMA_RS_ASM(N, "f16", R0, R1, R2, R3, R4, R5);                                         \
@@ -464,6 +508,8 @@ FLASH_DEFINE_WGMMA(192, "96", "97", "98", "99", "100", "101")
 FLASH_DEFINE_WGMMA(256, "128", "129", "130", "131", "132", "133")
 
 #undef FLASH_DEFINE_WGMMA
+#undef FLASH_WGMMA_RS_FP8_ASM
+#undef FLASH_WGMMA_SS_FP8_ASM
 #undef FLASH_WGMMA_RS_ASM
 #undef FLASH_WGMMA_SS_ASM
 

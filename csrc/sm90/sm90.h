@@ -44,6 +44,15 @@ cudaError_t run_combine(const CombineParams& params, cudaStream_t stream);
 // The zeroed counters a forward call needs (FwdParams::fwd_counters): the tile
 // counter of a causal or windowed forward (its blocks draw tiles dynamically).
 int fwd_counters(const FwdParams& params);
+// FP8 attention (FwdParams::fp8): whether the sm90 FP8 kernel serves a call
+// (head dims up to 256, padded to 128 or 256, v's no wider; causal, windowed,
+// GQA/MQA, padded or packed batches with cu_seqlens; not: softcap, ALiBi,
+// dropout, sinks, pages, seqused_q/k, leftpad_k, broadcast views), the bytes of
+// the workspace it asks for (params.vt_ptr: v transposed, fp8_values.cuh), and
+// the call (cudaErrorInvalidValue where it does not serve it).
+bool serves_fp8(const FwdParams& params);
+int64_t fwd_fp8_workspace(const FwdParams& params);
+cudaError_t run_fwd_fp8(const FwdParams& params, cudaStream_t stream);
 // A message naming this family's switch that has a value it does not take
 // (FLASHATTN_SM90_PAGED_COPY), or nullptr.
 const char* switch_error();

@@ -43,9 +43,12 @@ uint64_t stride_bytes(int64_t extent, int64_t stride, int element_bytes) {
 }
 
 // The map of a view of `data_type` elements: boxes of box_cols x box_rows in
-// the 128-byte swizzle (box_cols * element_bytes = 128).
+// the 128-byte swizzle (box_cols * element_bytes = 128), or the 64-byte one
+// (64: FP8's V^T).
 cudaError_t encode(CUtensorMap* map, const FwdParams& params, const View& view, CUtensorMapDataType data_type,
                    int element_bytes, int box_cols, int box_rows) {
+    const CUtensorMapSwizzle swizzle =
+        box_cols * element_bytes == 64 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_128B;
     if (view.rows == 0) return cudaSuccess;  // no row to copy: the kernel never reads this map
     const auto fn = encode_tiled();
     if (fn == nullptr) return cudaErrorSymbolNotFound;
@@ -58,9 +61,16 @@ cudaError_t encode(CUtensorMap* map, const FwdParams& params, const View& view, 
     const cuuint32_t element_strides[4] = {1, 1, 1, 1};
     const CUresult result =
         fn(map, data_type, 4, const_cast<void*>(view.ptr), dims, strides, box, element_strides,
-           CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+           CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     return result == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
+// A map of FP8 q or k (e4m3, bytes to the copy engine), box_cols columns a box
+// (128; V^T's 64).
+cudaError_t encode_fp8(CUtensorMap* map, const FwdParams& params, const View& view, int box_rows,
+                       int box_cols = kSwizzleBytes) {
+    return encode(map, params, view, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, box_cols, box_rows);
 }
 
 // A map of q, k, v or dout (the params' dtype), 64 columns a box.
@@ -146,6 +156,19 @@ cudaError_t make_fwd_tensor_maps(const FwdParams& params, int box_rows_q, int bo
     if (err == cudaSuccess) {
         err = encode(v, params, v_view(params), box_rows_kv);
     }
+    return err;
+}
+
+cudaError_t make_fwd_fp8_tensor_maps(const FwdParams& params, int box_rows_q, int box_rows_k, int box_rows_vt,
+                                     int box_cols_vt, int64_t vt_columns, CUtensorMap* q, CUtensorMap* k,
+                                     CUtensorMap* vt) {
+    cudaError_t err = encode_fp8(q, params, q_view(params), box_rows_q);
+    if (err == cudaSuccess) err = encode_fp8(k, params, k_view(params), box_rows_k);
+    // V^T (fp8_values.cuh): [KV head][head_dim_v rows][vt_columns], as (columns, rows, heads, one batch),
+    // boxes of box_cols_vt columns (keys) by box_rows_vt head-dim rows, in the swizzle of that many bytes.
+    const View vt_view{params.vt_ptr, params.head_dim_v, params.num_heads_k, 1, vt_columns,
+                       params.head_dim_v * vt_columns, 0, vt_columns};
+    if (err == cudaSuccess) err = encode_fp8(vt, params, vt_view, box_rows_vt, box_cols_vt);
     return err;
 }
 
