@@ -11,7 +11,8 @@ The measurements, shared by every command:
 - tables.py: CSV and Markdown of the rows.
 
 The commands: suite/ (`suite`, scripts/suite.sh: the report with plots; `plots` redraws
-them), sweep.py (`sweep`, scripts/bench.sh), features.py, decode.py, decode_layouts.py,
-decode_overhead.py, parallel.py (context parallelism over N GPUs). The FLOP formula and the
+them), sweep.py (`sweep`, scripts/bench.sh), features.py, families.py, fp8.py (the FP8
+forward against bf16), decode.py, decode_layouts.py, decode_overhead.py, paged.py, parallel.py
+(context parallelism over N GPUs). The FLOP formula and the
 error bound are flashattn.testing's.
 """

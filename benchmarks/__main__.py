@@ -4,7 +4,7 @@ import argparse
 import shlex
 import sys
 
-from benchmarks import decode, decode_layouts, decode_overhead, families, features, paged, parallel, sweep
+from benchmarks import decode, decode_layouts, decode_overhead, families, features, fp8, paged, parallel, sweep
 from benchmarks.suite import cli as suite
 from benchmarks.suite import redraw
 
@@ -13,6 +13,7 @@ COMMANDS = {
     "sweep": sweep,
     "features": features,
     "families": families,
+    "fp8": fp8,
     "decode": decode,
     "decode-layouts": decode_layouts,
     "decode-overhead": decode_overhead,

@@ -5,10 +5,20 @@ v_descale are fp32 (batch, nheads_k) tensors, one factor per sequence and KV hea
 head uses its KV head's q factor), or None for 1. The output is 16-bit (out_dtype: bf16 by
 default, or fp16), the LSE fp32.
 
-There is no FP8 kernel yet (issue 20): every family computes the same function on the
-dequantised inputs, stored value x descale rounded to out_dtype, with the 16-bit kernels (CUDA)
-or the PyTorch implementation (CPU). So the result is 16-bit attention's on those values, at
-16-bit speed plus one pass over q, k and v. Forward only: nothing here is differentiable.
+One set of checks (`check`: dtypes, ranks, descales, out_dtype, no gradients), then one of two routes:
+
+- The FP8 kernel, torch.ops.flashattn.fwd_fp8 (flashattn.ops), where `runs_kernel` says so: a CUDA
+  tensor on a device that the sm90 kernel family serves (H100, H200 with a build that includes 9.0a),
+  no dropout, softcap, ALiBi, learnable sink, seqused_q/k or block_table, head dims (q's and k's D,
+  v's Dv) multiples of 16 with Dv <= D <= 256, last dimensions contiguous. It multiplies e4m3 on the
+  tensor cores (Q K^T, and P V with P rounded to e4m3) with the descales folded into the softmax
+  scale and the output, so its error is FP8 arithmetic's, larger than 16-bit attention's
+  (tests/test_fp8.py states the bound, fp8_error_bound).
+- Everywhere else (CPU, other GPUs and families, the options above), `dequantize`: stored value x
+  descale rounded to out_dtype, then the 16-bit kernels (CUDA) or the PyTorch implementation (CPU).
+  The result is 16-bit attention's on those values, at 16-bit speed plus one pass over q, k and v.
+
+Forward only: nothing here is differentiable.
 """
 
 import torch
@@ -17,6 +27,12 @@ from torch import Tensor
 FP8_DTYPE = torch.float8_e4m3fn
 OUT_DTYPES = (torch.bfloat16, torch.float16)
 _DESCALES = ("q_descale", "k_descale", "v_descale")
+# The FP8 kernel's head dims: its rows move in 16-byte chunks, 16 elements of e4m3; the sm90
+# family's kernels end at 256.
+KERNEL_HEAD_DIM_MULTIPLE = 16
+KERNEL_MAX_HEAD_DIM = 256
+# The kernel family that has an FP8 forward kernel (flashattn.kernel_family's names).
+KERNEL_FAMILY = "sm90"
 
 
 def is_fp8(t: object) -> bool:
@@ -24,25 +40,23 @@ def is_fp8(t: object) -> bool:
                                                  torch.float8_e5m2fnuz)
 
 
-def dequantize(
+def check(
     q: Tensor,
     k: Tensor,
     v: Tensor,
     descales: dict[str, object],
     out_dtype: object,
     sequences: int | None = None,
-    cu_seqlens_q: Tensor | None = None,
-    cu_seqlens_k: Tensor | None = None,
-) -> tuple[Tensor, Tensor, Tensor]:
-    """q, k, v as the 16-bit tensors the kernels take: unchanged when they are not FP8 (then no
-    descale and no out_dtype may be given), else stored value x descale in out_dtype.
+) -> torch.dtype | None:
+    """The FP8 arguments checked, for both routes: None where q, k and v are not FP8 (then no
+    descale and no out_dtype may be given), else the out dtype (out_dtype, bf16 when None).
 
     Padded layout: q (batch, seqlen_q, nheads, headdim), k and v (batch, seqlen_k, nheads_k,
     headdim[_v]), descales (batch, nheads_k). Packed (varlen): q (total_q, nheads, headdim), k
-    and v (total_k, nheads_k, ...), `sequences` sequences given by cu_seqlens_q and cu_seqlens_k,
-    descales (sequences, nheads_k); rows past a sequence's end take factor 1 (their out is 0).
+    and v (total_k, nheads_k, ...), `sequences` sequences, descales (sequences, nheads_k).
     Errors name the argument: ValueError or TypeError for a value, dtype or shape (RuntimeError
-    for a device), NotImplementedError for gradients."""
+    for a device), NotImplementedError for gradients. The other shapes (head counts, head dims,
+    lengths) are the operator's to check."""
     if not any(is_fp8(t) for t in (q, k, v)):
         given = [name for name, value in descales.items() if value is not None]
         if out_dtype is not None:
@@ -50,7 +64,7 @@ def dequantize(
         if given:
             raise ValueError(f"flashattn: {', '.join(given)} apply to float8_e4m3fn q, k and v only; "
                              f"q is {q.dtype}")
-        return q, k, v
+        return None
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dtype != FP8_DTYPE:
             raise TypeError(f"flashattn: FP8 attention takes float8_e4m3fn q, k and v; {name} is {t.dtype}")
@@ -69,13 +83,84 @@ def dequantize(
             layout = "(total, nheads, headdim)" if packed else "(batch, seqlen, nheads, headdim)"
             raise ValueError(f"flashattn: {name} must be {layout}, got shape {tuple(t.shape)}")
     batch = sequences if packed else q.shape[0]
-    heads, heads_k = q.shape[-2], k.shape[-2]
-    factors = {name: _checked_descale(name, value, batch, heads_k, q.device) for name, value in descales.items()}
+    for name, value in descales.items():
+        _check_descale(name, value, batch, k.shape[-2], q.device)
+    return out_dtype
+
+
+def runs_kernel(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    dropout_p: object = 0.0,
+    softcap: object = 0.0,
+    alibi_slopes: object = None,
+    learnable_sink: object = None,
+    **sequence_tensors: object,
+) -> bool:
+    """Whether a call on FP8 q, k and v (that `check` accepted) runs the FP8 kernel,
+    torch.ops.flashattn.fwd_fp8, rather than the dequantising path: q on a CUDA device that the
+    sm90 family serves, none of the options the kernel lacks (dropout_p 0, softcap 0, no
+    alibi_slopes, no learnable_sink, no sequence_tensors: seqused_q, seqused_k, block_table), q's
+    and k's head dim D and v's Dv multiples of KERNEL_HEAD_DIM_MULTIPLE with 0 < Dv <= D <=
+    KERNEL_MAX_HEAD_DIM, and last dimensions contiguous (the dequantising path copies them).
+    Values these comparisons do not take (a string dropout_p, ...) leave the call to the
+    dequantising path, whose checks raise the error."""
+    if not q.is_cuda:
+        return False
+    head_dim, v_head_dim = q.shape[-1], v.shape[-1]
+    return (
+        dropout_p == 0 and softcap == 0 and alibi_slopes is None and learnable_sink is None
+        and all(t is None for t in sequence_tensors.values())
+        and k.shape[-1] == head_dim and 0 < v_head_dim <= head_dim <= KERNEL_MAX_HEAD_DIM
+        and head_dim % KERNEL_HEAD_DIM_MULTIPLE == 0 and v_head_dim % KERNEL_HEAD_DIM_MULTIPLE == 0
+        and all(t.stride(-1) == 1 for t in (q, k, v))
+        and _kernel_family(q.device.index) == KERNEL_FAMILY
+    )  # fmt: skip
+
+
+# flashattn.kernel_family of each CUDA device index, read once (see _kernel_family).
+_KERNEL_FAMILIES: dict[int, str | None] = {}
+
+
+@torch.compiler.assume_constant_result  # torch.compile calls it once while tracing and keeps the answer
+def _kernel_family(device_index: int) -> str | None:
+    """The kernel family that serves CUDA device device_index (flashattn.kernel_family), or None
+    where the kernels cannot run there (then the dequantising path raises why). Read once per
+    device: the binding picks a device's family once per process (FLASHATTN_FAMILY included)."""
+    if device_index not in _KERNEL_FAMILIES:
+        from . import _extension  # here, not at the top: _extension imports ops, which imports this module
+
+        runs = (_extension.cuda_unavailable_reason() is None
+                and _extension.unsupported_gpu_reason(torch.device("cuda", device_index)) is None)
+        _KERNEL_FAMILIES[device_index] = _extension.kernel_family(device_index) if runs else None
+    return _KERNEL_FAMILIES[device_index]
+
+
+def dequantize(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    descales: dict[str, object],
+    out_dtype: torch.dtype,
+    sequences: int | None = None,
+    cu_seqlens_q: Tensor | None = None,
+    cu_seqlens_k: Tensor | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """FP8 q, k, v (that `check` accepted, out_dtype the dtype it returned) as the 16-bit tensors
+    the 16-bit kernels take: stored value x descale, rounded to out_dtype.
+
+    Layouts as in `check`; packed (varlen): `sequences` sequences given by cu_seqlens_q and
+    cu_seqlens_k (ValueError naming them where they are not 1-D tensors of sequences + 1 offsets
+    on q's device); rows past a sequence's end take factor 1 (their out is 0)."""
+    batch, heads, heads_k = (sequences if sequences is not None else q.shape[0]), q.shape[-2], k.shape[-2]
+    factors = {name: torch.ones(batch, heads_k, device=q.device) if value is None else value
+               for name, value in descales.items()}  # fmt: skip
     # Query head h uses KV head h * nheads_k // nheads (h // (nheads / nheads_k) where it divides;
     # where it does not, the operator refuses the shapes).
     q_heads = torch.arange(heads, device=q.device) * heads_k // max(heads, 1)
     q_factor = factors["q_descale"][:, q_heads]  # (batch, nheads)
-    if packed:
+    if sequences is not None:
         q_rows = _sequence_of_rows("cu_seqlens_q", cu_seqlens_q, q, batch)
         k_rows = _sequence_of_rows("cu_seqlens_k", cu_seqlens_k, k, batch)
         q_scale = _with_unit_row(q_factor)[q_rows]  # (total_q, nheads)
@@ -88,10 +173,10 @@ def dequantize(
     return tuple((t.float() * shape(s)).to(out_dtype) for t, s in ((q, q_scale), (k, k_scale), (v, v_scale)))
 
 
-def _checked_descale(name: str, value: object, batch: int, heads_k: int, device: torch.device) -> Tensor:
-    """The descale as an fp32 (batch, nheads_k) tensor on device (None: ones)."""
+def _check_descale(name: str, value: object, batch: int, heads_k: int, device: torch.device) -> None:
+    """A descale is None or an fp32 (batch, nheads_k) tensor on device."""
     if value is None:
-        return torch.ones(batch, heads_k, device=device)
+        return
     if not isinstance(value, Tensor):
         raise TypeError(f"flashattn: {name} must be a tensor or None, got {type(value).__name__}")
     if value.dtype != torch.float32:
@@ -101,7 +186,6 @@ def _checked_descale(name: str, value: object, batch: int, heads_k: int, device:
                          f"got {tuple(value.shape)}")
     if value.device != device:
         raise RuntimeError(f"flashattn: {name} is on {value.device}, q on {device}")
-    return value
 
 
 def _with_unit_row(factors: Tensor) -> Tensor:

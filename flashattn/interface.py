@@ -5,6 +5,9 @@ combinations; an error names the argument, what was given and what is
 accepted), unpacks packed tensors, zero-pads head dims for the CUDA kernels and
 runs torch.ops.flashattn.fwd, whose implementations check the tensors: which
 layer checks what is tabled in README.md, "Where each argument is checked".
+FP8 inputs (flash_attn_func and flash_attn_varlen_func) run torch.ops.flashattn.fwd_fp8
+where flashattn.fp8.runs_kernel says the FP8 kernel takes the call, and fwd on the
+dequantised values otherwise.
 The operator is differentiable (flashattn.ops registers its autograd formula,
 which runs flashattn::bwd on the saved q, k, v, out and LSE), so the padding
 made here is differentiated by autograd like any other tensor operation.
@@ -113,9 +116,14 @@ def flash_attn_func(
             torch.float8_e4m3fn (FlashAttention-3's names and meaning): the real values are the
             stored ones times the descale, an fp32 (batch, nheads_k) tensor on q's device or None
             (1); a query head takes its KV head's q_descale. out is out_dtype (torch.bfloat16, the
-            default, or torch.float16). Forward only. No FP8 kernel exists yet: every device computes
-            16-bit attention on the dequantised values (flashattn.fp8). Given with 16-bit inputs,
-            they raise ValueError.
+            default, or torch.float16). Forward only. Two routes (flashattn.fp8): on a GPU that the
+            sm90 kernel family serves (H100, H200), a call without dropout, softcap, alibi_slopes
+            or learnable_sink, whose head dims are multiples of 16 (v's at most q's, q's at most
+            256) with contiguous last dimensions, runs the FP8 kernel (e4m3 products on the tensor
+            cores, P rounded to e4m3: FP8 arithmetic's error, larger than 16-bit attention's); every
+            other call and device (other GPUs, the sm80 family, CPU) computes 16-bit attention on the
+            dequantised values, stored x descale rounded to out_dtype, at 16-bit speed. Given with
+            16-bit inputs, they raise ValueError.
 
     Bad option values raise ValueError or TypeError (RuntimeError for a tensor
     on another device) naming the option: dropout_p outside [0, 1), a
@@ -123,7 +131,7 @@ def flash_attn_func(
     alibi_slopes that are not an fp32 (nheads,) or (batch, nheads) tensor.
 
     Returns:
-        out: (batch, seqlen_q, nheads, headdim_v) in the dtype of q. It is
+        out: (batch, seqlen_q, nheads, headdim_v) in the dtype of q (out_dtype for FP8 q). It is
         differentiable with respect to q, k and v; the backward pass keeps
         nothing of size seqlen_q x seqlen_k. With return_attn_probs=True,
         (out, softmax_lse, S_dmask), as FlashAttention-2 returns them:
@@ -155,7 +163,13 @@ def flash_attn_func(
     headdim_v are zeros in shared memory, never read from memory).
     """
     _check_tensors(q=q, k=k, v=v)
-    q, k, v = fp8.dequantize(q, k, v, dict(q_descale=q_descale, k_descale=k_descale, v_descale=v_descale), out_dtype)
+    descales = {"q_descale": q_descale, "k_descale": k_descale, "v_descale": v_descale}
+    out_dtype = fp8.check(q, k, v, descales, out_dtype)
+    if out_dtype is not None:
+        if fp8.runs_kernel(q, k, v, dropout_p, softcap, alibi_slopes, learnable_sink):
+            return _fp8_attention(q, k, v, None, descales, out_dtype, dropout_p, softmax_scale, causal, window_size,
+                                  softcap, deterministic, return_attn_probs)  # fmt: skip
+        q, k, v = fp8.dequantize(q, k, v, descales, out_dtype)
     return _attention(
         q, k, v, None, _NAMES, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
         return_attn_probs, learnable_sink,
@@ -286,7 +300,9 @@ def flash_attn_varlen_func(
             rows get out 0 (lse -inf) and, like unused keys, zero gradients.
         q_descale, k_descale, v_descale, out_dtype: as in flash_attn_func, for float8_e4m3fn q, k
             and v, the descales (batch, nheads_k) with batch the sequences of cu_seqlens_q; not with
-            block_table (NotImplementedError).
+            block_table (NotImplementedError). The FP8 kernel runs the calls it would run in
+            flash_attn_func that have no seqused_q or seqused_k; the others take the dequantising
+            path.
 
     What is checked: cu_seqlens_* are int32 1-D tensors of one length on q's device,
     max_seqlen_* non-negative ints. On CPU tensors the values are checked too
@@ -300,7 +316,7 @@ def flash_attn_varlen_func(
     ValueError at the call).
 
     Returns:
-        out (total_q, nheads, headdim_v) in q's dtype, differentiable in q, k and v; or
+        out (total_q, nheads, headdim_v) in q's dtype (out_dtype for FP8 q), differentiable in q, k and v; or
         (out, softmax_lse, S_dmask) with return_attn_probs=True.
     """
     _check_tensors(q=q, k=k, v=v)
@@ -310,11 +326,18 @@ def flash_attn_varlen_func(
     if block_table is not None and fp8.is_fp8(k):
         raise NotImplementedError("flashattn: FP8 pages (float8_e4m3fn k and v with block_table) are not "
                                   "supported: a page may serve sequences of different k_descale")
-    q, k, v = fp8.dequantize(q, k, v, dict(q_descale=q_descale, k_descale=k_descale, v_descale=v_descale), out_dtype,
-                             cu_seqlens_q.numel() - 1, cu_seqlens_q, cu_seqlens_k)
+    descales = {"q_descale": q_descale, "k_descale": k_descale, "v_descale": v_descale}
+    sequences = cu_seqlens_q.numel() - 1
+    out_dtype = fp8.check(q, k, v, descales, out_dtype, sequences)
     names = _NAMES
     varlen = _varlen(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, names, seqused_q=seqused_q,
                      seqused_k=seqused_k, block_table=block_table)
+    if out_dtype is not None:
+        if fp8.runs_kernel(q, k, v, dropout_p, softcap, alibi_slopes, learnable_sink, seqused_q=seqused_q,
+                           seqused_k=seqused_k, block_table=block_table):
+            return _fp8_attention(q, k, v, varlen, descales, out_dtype, dropout_p, softmax_scale, causal, window_size,
+                                  softcap, deterministic, return_attn_probs)  # fmt: skip
+        q, k, v = fp8.dequantize(q, k, v, descales, out_dtype, sequences, cu_seqlens_q, cu_seqlens_k)
     return _attention(
         q, k, v, varlen, names, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
         return_attn_probs, learnable_sink,
@@ -487,6 +510,42 @@ def _attention(
     if options["dropout_p"] == 0:  # as FlashAttention-2: no Sq x Sk matrix unless dropout is on
         return out, softmax_lse, q.new_empty((0,))
     return out, softmax_lse, _attn_probs(q, k, scale, bool(causal), **options)
+
+
+def _fp8_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    varlen: "_Varlen | None",
+    descales: dict[str, Tensor | None],
+    out_dtype: torch.dtype,
+    dropout_p: object,
+    softmax_scale: object,
+    causal: object,
+    window_size: object,
+    softcap: object,
+    deterministic: object,
+    return_attn_probs: object,
+) -> Tensor | tuple[Tensor, Tensor, Tensor]:
+    """The FP8 kernel's route (flashattn.fp8.runs_kernel chose it; flashattn.fp8.check has checked
+    the FP8 arguments): the options checked as _attention checks them, then flashattn::fwd_fp8.
+    Returns what _attention returns: out, or (out, lse, S_dmask), S_dmask empty (no dropout here)."""
+    _check_bool(causal=causal, deterministic=deterministic, return_attn_probs=return_attn_probs)
+    _check_dropout_p(dropout_p)
+    _check_softcap(softcap)
+    left, right = _window_sides(window_size)
+    scale = _resolve_softmax_scale(softmax_scale, q.shape[-1])
+    # The kernel reads each descale as (batch, nheads_k) with a row stride only, as it reads alibi_slopes.
+    q_descale, k_descale, v_descale = (t if t is None else t.contiguous() for t in descales.values())
+    sequences = (None, None, 0, 0)
+    if varlen is not None:
+        sequences = (varlen.cu_seqlens_q.contiguous(), varlen.cu_seqlens_k.contiguous(), varlen.max_seqlen_q,
+                     varlen.max_seqlen_k)  # fmt: skip
+    out, softmax_lse = torch.ops.flashattn.fwd_fp8(q, k, v, q_descale, k_descale, v_descale, scale, bool(causal), left,
+                                                   right, *sequences, out_dtype)  # fmt: skip
+    if not return_attn_probs:
+        return out
+    return out, softmax_lse, out.new_empty((0,))
 
 
 def _new_rng_state(device: torch.device) -> Tensor:

@@ -73,6 +73,23 @@ block_table=None, learnable_sink=None) -> (out, softmax_lse)``
   flashattn.kvcache.flash_attn_with_kvcache's operator: appends k and v to the
   cache in place, then attends from q over it (see that function).
 
+``torch.ops.flashattn.fwd_fp8(q, k, v, q_descale, k_descale, v_descale, softmax_scale, causal,
+window_left=-1, window_right=-1, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0,
+max_seqlen_k=0, out_dtype=None) -> (out, softmax_lse)`` (FP8_SCHEMA)
+  fwd on FP8 inputs (FlashAttention-3's): q, k, v float8_e4m3fn in fwd's layouts, padded or
+  variable-length (cu_seqlens_q/k, max_seqlen_q/k as fwd's), standing for stored value x descale:
+  q_descale, k_descale and v_descale fp32 [B, Hk] (B: the sequences of a variable-length batch) or
+  None for 1; query head h takes KV head h // (H // Hk)'s q_descale. The scores are softmax_scale *
+  (q * q_descale) . (k * k_descale); the mask (causal, window_left, window_right), the LSE and the
+  rows that see no key, or that no sequence uses, as fwd's. out [..., Dv] in out_dtype (bfloat16
+  when None, or float16) and softmax_lse fp32 (fwd's shapes), both contiguous. Forward only: no
+  autograd (the public functions refuse inputs that require grad). CPU: fwd's CPU implementation
+  on the dequantised values (flashattn.fp8.dequantize: stored x descale rounded to out_dtype), what
+  the public functions compute wherever the kernel does not run. CUDA: the sm90 family's FP8 kernel
+  (wgmma on e4m3, P rounded to e4m3: FP8 arithmetic's error, larger than 16-bit attention's), which
+  takes D and Dv multiples of 16 with Dv <= D <= 256, and raises on a device whose family has no
+  FP8 kernel; flashattn.fp8.runs_kernel says which calls of the public functions it serves.
+
 ``torch.ops.flashattn.combine(out_partial, lse_partial, out_dtype=None) -> (out, softmax_lse)``
   flashattn.flash_attn_combine's operator (FlashAttention-3's semantics): fp32
   partial results over disjoint sets of keys, out_partial [splits, B, S, H, D]
@@ -87,10 +104,11 @@ The schemas are defined here and only here, for every device: the compiled
 extension (csrc/api/flash_api.cpp) registers CUDA implementations of them
 (TORCH_LIBRARY_IMPL), which is why flashattn._extension imports this module
 before it loads flashattn._C. The CPU implementations are flashattn.cpu's
-(flashattn.kvcache's for fwd_kvcache). Each implementation checks the tensors
-it receives (csrc/api/checks.h for CUDA, flashattn.cpu for CPU, with the same
-messages); the public functions check the Python arguments (README.md, "Where
-each argument is checked").
+(flashattn.kvcache's for fwd_kvcache; fwd's on the dequantised values for
+fwd_fp8). Each implementation checks the tensors it receives (csrc/api/checks.h
+for CUDA, flashattn.cpu for CPU, with the same messages; fwd_fp8's FP8
+arguments also flashattn.fp8.check); the public functions check the Python
+arguments (README.md, "Where each argument is checked").
 """
 
 import math
@@ -98,9 +116,9 @@ import math
 import torch
 from torch import Tensor
 
-from . import cpu
+from . import cpu, fp8
 
-__all__ = ["BWD_SCHEMA", "COMBINE_SCHEMA", "FWD_SCHEMA", "KVCACHE_SCHEMA", "fwd"]
+__all__ = ["BWD_SCHEMA", "COMBINE_SCHEMA", "FP8_SCHEMA", "FWD_SCHEMA", "KVCACHE_SCHEMA", "fwd"]
 
 FWD_SCHEMA = (
     "fwd(Tensor q, Tensor k, Tensor v, float softmax_scale, bool causal, bool deterministic=False, "
@@ -129,9 +147,15 @@ KVCACHE_SCHEMA = (
 COMBINE_SCHEMA = (
     "combine(Tensor out_partial, Tensor lse_partial, ScalarType? out_dtype=None) -> (Tensor out, Tensor softmax_lse)"
 )
+FP8_SCHEMA = (
+    "fwd_fp8(Tensor q, Tensor k, Tensor v, Tensor? q_descale, Tensor? k_descale, Tensor? v_descale, "
+    "float softmax_scale, bool causal, int window_left=-1, int window_right=-1, Tensor? cu_seqlens_q=None, "
+    "Tensor? cu_seqlens_k=None, int max_seqlen_q=0, int max_seqlen_k=0, ScalarType? out_dtype=None) "
+    "-> (Tensor out, Tensor softmax_lse)"
+)
 
 _lib = torch.library.Library("flashattn", "DEF")
-for _schema in (FWD_SCHEMA, BWD_SCHEMA, KVCACHE_SCHEMA, COMBINE_SCHEMA):
+for _schema in (FWD_SCHEMA, BWD_SCHEMA, KVCACHE_SCHEMA, COMBINE_SCHEMA, FP8_SCHEMA):
     _lib.define(_schema)
 
 
@@ -230,6 +254,56 @@ def _combine_cpu(out_partial: Tensor, lse_partial: Tensor,
     out, lse = cpu.combine(out_partial, lse_partial)
     # Contiguous whatever the partials' strides, as the fake (and the CUDA kernel) makes them.
     return out.to(out_dtype or torch.float32).contiguous(), lse.contiguous()
+
+
+def _check_fwd_fp8(q: Tensor, k: Tensor, v: Tensor, descales: dict[str, Tensor | None],
+                   cu_seqlens_q: Tensor | None, cu_seqlens_k: Tensor | None,
+                   out_dtype: torch.dtype | None) -> torch.dtype:
+    """fwd_fp8's tensors checked as its CPU implementation takes them: the FP8 arguments by
+    flashattn.fp8.check (the public functions' checks), the shapes as fwd checks them on the
+    dequantised tensors (contiguous 16-bit tensors of q's, k's and v's shapes stand in for them:
+    what only the CUDA kernel needs, head dims multiples of 16 up to 256 and contiguous last
+    dimensions, is csrc/api/checks.h's). Returns the out dtype."""
+    sequences = None if cu_seqlens_q is None else cu_seqlens_q.numel() - 1
+    out_dtype = fp8.check(q, k, v, descales, out_dtype, sequences)
+    if out_dtype is None:
+        raise TypeError(f"flashattn: fwd_fp8 takes float8_e4m3fn q, k and v; q is {q.dtype}")
+    stand_ins = (t.new_empty(t.shape, dtype=out_dtype) for t in (q, k, v))
+    cpu.check_fwd(*stand_ins, None, 0.0, None, cu_seqlens_q, cu_seqlens_k)
+    return out_dtype
+
+
+def _fwd_fp8_fake(q: Tensor, k: Tensor, v: Tensor, q_descale: Tensor | None, k_descale: Tensor | None,
+                  v_descale: Tensor | None, softmax_scale: float, causal: bool, window_left: int = -1,
+                  window_right: int = -1, cu_seqlens_q: Tensor | None = None, cu_seqlens_k: Tensor | None = None,
+                  max_seqlen_q: int = 0, max_seqlen_k: int = 0,
+                  out_dtype: torch.dtype | None = None) -> tuple[Tensor, Tensor]:
+    """fwd_fp8's output shapes and dtypes without computing, after the CPU implementation's checks."""
+    descales = {"q_descale": q_descale, "k_descale": k_descale, "v_descale": v_descale}
+    out_dtype = _check_fwd_fp8(q, k, v, descales, cu_seqlens_q, cu_seqlens_k, out_dtype)
+    out = q.new_empty(cpu.out_shape(q, v), dtype=out_dtype)  # [B, Sq, H, Dv] or [total_q, H, Dv]
+    if cu_seqlens_q is None:
+        batch, seqlen_q, num_heads, _ = q.shape
+        return out, q.new_empty((batch, num_heads, seqlen_q), dtype=torch.float32)
+    total_q, num_heads, _ = q.shape
+    return out, q.new_empty((num_heads, total_q), dtype=torch.float32)
+
+
+def _fwd_fp8_cpu(q: Tensor, k: Tensor, v: Tensor, q_descale: Tensor | None, k_descale: Tensor | None,
+                 v_descale: Tensor | None, softmax_scale: float, causal: bool, window_left: int = -1,
+                 window_right: int = -1, cu_seqlens_q: Tensor | None = None, cu_seqlens_k: Tensor | None = None,
+                 max_seqlen_q: int = 0, max_seqlen_k: int = 0,
+                 out_dtype: torch.dtype | None = None) -> tuple[Tensor, Tensor]:
+    """fwd on the dequantised values (flashattn.fp8.dequantize): what the public functions compute
+    on FP8 inputs wherever the FP8 kernel does not run."""
+    descales = {"q_descale": q_descale, "k_descale": k_descale, "v_descale": v_descale}
+    out_dtype = _check_fwd_fp8(q, k, v, descales, cu_seqlens_q, cu_seqlens_k, out_dtype)
+    sequences = None if cu_seqlens_q is None else cu_seqlens_q.numel() - 1
+    q, k, v = fp8.dequantize(q, k, v, descales, out_dtype, sequences, cu_seqlens_q, cu_seqlens_k)
+    out, softmax_lse = cpu.fwd(q, k, v, softmax_scale, causal, False, window_left, window_right,
+                               cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+                               max_seqlen_k=max_seqlen_k)  # fmt: skip
+    return out.contiguous(), softmax_lse.contiguous()
 
 
 def _combine_setup_context(ctx, inputs: tuple, output: tuple[Tensor, Tensor]) -> None:
@@ -377,4 +451,6 @@ torch.library.impl("flashattn::bwd", "cpu", cpu.bwd)
 torch.library.register_fake("flashattn::fwd_kvcache", _fwd_kvcache_fake)
 torch.library.register_fake("flashattn::combine", _combine_fake)
 torch.library.impl("flashattn::combine", "cpu", _combine_cpu)
+torch.library.register_fake("flashattn::fwd_fp8", _fwd_fp8_fake)
+torch.library.impl("flashattn::fwd_fp8", "cpu", _fwd_fp8_cpu)
 torch.library.register_autograd("flashattn::combine", _combine_backward, setup_context=_combine_setup_context)
