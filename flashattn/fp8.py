@@ -103,7 +103,9 @@ def runs_kernel(
     sm90 family serves, none of the options the kernel lacks (dropout_p 0, softcap 0, no
     alibi_slopes, no learnable_sink, no sequence_tensors: seqused_q, seqused_k, block_table), q's
     and k's head dim D and v's Dv multiples of KERNEL_HEAD_DIM_MULTIPLE with 0 < Dv <= D <=
-    KERNEL_MAX_HEAD_DIM, and last dimensions contiguous (the dequantising path copies them).
+    KERNEL_MAX_HEAD_DIM, last dimensions contiguous and no dimension broadcast (stride 0 over
+    more than one index: the kernel's tensor maps cannot step it); the dequantising path copies
+    such views.
     Values these comparisons do not take (a string dropout_p, ...) leave the call to the
     dequantising path, whose checks raise the error."""
     if not q.is_cuda:
@@ -115,6 +117,7 @@ def runs_kernel(
         and k.shape[-1] == head_dim and 0 < v_head_dim <= head_dim <= KERNEL_MAX_HEAD_DIM
         and head_dim % KERNEL_HEAD_DIM_MULTIPLE == 0 and v_head_dim % KERNEL_HEAD_DIM_MULTIPLE == 0
         and all(t.stride(-1) == 1 for t in (q, k, v))
+        and not any(size > 1 and stride == 0 for t in (q, k, v) for size, stride in zip(t.shape, t.stride()))
         and _kernel_family(q.device.index) == KERNEL_FAMILY
     )  # fmt: skip
 

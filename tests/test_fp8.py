@@ -681,14 +681,15 @@ def test_fp8_kernel_runs(function):
     assert forward and all("fp8" in name for name in forward), forward
 
 
-REFUSED_BY_THE_KERNEL = ["softcap", "d72", "alibi", "sink", "seqused_k", "strided-last-dim"]
+REFUSED_BY_THE_KERNEL = ["softcap", "d72", "alibi", "sink", "seqused_k", "strided-last-dim", "broadcast-k"]
 
 
 @needs_fp8_kernel
 @pytest.mark.parametrize("case", REFUSED_BY_THE_KERNEL)
 def test_fp8_calls_the_kernel_refuses_run_dequantised(case):
     """What the FP8 kernel does not take (softcap, a head dim that is not a multiple of 16, ALiBi,
-    a learnable sink, seqused_k, a last dimension that is not contiguous) still runs, on the
+    a learnable sink, seqused_k, a last dimension that is not contiguous, a broadcast (stride 0)
+    view) still runs, on the
     dequantising path: exactly the 16-bit call on flashattn.fp8.dequantize's values, and no FP8
     kernel in the profile."""
     head_dim = 72 if case == "d72" else 64
@@ -700,6 +701,9 @@ def test_fp8_calls_the_kernel_refuses_run_dequantised(case):
     if case == "strided-last-dim":
         q = torch.stack([q.view(torch.uint8)] * 2, dim=-1).view(FP8)[..., 0]
         assert q.stride(-1) == 2
+    if case == "broadcast-k":
+        k = k[:, :1].expand(-1, k.shape[1], -1, -1)
+        assert k.stride(1) == 0
     if case == "seqused_k":
         cu_q, cu_k = (torch.tensor([0, n, 2 * n], dtype=torch.int32, device="cuda") for n in (90, 130))
         seqused_k = torch.tensor([100, 130], dtype=torch.int32, device="cuda")
