@@ -244,7 +244,8 @@ std::tuple<at::Tensor, at::Tensor> mha_fwd_fp8(const at::Tensor& q, const at::Te
                       str(out_type));
     TORCH_CHECK_NOT_IMPLEMENTED(kernels.family->run_fwd_fp8 != nullptr, "flashattn: no FP8 kernel serves cuda:",
                                 str(q.get_device()), " (the ", kernels.family->name,
-                                " family; the FP8 kernel is sm90's); flash_attn_func runs FP8 inputs dequantised there");
+                                " family; the FP8 kernel is sm90's); flash_attn_func runs FP8 inputs dequantised "
+                                "there");
     const c10::cuda::CUDAGuard device_guard(q.device());
     const int64_t rows = layout.rows(q), num_heads = q.size(-2);
     const at::TensorOptions out_options = q.options().dtype(out_type);

@@ -144,8 +144,8 @@ struct KeyTileSource {
 #pragma unroll
         for (int cb = 0; cb < Traits::kColBlocks; ++cb) {
             if (cb == col_blocks) break;
-            tma_load_4d(dst + cb * Traits::kKVBlockBytes + box.shared_offset, map, full, cb * Traits::kElementCols, box.row,
-                        head_k, box.page);
+            tma_load_4d(dst + cb * Traits::kKVBlockBytes + box.shared_offset, map, full, cb * Traits::kElementCols,
+                        box.row, head_k, box.page);
         }
     }
 };
@@ -750,14 +750,14 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                                              s_frag[0][j + 1][e + 1]);
                     }
                 }
-                return;
-            }
+            } else {
 #pragma unroll
-            for (int k = 0; k < Traits::kKStepsPV; ++k) {
-                p[k][0] = pack2<Element>(s_frag[0][2 * k][0], s_frag[0][2 * k][1]);
-                p[k][1] = pack2<Element>(s_frag[0][2 * k][2], s_frag[0][2 * k][3]);
-                p[k][2] = pack2<Element>(s_frag[0][2 * k + 1][0], s_frag[0][2 * k + 1][1]);
-                p[k][3] = pack2<Element>(s_frag[0][2 * k + 1][2], s_frag[0][2 * k + 1][3]);
+                for (int k = 0; k < Traits::kKStepsPV; ++k) {
+                    p[k][0] = pack2<Element>(s_frag[0][2 * k][0], s_frag[0][2 * k][1]);
+                    p[k][1] = pack2<Element>(s_frag[0][2 * k][2], s_frag[0][2 * k][3]);
+                    p[k][2] = pack2<Element>(s_frag[0][2 * k + 1][0], s_frag[0][2 * k + 1][1]);
+                    p[k][3] = pack2<Element>(s_frag[0][2 * k + 1][2], s_frag[0][2 * k + 1][3]);
+                }
             }
         };
 

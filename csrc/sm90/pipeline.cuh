@@ -30,7 +30,7 @@ struct StageOf {
 };
 
 // Copies a tile of rows `row`.. of a [head dim, rows, heads, batch] tensor
-// map into `dst`, one box per column block of 64 elements (block_bytes apart),
+// map into `dst`, one box per column block of 128 bytes (block_bytes apart),
 // the bytes counted on barrier `bar`: kColBlocks blocks, by default the head
 // dim's (Traits::kColBlocks; a narrower V's tiles pass Traits::kColBlocksV).
 template <typename Traits, int kColBlocks = Traits::kColBlocks>
@@ -38,8 +38,8 @@ __device__ __forceinline__ void load_tile(uint32_t dst, const CUtensorMap* map, 
                                           int batch, int block_bytes) {
 #pragma unroll
     for (int cb = 0; cb < kColBlocks; ++cb) {
-        tma_load_4d(dst + cb * block_bytes, map, bar, cb * kSwizzleBytes / static_cast<int>(sizeof(typename Traits::Element)),
-                    row, head, batch);
+        constexpr int kBlockCols = kSwizzleBytes / static_cast<int>(sizeof(typename Traits::Element));
+        tma_load_4d(dst + cb * block_bytes, map, bar, cb * kBlockCols, row, head, batch);
     }
 }
 
