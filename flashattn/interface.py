@@ -119,11 +119,11 @@ def flash_attn_func(
             default, or torch.float16). Forward only. Two routes (flashattn.fp8): on a GPU that the
             sm90 kernel family serves (H100, H200), a call without dropout, softcap, alibi_slopes
             or learnable_sink, whose head dims are multiples of 16 (v's at most q's, q's at most
-            256) with contiguous last dimensions, runs the FP8 kernel (e4m3 products on the tensor
-            cores, P rounded to e4m3: FP8 arithmetic's error, larger than 16-bit attention's); every
-            other call and device (other GPUs, the sm80 family, CPU) computes 16-bit attention on the
-            dequantised values, stored x descale rounded to out_dtype, at 16-bit speed. Given with
-            16-bit inputs, they raise ValueError.
+            256) with contiguous last dimensions and no broadcast (stride 0) dimension, runs the FP8
+            kernel (e4m3 products on the tensor cores, P rounded to e4m3: FP8 arithmetic's error,
+            larger than 16-bit attention's); every other call and device (other GPUs, the sm80
+            family, CPU) computes 16-bit attention on the dequantised values, stored x descale
+            rounded to out_dtype, at 16-bit speed. Given with 16-bit inputs, they raise ValueError.
 
     Bad option values raise ValueError or TypeError (RuntimeError for a tensor
     on another device) naming the option: dropout_p outside [0, 1), a
