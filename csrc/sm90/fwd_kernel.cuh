@@ -798,7 +798,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         // registers for the mask beside the last tile's P, which the GEMM in
         // flight reads (ptxas spilled in the key loop): their masked steps wait
         // for both GEMMs first (the diagonal's or the window edges' few tiles).
-        // So do FP8's d256 (spills of 136 B in its masked steps otherwise).
+        // So do FP8's d256 (136 B of spills in its masked steps otherwise; 2
+        // stores and 5 loads a masked step are left, none in the unmasked ones).
         constexpr bool kSerialMaskedSteps =
             Is_local && (Traits::kConsumerWarpgroups == 3 || (Traits::kFp8 && Traits::kHeadDim > 128));
         auto first_step = [&](int n_block, auto is_masked) {

@@ -62,7 +62,8 @@ struct FwdTraits {
     // FP8 at d256 (never gathered: one copying thread) 24, which gives its
     // consumers 240: at 232 ptxas serialised their wgmma (C7512) and spilled
     // 172 B in the key loop; at 24 the producer's bookkeeping spills 40 B
-    // (NOTES.md), outside the consumers' loop.
+    // (NOTES.md), outside the consumers' loop, and with a mask (Is_local) each
+    // masked step still stores 2 and loads 5 words (the unmasked steps none).
     static constexpr int kProducerRegs = kFp8 && kHeadDim > 128 ? 24 : kConsumerWarpgroups == 3 ? 32 : 40;
     static constexpr int kConsumerRegs =
         (kNThreads * registers_at_entry(kNThreads) - 128 * kProducerRegs) / (128 * kConsumerWarpgroups) / 8 * 8;
