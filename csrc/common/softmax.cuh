@@ -27,10 +27,13 @@ __device__ __forceinline__ float lse_to_log2(float lse) { return lse == -INFINIT
 // log2(sum), is the same): FP8 attention's P uses e4m3's range up to 2^8 (its
 // largest normal is 448), not only up to 1.
 //
-// kChains: the independent chains of a row's max and sum over a tile (1: one
-// fmax or add after the other, the rounding of the sum fixed by the order of
-// the keys). FP8's tiles take so little tensor-core time against their softmax
-// that the latency of one chain of 96 dependent adds per row shows (NOTES.md).
+// kChains: the independent chains of a row's sum over a tile (1: one add after
+// the other, the rounding of the sum fixed by the order of the keys); above 1
+// the row max is a tree over the tile's scores (pairs, then pairs of those, ...)
+// instead of one chain of fmax. FP8's tiles take so little tensor-core time
+// against their softmax that dependent chains of 96 adds or fmax per row show
+// (NOTES.md). The max is exact in any order; the sum's rounding changes at
+// fp32's level.
 //
 // kSlack: a row keeps the offset its p are taken against while its max grows
 // by at most kSlack (base 2) past it, so that p stays below 2^(kExpBias +
@@ -107,16 +110,24 @@ struct OnlineSoftmax {
 #pragma unroll
             for (int half = 0; half < 2; ++half) {
                 const int r = mt * 2 + half;
-                float m[kChains];
+                float m_new;
+                if constexpr (kChains == 1) {
+                    m_new = row_max[r];
 #pragma unroll
-                for (int c = 0; c < kChains; ++c) m[c] = c == 0 ? row_max[r] : -INFINITY;
+                    for (int j = 0; j < kNTilesS; ++j) {
+                        m_new = fmaxf(m_new, fmaxf(s[mt][j][2 * half], s[mt][j][2 * half + 1]));
+                    }
+                } else {
+                    float m[kNTilesS];
 #pragma unroll
-                for (int j = 0; j < kNTilesS; ++j) {
-                    m[j % kChains] = fmaxf(m[j % kChains], fmaxf(s[mt][j][2 * half], s[mt][j][2 * half + 1]));
+                    for (int j = 0; j < kNTilesS; ++j) m[j] = fmaxf(s[mt][j][2 * half], s[mt][j][2 * half + 1]);
+#pragma unroll
+                    for (int width = 1; width < kNTilesS; width *= 2) {
+#pragma unroll
+                        for (int j = 0; j + width < kNTilesS; j += 2 * width) m[j] = fmaxf(m[j], m[j + width]);
+                    }
+                    m_new = fmaxf(m[0], row_max[r]);
                 }
-                float m_new = m[0];
-#pragma unroll
-                for (int c = 1; c < kChains; ++c) m_new = fmaxf(m_new, m[c]);
                 m_new = fmaxf(m_new, __shfl_xor_sync(0xffffffffu, m_new, 1));
                 m_new = fmaxf(m_new, __shfl_xor_sync(0xffffffffu, m_new, 2));
                 // A row that has seen only masked keys keeps max = -inf; subtracting 0

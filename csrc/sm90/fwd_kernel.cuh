@@ -608,7 +608,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
 
     // Consumers.
     claim_registers<Traits::kConsumerRegs>();
-    const int consumer = warpgroup - 1;
+    // Warp-uniform to the compiler (through the shuffle): Q's descriptor and
+    // the barrier ids derived from it live in uniform registers, and no
+    // R2UR moves them there before each wgmma.
+    const int consumer = __shfl_sync(0xffffffffu, warpgroup - 1, 0);
     const int lane = threadIdx.x % 32;
     const int warp_in_group = (threadIdx.x / 32) % 4;
     const int warp_in_group_row0 = consumer * Traits::kWarpgroupRows + warp_in_group * 16;
@@ -850,8 +853,17 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             pin_registers(flat(o));
             pin_registers(p);
             release(layout.v_empty(previous.stage));
-            softmax.rescale(o, correction);
-            pack_p(s_frag);
+            if constexpr (Traits::kFp8) {
+                // P first: its conversions then fill the issue slots between the
+                // tail of the exponentials (one ex2 a warp every 8 cycles), where
+                // after the rescale's warp-uniform branch they ran on their own
+                // (NOTES.md, fifteenth session: +3% at d128).
+                pack_p(s_frag);
+                softmax.rescale(o, correction);
+            } else {
+                softmax.rescale(o, correction);
+                pack_p(s_frag);
+            }
         };
 
         // Tiles [full_begin, full_end) need no mask (mask.cuh: key_tile_range).

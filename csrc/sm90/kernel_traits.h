@@ -51,7 +51,9 @@ struct FwdTraits {
     static constexpr int kConsumerWarpgroups = kConsumerWarpgroups_;
     static constexpr int kBlockM = kConsumerWarpgroups * kWarpgroupRows;  // query rows per block
     static constexpr int kBlockN = kBlockN_;                              // keys per main-loop step
-    static constexpr int kStages = 2;                                     // K and V tiles in flight
+    // K and V tiles in flight: 3 for FP8's 192-key tiles (d128), whose steps are short
+    // enough that the consumers waited for K with 2 (NOTES.md, fifteenth session).
+    static constexpr int kStages = kFp8 && kBlockN == 192 ? 3 : 2;
     static constexpr int kNThreads = 128 * (1 + kConsumerWarpgroups);
     // setmaxnreg: the producer keeps what its bookkeeping needs without a
     // spill (gathering, 128 threads hold a tile's lookups: 40; with three
