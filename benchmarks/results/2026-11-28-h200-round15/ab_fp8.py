@@ -4,7 +4,7 @@
 # d128 / d256 TFLOP/s, best of 3 x 10 calls, the V^T copy included. AB_DEVICE=cpu: a dry run.
 import os, sys
 sys.argv = [sys.argv[0], "none"]
-exec(open("benchmarks/results/2026-11-28-h200-round15/fp8_quick.py").read())
+exec(open("benchmarks/results/2026-11-28-h200-round14/fp8_quick.py").read())
 dev = os.environ.get("AB_DEVICE", "cuda")
 import flashattn as _fa
 print("flashattn from", _fa.__file__, flush=True)

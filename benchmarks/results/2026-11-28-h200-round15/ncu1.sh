@@ -13,7 +13,7 @@ ncu --kernel-name regex:fwd_kernel --launch-skip 1 --launch-count 1 \
     --section SpeedOfLight --section WarpStateStats --section SourceCounters --section ComputeWorkloadAnalysis \
     --section InstructionStats --section SchedulerStats \
     --metrics regex:^smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio$,sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active,sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active \
-    -o "$OUT/fp8d128" -f $PY $R/fp8_one.py 128 > "$OUT/ncu.log" 2>&1
+    -o "$OUT/fp8d128" -f $PY benchmarks/results/2026-11-28-h200-round14/fp8_one.py 128 > "$OUT/ncu.log" 2>&1
 echo "ncu rc $? at ${SECONDS}s"; tail -3 "$OUT/ncu.log"
 ncu --import "$OUT/fp8d128.ncu-rep" --page details > "$OUT/details.txt" 2>&1
 ncu --import "$OUT/fp8d128.ncu-rep" --page raw --csv > "$OUT/raw.csv" 2>&1
