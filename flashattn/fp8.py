@@ -18,6 +18,9 @@ One set of checks (`check`: dtypes, ranks, descales, out_dtype, no gradients), t
   descale rounded to out_dtype, then the 16-bit kernels (CUDA) or the PyTorch implementation (CPU).
   The result is 16-bit attention's on those values, at 16-bit speed plus one pass over q, k and v.
 
+flash_attn_with_kvcache over FP8 caches (`check_kvcache`) always takes the dequantising path
+(flashattn/kvcache.py: _fp8_kvcache): there is no FP8 KV-cache kernel.
+
 Forward only: nothing here is differentiable.
 """
 
@@ -26,6 +29,7 @@ from torch import Tensor
 
 FP8_DTYPE = torch.float8_e4m3fn
 OUT_DTYPES = (torch.bfloat16, torch.float16)
+E4M3_MAX = 448.0  # float8_e4m3fn's largest finite magnitude
 _DESCALES = ("q_descale", "k_descale", "v_descale")
 # The FP8 kernel's head dims: its rows move in 16-byte chunks, 16 elements of e4m3; the sm90
 # family's kernels end at 256.
@@ -85,6 +89,52 @@ def check(
     batch = sequences if packed else q.shape[0]
     for name, value in descales.items():
         _check_descale(name, value, batch, k.shape[-2], q.device)
+    return out_dtype
+
+
+def check_kvcache(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    k: Tensor | None,
+    v: Tensor | None,
+    descales: dict[str, object],
+    out_dtype: object,
+) -> torch.dtype | None:
+    """flash_attn_with_kvcache's FP8 arguments checked: None where neither q nor the caches nor k, v
+    are FP8 (then no descale and no out_dtype may be given), else the out dtype.
+
+    FP8 caches: k_cache and v_cache float8_e4m3fn, the new k and v (when given) too (they go into
+    the cache as they are); q float8_e4m3fn (out_dtype, bf16 when None) or 16-bit (a 16-bit
+    query over an FP8 cache: no q_descale, out in q's dtype). Descales (batch, nheads_k) as
+    `check`'s, batch being q's. Errors name the argument, as `check`'s do."""
+    tensors = (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("k", k), ("v", v))
+    if not any(is_fp8(t) for _, t in tensors):
+        return check(q, k_cache, v_cache, descales, out_dtype)  # None, or the error for stray descales
+    for name, t in tensors[1:]:
+        if t is not None and t.dtype != FP8_DTYPE:
+            raise TypeError(f"flashattn: FP8 attention over a KV cache takes float8_e4m3fn k_cache and v_cache, "
+                            f"and k and v of that dtype to append; {name} is {t.dtype}")
+    if q.dtype == FP8_DTYPE:
+        out_dtype = torch.bfloat16 if out_dtype is None else out_dtype
+        if out_dtype not in OUT_DTYPES:
+            raise ValueError(f"flashattn: out_dtype must be torch.bfloat16 or torch.float16 for FP8 inputs, "
+                             f"got {out_dtype!r}")
+    elif q.dtype in OUT_DTYPES:
+        if descales["q_descale"] is not None:
+            raise ValueError(f"flashattn: q_descale applies to float8_e4m3fn q; q is {q.dtype}")
+        if out_dtype not in (None, q.dtype):
+            raise ValueError(f"flashattn: out_dtype must be None or q's dtype ({q.dtype}) for a 16-bit q over "
+                             f"an FP8 cache, got {out_dtype!r}")
+        out_dtype = q.dtype
+    else:
+        raise TypeError(f"flashattn: q over an FP8 KV cache must be float8_e4m3fn, float16 or bfloat16, "
+                        f"got {q.dtype}")
+    for name, t in tensors:
+        if t is not None and t.dim() != 4:
+            raise ValueError(f"flashattn: {name} must be 4-dimensional, got shape {tuple(t.shape)}")
+    for name, value in descales.items():
+        _check_descale(name, value, q.shape[0], k_cache.shape[2], q.device)
     return out_dtype
 
 

@@ -19,6 +19,7 @@ from torch import Tensor
 
 from .cpu import MAX_KVCACHE_HEAD_DIM, check_alibi_slopes, check_index_tensor, check_learnable_sink, check_same_device
 from .cpu import check_tensor, check_v_head_dim, out_shape
+from . import fp8
 from .interface import _check_bool, _check_implementation, _check_softcap, _check_tensors
 from .interface import _kernel_padding, _Padding, _pad, _resolve_softmax_scale, _window_sides
 from .ops import KVCACHE_SCHEMA
@@ -86,6 +87,10 @@ def flash_attn_with_kvcache(
     return_softmax_lse: bool = False,
     *,
     learnable_sink: Tensor | None = None,
+    q_descale: Tensor | None = None,
+    k_descale: Tensor | None = None,
+    v_descale: Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Attention of q over a KV cache, after appending k and v to it in place (FlashAttention-2's function).
 
@@ -120,6 +125,16 @@ def flash_attn_with_kvcache(
         learnable_sink: keyword-only; fp32 (nheads,) on q's device, or None: as flash_attn_func's
             (a per-head logit in every row's softmax denominator, without a value; the LSE includes
             it). Split-KV partial results leave it out; their merge adds it once.
+        q_descale, k_descale, v_descale, out_dtype: keyword-only, for an FP8 cache (FlashAttention-3's
+            names, as in flash_attn_func): k_cache and v_cache float8_e4m3fn (and k, v, appended as
+            they are), q float8_e4m3fn or 16-bit; descales fp32 (batch, nheads_k) or None (1), real
+            value = stored value x descale, a page or cache row taking the descale of the sequence that
+            uses it (sequences that share one must share its descales); out_dtype bf16 (default) or
+            fp16 for FP8 q, q's dtype for a 16-bit q. Computed as 16-bit attention on dequantised
+            copies of q and of the whole caches (flashattn/fp8.py: the dequantising path; no FP8
+            KV-cache kernel yet): correct, and slower than a 16-bit cache by those copies on every
+            call. With rotary, the appended keys are rotated in 16 bits, stored re-quantised with
+            k_descale, and attended to before that rounding in the call that appends them.
 
     Returns out (batch, seqlen_q, nheads, v_cache's headdim), or (out, softmax_lse). Not differentiable
     (inference). The cache tensors are modified in place when k and v are given. Runs on CUDA
@@ -140,6 +155,16 @@ def flash_attn_with_kvcache(
     _check_tensors(optional=True, k=k, v=v, rotary_cos=rotary_cos, rotary_sin=rotary_sin,
                    cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad, block_table=block_table,
                    alibi_slopes=alibi_slopes, learnable_sink=learnable_sink)
+    descales = {"q_descale": q_descale, "k_descale": k_descale, "v_descale": v_descale}
+    fp8_out_dtype = fp8.check_kvcache(q, k_cache, v_cache, k, v, descales, out_dtype)
+    if fp8_out_dtype is not None:
+        return _fp8_kvcache(
+            q, k_cache, v_cache, k, v, descales, fp8_out_dtype, rotary_cos=rotary_cos, rotary_sin=rotary_sin,
+            cache_seqlens=cache_seqlens, cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad,
+            block_table=block_table, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
+            softcap=softcap, rotary_interleaved=rotary_interleaved, alibi_slopes=alibi_slopes, num_splits=num_splits,
+            return_softmax_lse=return_softmax_lse, learnable_sink=learnable_sink,
+        )
     _check_implementation(q, "q")
     _check_bool(causal=causal, rotary_interleaved=rotary_interleaved)
     window_left, window_right = _window_sides(window_size)
@@ -158,6 +183,85 @@ def flash_attn_with_kvcache(
     else:
         out, lse = _fwd_kvcache_padded(arguments, padding)
     return (out, lse) if return_softmax_lse else out
+
+
+def _fp8_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Tensor | None, v: Tensor | None,
+                 descales: dict[str, Tensor | None], out_dtype: torch.dtype, **arguments: object):
+    """flash_attn_with_kvcache over FP8 caches (fp8.check_kvcache accepted them): the 16-bit function
+    on dequantised copies of q, the caches and k, v (each cache row or page times the descale of
+    the sequence that uses it), then the appended rows written into the FP8 caches: k and v as they
+    are, or, with rotary, the rotated keys of the copy re-quantised. Index tensors are clamped
+    wherever they are read here, so that a bad value reaches the 16-bit function's own checks (an
+    error on CPU, a recorded fault on CUDA) rather than an indexing error; rows whose position or
+    page is out of range are not written."""
+    batch = q.shape[0]
+    q_descale, k_descale, v_descale = (descales[name] for name in ("q_descale", "k_descale", "v_descale"))
+    if q.dtype == fp8.FP8_DTYPE:
+        heads, heads_k = q.shape[2], k_cache.shape[2]
+        factor = q_descale[:, torch.arange(heads, device=q.device) * heads_k // heads] if q_descale is not None else None
+        q = _times(q, factor, out_dtype)
+    seqlen_new = 0 if k is None else k.shape[1]
+    cache_seqlens, cache_batch_idx, block_table = (arguments[name] for name in ("cache_seqlens", "cache_batch_idx",
+                                                                                 "block_table"))
+    seqlens = _seqlens_tensor(cache_seqlens, q, k_cache, block_table)
+    _check_kvcache_tensors(q, k_cache, v_cache, k, v, arguments["rotary_cos"], arguments["rotary_sin"], seqlens,
+                           cache_batch_idx, arguments["cache_leftpad"], block_table, arguments["alibi_slopes"],
+                           arguments["learnable_sink"], dtypes=False)
+    copies = [_times(cache, _cache_row_factors(descale, cache, batch, seqlens.long() + seqlen_new, cache_batch_idx,
+                                               block_table), out_dtype)
+              for cache, descale in ((k_cache, k_descale), (v_cache, v_descale))]  # fmt: skip
+    new = [None if t is None else _times(t, d, out_dtype) for t, d in ((k, k_descale), (v, v_descale))]
+    result = flash_attn_with_kvcache(q, *copies, *new, **arguments)
+    if k is not None:
+        index = _appended_rows(k_cache, seqlen_new, seqlens, cache_batch_idx, block_table)
+        valid = _appended_rows_in_range(k_cache, seqlen_new, seqlens, cache_batch_idx, block_table)[..., None, None]
+        keys = k
+        if arguments["rotary_cos"] is not None:  # the rotated keys, re-quantised (saturated at e4m3's largest)
+            keys = copies[0][index].float()
+            keys = keys if k_descale is None else keys / k_descale[:, None, :, None]
+            keys = keys.clamp(-fp8.E4M3_MAX, fp8.E4M3_MAX).to(fp8.FP8_DTYPE)
+        for cache, rows in ((k_cache, keys), (v_cache, v)):
+            stored = cache.view(torch.uint8)
+            stored[index] = torch.where(valid, rows.view(torch.uint8), stored[index])
+    return result
+
+
+def _times(t: Tensor, factor: Tensor | None, dtype: torch.dtype) -> Tensor:
+    """t (rows, seqlen, heads, headdim) x factor (rows, heads), or t itself where None, as dtype."""
+    return (t.float() if factor is None else t.float() * factor[:, None, :, None]).to(dtype)
+
+
+def _cache_row_factors(descale: Tensor | None, cache: Tensor, batch: int, ends: Tensor, cache_batch_idx: Tensor | None,
+                       block_table: Tensor | None) -> Tensor | None:
+    """(cache rows or pages, nheads_k): the descale of the sequence that uses each (its batch row b, its
+    cache_batch_idx[b], or the block_table pages below ends[b]), 1 where none does; None for None."""
+    if descale is None:
+        return None
+    num_rows = cache.shape[0]
+    factors = descale.new_ones(num_rows + 1, descale.shape[1])  # the last row takes what no row keeps
+    if block_table is None:
+        rows = torch.arange(batch, device=cache.device) if cache_batch_idx is None else cache_batch_idx.long()
+        factors[rows.clamp(0, num_rows - 1)] = descale
+    else:
+        used = torch.arange(block_table.shape[1], device=cache.device) * cache.shape[1] < ends[:, None]
+        pages = torch.where(used, block_table.long().clamp(0, num_rows - 1), num_rows)
+        factors[pages.flatten()] = descale[:, None, :].expand(-1, pages.shape[1], -1).reshape(-1, descale.shape[1])
+    return factors[:num_rows]
+
+
+def _appended_rows_in_range(cache: Tensor, seqlen_new: int, cache_seqlens: Tensor, cache_batch_idx: Tensor | None,
+                            block_table: Tensor | None) -> Tensor:
+    """(batch, seqlen_new) bool: which of _appended_rows' rows are the ones asked for (not clamped)."""
+    num_rows, page_size = cache.shape[0], cache.shape[1]
+    rows = cache_seqlens.long()[:, None] + torch.arange(seqlen_new, device=cache.device)
+    if block_table is None:
+        valid = (rows >= 0) & (rows < page_size)
+        if cache_batch_idx is not None:
+            valid &= ((cache_batch_idx >= 0) & (cache_batch_idx < num_rows))[:, None]
+        return valid
+    capacity = block_table.shape[1] * page_size
+    pages = block_table.long().gather(1, rows.clamp(0, capacity - 1) // page_size)
+    return (rows >= 0) & (rows < capacity) & (pages >= 0) & (pages < num_rows)
 
 
 def _fwd_kvcache_padded(arguments: list, padding: _Padding) -> tuple[Tensor, Tensor]:
@@ -216,11 +320,21 @@ def _seqlens_tensor(cache_seqlens: object, q: Tensor, k_cache: Tensor, block_tab
 
 
 def _check_kvcache_tensors(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
-                           cache_leftpad, block_table, alibi_slopes, learnable_sink=None) -> None:
-    """The tensors of flashattn::fwd_kvcache, checked as the binding checks them (csrc/api/flash_api.cpp)."""
-    check_tensor("q", q, q, 4, "(batch, seqlen_q, nheads, headdim)")
+                           cache_leftpad, block_table, alibi_slopes, learnable_sink=None, dtypes=True) -> None:
+    """The tensors of flashattn::fwd_kvcache, checked as the binding checks them (csrc/api/flash_api.cpp);
+    dtypes=False: all but the data tensors' dtypes (an FP8 call, whose dtypes fp8.check_kvcache checked)."""
+
+    def check_data(name, t, layout):
+        if dtypes:
+            check_tensor(name, t, q, 4, layout)
+        elif t.dim() != 4:
+            raise ValueError(f"flashattn: {name} must be 4-D {layout}, got shape {tuple(t.shape)}")
+        else:
+            check_same_device(name, t, q)
+
+    check_data("q", q, "(batch, seqlen_q, nheads, headdim)")
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
-        check_tensor(name, t, q, 4, "(batch_cache, seqlen_cache, nheads_k, headdim)")
+        check_data(name, t, "(batch_cache, seqlen_cache, nheads_k, headdim)")
     if k_cache.shape[:-1] != v_cache.shape[:-1]:
         raise ValueError(f"flashattn: k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)} must have "
                          "the same shape")
@@ -247,7 +361,7 @@ def _check_kvcache_tensors(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, ca
         raise ValueError("flashattn: k and v must be given together")
     if k is not None:
         for name, t, cache in (("k", k, k_cache), ("v", v, v_cache)):
-            check_tensor(name, t, q, 4, "(batch, seqlen_new, nheads_k, headdim)")
+            check_data(name, t, "(batch, seqlen_new, nheads_k, headdim)")
             if t.shape[0] != batch or t.shape[2:] != cache.shape[2:]:
                 raise ValueError(f"flashattn: {name} must have shape ({batch}, seqlen_new, {num_heads_k}, "
                                  f"{cache.shape[3]}), got {tuple(t.shape)}")

@@ -805,3 +805,179 @@ def test_bad_fp8_kernel_arguments_then_a_good_call():
     gen = torch.Generator().manual_seed(case_seed("fp8 good call after bad ones"))
     stored, scales = quantised_inputs(2, 65, 97, 4, 2, 128, 128, gen, "cuda")
     check_fp8_kernel(stored, scales, True, torch.bfloat16, what="after the bad calls")
+
+
+# flash_attn_with_kvcache over FP8 caches (the dequantising path on every device: no FP8 KV-cache kernel).
+
+CACHE_CAPACITY = 48  # rows per sequence of the test caches
+
+
+def fp8_cache_case(layout, device, gen, batch=3, seqlen_q=2, heads=4, heads_k=2, head_dim=40, seqlen_new=3):
+    """FP8 caches of `layout` (contiguous; batch_idx: a cache row per sequence, shuffled; paged16 /
+    paged8: pages of 16 / 8 rows, shuffled, two pages unused), new keys and values, descales,
+    cache_seqlens and the index arguments on device; and `where(b, row)`, written out independently
+    of flashattn: the (cache row or page, row) of sequence b's row."""
+    seqlens = torch.tensor([5, 0, 30], dtype=torch.int32)[:batch]
+    q8 = fp8_inputs((batch, seqlen_q, heads, head_dim), (1,), (1,), gen, "cpu")[0]
+    k_new, v_new = fp8_inputs((1,), (batch, seqlen_new, heads_k, head_dim), (batch, seqlen_new, heads_k, head_dim),
+                              gen, "cpu")[1:]
+    index = {}
+    if layout.startswith("paged"):
+        page = int(layout[5:])
+        per_seq = CACHE_CAPACITY // page
+        num_rows, rows = batch * per_seq + 2, page
+        block_table = torch.randperm(num_rows, generator=gen)[: batch * per_seq].view(batch, per_seq).to(torch.int32)
+        index["block_table"] = block_table
+        where = lambda b, r: (int(block_table[b, r // page]), r % page)  # noqa: E731
+    elif layout == "batch_idx":
+        num_rows, rows = batch + 1, CACHE_CAPACITY
+        batch_idx = torch.randperm(num_rows, generator=gen)[:batch].to(torch.int32)
+        index["cache_batch_idx"] = batch_idx
+        where = lambda b, r: (int(batch_idx[b]), r)  # noqa: E731
+    else:
+        num_rows, rows = batch, CACHE_CAPACITY
+        where = lambda b, r: (b, r)  # noqa: E731
+    k_cache, v_cache = fp8_inputs((1,), (num_rows, rows, heads_k, head_dim), (num_rows, rows, heads_k, head_dim),
+                                  gen, "cpu")[1:]
+    qd, kd, vd = descales(batch, heads_k, gen, "cpu")
+    move = lambda t: t.to(device)  # noqa: E731
+    return dict(q=move(q8), k_cache=move(k_cache), v_cache=move(v_cache), k=move(k_new), v=move(v_new),
+                q_descale=move(qd), k_descale=move(kd), v_descale=move(vd), cache_seqlens=move(seqlens),
+                index={name: move(t) for name, t in index.items()}, where=where)  # fmt: skip
+
+
+def kvcache_reference(c, fp8_query=True, **kwargs):
+    """The 16-bit flash_attn_with_kvcache on copies of case c dequantised here (each sequence's cache
+    rows, found by c["where"], times its descales; rows no sequence uses keep factor 1): its result
+    with kwargs, and the copies after it (the 16-bit k cache holds the appended keys)."""
+    batch, heads, heads_k = c["q"].shape[0], c["q"].shape[2], c["k_cache"].shape[2]
+    copies = []
+    for cache, factor in ((c["k_cache"], c["k_descale"]), (c["v_cache"], c["v_descale"])):
+        copy, stored, factor = cache.float().cpu(), cache.cpu(), factor.cpu()
+        for b in range(batch):
+            for r in range(CACHE_CAPACITY):
+                page, row = c["where"](b, r)
+                copy[page, row] = stored[page, row].float() * factor[b][:, None]
+        copies.append(copy.to(torch.bfloat16).to(c["q"].device))
+    new = [dequantised(t, d, torch.arange(heads_k), torch.bfloat16)
+           for t, d in ((c["k"], c["k_descale"]), (c["v"], c["v_descale"]))]
+    q = dequantised(c["q"], c["q_descale"], torch.arange(heads) * heads_k // heads, torch.bfloat16)
+    result = flashattn.flash_attn_with_kvcache(q, *copies, *new, cache_seqlens=c["cache_seqlens"], **c["index"],
+                                               **kwargs)
+    return result, copies
+
+
+def fp8_kvcache_call(c, fp8_query=True, **kwargs):
+    """flash_attn_with_kvcache on case c's FP8 caches: q FP8 with its descale, or dequantised to bf16 (a
+    16-bit query over FP8 caches)."""
+    heads, heads_k = c["q"].shape[2], c["k_cache"].shape[2]
+    q = c["q"] if fp8_query else dequantised(c["q"], c["q_descale"], torch.arange(heads) * heads_k // heads,
+                                             torch.bfloat16)
+    return flashattn.flash_attn_with_kvcache(
+        q, c["k_cache"], c["v_cache"], c["k"], c["v"], cache_seqlens=c["cache_seqlens"],
+        q_descale=c["q_descale"] if fp8_query else None, k_descale=c["k_descale"], v_descale=c["v_descale"],
+        **c["index"], **kwargs)
+
+
+def appended_positions(c):
+    """{(cache row or page, row): (b, j)} of the rows the call appends k[b, j], v[b, j] to."""
+    return {c["where"](b, int(c["cache_seqlens"][b]) + j): (b, j)
+            for b in range(c["q"].shape[0]) for j in range(c["k"].shape[1])}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout", ["contiguous", "batch_idx", "paged16", "paged8"])
+@pytest.mark.parametrize("query", ["fp8", "bf16"], ids=["fp8-q", "bf16-q"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_fp8_kvcache_is_the_16_bit_kvcache_on_the_dequantised_values(device, layout, query, causal):
+    """flash_attn_with_kvcache over FP8 caches (q FP8, or a 16-bit q over them): bit for bit the output
+    and LSE of the 16-bit function on copies this test dequantises (kvcache_reference: its own page,
+    cache-row and head mapping, so a descale applied to the wrong sequence or head fails); the
+    appended rows hold k and v as given, byte for byte; no other cache row changes."""
+    gen = torch.Generator().manual_seed(case_seed(layout, query, causal))
+    c = fp8_cache_case(layout, device, gen)
+    before = [t.view(torch.uint8).cpu().clone() for t in (c["k_cache"], c["v_cache"])]
+    (ref_out, ref_lse), _ = kvcache_reference(c, causal=causal, return_softmax_lse=True)
+    out, lse = fp8_kvcache_call(c, fp8_query=query == "fp8", causal=causal, return_softmax_lse=True)
+    assert out.dtype == torch.bfloat16 and lse.dtype == torch.float32
+    assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse)
+    appended = appended_positions(c)
+    for cache, new, old in zip((c["k_cache"], c["v_cache"]), (c["k"], c["v"]), before):
+        stored, new = cache.view(torch.uint8).cpu(), new.view(torch.uint8).cpu()
+        for page in range(stored.shape[0]):
+            for row in range(stored.shape[1]):
+                b_j = appended.get((page, row))
+                expected = old[page, row] if b_j is None else new[b_j]
+                assert torch.equal(stored[page, row], expected), (page, row, b_j)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fp8_kvcache_with_rotary_stores_the_rotated_keys_requantised(device):
+    """With rotary embedding the appended keys are the 16-bit function's rotated keys (on the
+    dequantised copies) divided by k_descale and rounded to e4m3; values as given; the output is
+    that call's."""
+    gen = torch.Generator().manual_seed(case_seed("rotary-fp8"))
+    c = fp8_cache_case("paged16", device, gen)
+    angles = torch.rand(64, c["q"].shape[3] // 4, generator=gen) * 6
+    rotary = dict(rotary_cos=angles.cos().to(device), rotary_sin=angles.sin().to(device), causal=True)
+    ref_out, (ref_k_cache, _) = kvcache_reference(c, **rotary)
+    out = fp8_kvcache_call(c, **rotary)
+    assert torch.equal(out, ref_out)
+    for (page, row), (b, j) in appended_positions(c).items():
+        expected = (ref_k_cache[page, row].float() / c["k_descale"][b][:, None]).to(FP8)
+        assert torch.equal(c["k_cache"][page, row].view(torch.uint8), expected.view(torch.uint8))
+        assert torch.equal(c["v_cache"][page, row].view(torch.uint8), c["v"][b, j].view(torch.uint8))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_bad_fp8_kvcache_arguments_raise_errors_that_name_them(device):
+    gen = torch.Generator().manual_seed(case_seed("bad-fp8-kvcache"))
+    c = fp8_cache_case("contiguous", device, gen)
+
+    def call(q=c["q"], k_cache=c["k_cache"], k=c["k"], **kwargs):
+        kwargs = {"cache_seqlens": c["cache_seqlens"], "k_descale": c["k_descale"], **kwargs}
+        return flashattn.flash_attn_with_kvcache(q, k_cache, c["v_cache"], k, c["v"], **kwargs)
+
+    bf16_q = c["q"].to(torch.bfloat16)
+    with pytest.raises(TypeError, match=r"\bk is torch.bfloat16"):
+        call(k=c["k"].to(torch.bfloat16))
+    with pytest.raises(TypeError, match=r"\bk_cache is torch.bfloat16"):
+        call(k_cache=c["k_cache"].to(torch.bfloat16))
+    with pytest.raises(ValueError, match="q_descale"):
+        call(q=bf16_q, q_descale=c["q_descale"])
+    with pytest.raises(ValueError, match="out_dtype"):
+        call(q=bf16_q, out_dtype=torch.float16)
+    with pytest.raises(ValueError, match="out_dtype"):
+        call(out_dtype=torch.float32)
+    with pytest.raises(ValueError, match="k_descale"):
+        call(k_descale=c["k_descale"][:, :1])
+    with pytest.raises(ValueError, match="k_descale"):  # a descale with 16-bit q and caches
+        flashattn.flash_attn_with_kvcache(bf16_q, c["k_cache"].to(torch.bfloat16), c["v_cache"].to(torch.bfloat16),
+                                          cache_seqlens=c["cache_seqlens"], k_descale=c["k_descale"])
+    out = call(out_dtype=torch.float16)  # then a good call
+    assert out.dtype == torch.float16 and torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_bad_block_table_entry_of_an_fp8_kvcache_call_is_caught_then_a_good_call(device):
+    """A used block_table entry past the cache's pages: on CPU a ValueError naming block_table; on
+    CUDA the 16-bit kernels record it and flashattn.check_faults() raises (the context survives). No
+    page is written through the bad entry; then a good call in the same process matches the reference."""
+    gen = torch.Generator().manual_seed(case_seed("bad-fp8-block-table"))
+    c = fp8_cache_case("paged16", device, gen)
+    bad = dict(c, index={"block_table": c["index"]["block_table"].clone()})
+    bad["index"]["block_table"][0, 0] = c["k_cache"].shape[0] + 5  # sequence 0's first page: its appended rows
+    before = c["k_cache"].view(torch.uint8).cpu().clone()
+    if device == "cpu":
+        with pytest.raises(ValueError, match="block_table"):
+            fp8_kvcache_call(bad)
+    else:
+        fp8_kvcache_call(bad)
+        with pytest.raises(RuntimeError, match="block_table"):
+            flashattn.check_faults()
+    for (page, row), (b, _) in appended_positions(c).items():
+        if b == 0:  # its rows lie behind the bad entry: nothing written for them
+            assert torch.equal(c["k_cache"].view(torch.uint8)[page, row].cpu(), before[page, row])
+    good = fp8_cache_case("paged16", device, torch.Generator().manual_seed(case_seed("bad-fp8-block-table", 2)))
+    ref_out, _ = kvcache_reference(good)
+    assert torch.equal(fp8_kvcache_call(good), ref_out)
