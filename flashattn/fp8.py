@@ -62,12 +62,7 @@ def check(
     for a device), NotImplementedError for gradients. The other shapes (head counts, head dims,
     lengths) are the operator's to check."""
     if not any(is_fp8(t) for t in (q, k, v)):
-        given = [name for name, value in descales.items() if value is not None]
-        if out_dtype is not None:
-            given.append("out_dtype")
-        if given:
-            raise ValueError(f"flashattn: {', '.join(given)} apply to float8_e4m3fn q, k and v only; "
-                             f"q is {q.dtype}")
+        _refuse_fp8_arguments(q, descales, out_dtype)
         return None
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dtype != FP8_DTYPE:
@@ -110,7 +105,8 @@ def check_kvcache(
     `check`'s, batch being q's. Errors name the argument, as `check`'s do."""
     tensors = (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("k", k), ("v", v))
     if not any(is_fp8(t) for _, t in tensors):
-        return check(q, k_cache, v_cache, descales, out_dtype)  # None, or the error for stray descales
+        _refuse_fp8_arguments(q, descales, out_dtype)
+        return None
     for name, t in tensors[1:]:
         if t is not None and t.dtype != FP8_DTYPE:
             raise TypeError(f"flashattn: FP8 attention over a KV cache takes float8_e4m3fn k_cache and v_cache, "
@@ -136,6 +132,22 @@ def check_kvcache(
     for name, value in descales.items():
         _check_descale(name, value, q.shape[0], k_cache.shape[2], q.device)
     return out_dtype
+
+
+def _refuse_fp8_arguments(q: Tensor, descales: dict[str, object], out_dtype: object) -> None:
+    """A call without FP8 tensors takes no descale and no out_dtype (ValueError naming them)."""
+    given = [name for name, value in descales.items() if value is not None]
+    if out_dtype is not None:
+        given.append("out_dtype")
+    if given:
+        raise ValueError(f"flashattn: {', '.join(given)} apply to float8_e4m3fn q, k and v only; q is {q.dtype}")
+
+
+def query_factors(q_descale: Tensor, heads: int, heads_k: int) -> Tensor:
+    """q_descale (batch, nheads_k) as one factor per query head (batch, nheads): a query head takes
+    its KV head's, head h that of KV head h * nheads_k // nheads (h // (nheads / nheads_k) where it
+    divides; where it does not, the operators refuse the shapes)."""
+    return q_descale[:, torch.arange(heads, device=q_descale.device) * heads_k // max(heads, 1)]
 
 
 def runs_kernel(
@@ -209,10 +221,7 @@ def dequantize(
     batch, heads, heads_k = (sequences if sequences is not None else q.shape[0]), q.shape[-2], k.shape[-2]
     factors = {name: torch.ones(batch, heads_k, device=q.device) if value is None else value
                for name, value in descales.items()}  # fmt: skip
-    # Query head h uses KV head h * nheads_k // nheads (h // (nheads / nheads_k) where it divides;
-    # where it does not, the operator refuses the shapes).
-    q_heads = torch.arange(heads, device=q.device) * heads_k // max(heads, 1)
-    q_factor = factors["q_descale"][:, q_heads]  # (batch, nheads)
+    q_factor = query_factors(factors["q_descale"], heads, heads_k)  # (batch, nheads)
     if sequences is not None:
         q_rows = _sequence_of_rows("cu_seqlens_q", cu_seqlens_q, q, batch)
         k_rows = _sequence_of_rows("cu_seqlens_k", cu_seqlens_k, k, batch)

@@ -197,8 +197,7 @@ def _fp8_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Tensor | None, 
     batch = q.shape[0]
     q_descale, k_descale, v_descale = (descales[name] for name in ("q_descale", "k_descale", "v_descale"))
     if q.dtype == fp8.FP8_DTYPE:
-        heads, heads_k = q.shape[2], k_cache.shape[2]
-        factor = q_descale[:, torch.arange(heads, device=q.device) * heads_k // heads] if q_descale is not None else None
+        factor = None if q_descale is None else fp8.query_factors(q_descale, q.shape[2], k_cache.shape[2])
         q = _times(q, factor, out_dtype)
     seqlen_new = 0 if k is None else k.shape[1]
     cache_seqlens, cache_batch_idx, block_table = (arguments[name] for name in ("cache_seqlens", "cache_batch_idx",
@@ -213,8 +212,8 @@ def _fp8_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Tensor | None, 
     new = [None if t is None else _times(t, d, out_dtype) for t, d in ((k, k_descale), (v, v_descale))]
     result = flash_attn_with_kvcache(q, *copies, *new, **arguments)
     if k is not None:
-        index = _appended_rows(k_cache, seqlen_new, seqlens, cache_batch_idx, block_table)
-        valid = _appended_rows_in_range(k_cache, seqlen_new, seqlens, cache_batch_idx, block_table)[..., None, None]
+        pages, rows, in_range = _appended_rows(k_cache, seqlen_new, seqlens, cache_batch_idx, block_table)
+        index, valid = (pages, rows), in_range[..., None, None]
         keys = k
         if arguments["rotary_cos"] is not None:  # the rotated keys, re-quantised (saturated at e4m3's largest)
             keys = copies[0][index].float()
@@ -249,21 +248,6 @@ def _cache_row_factors(descale: Tensor | None, cache: Tensor, batch: int, ends: 
     return factors[:num_rows]
 
 
-def _appended_rows_in_range(cache: Tensor, seqlen_new: int, cache_seqlens: Tensor, cache_batch_idx: Tensor | None,
-                            block_table: Tensor | None) -> Tensor:
-    """(batch, seqlen_new) bool: which of _appended_rows' rows are the ones asked for (not clamped)."""
-    num_rows, page_size = cache.shape[0], cache.shape[1]
-    rows = cache_seqlens.long()[:, None] + torch.arange(seqlen_new, device=cache.device)
-    if block_table is None:
-        valid = (rows >= 0) & (rows < page_size)
-        if cache_batch_idx is not None:
-            valid &= ((cache_batch_idx >= 0) & (cache_batch_idx < num_rows))[:, None]
-        return valid
-    capacity = block_table.shape[1] * page_size
-    pages = block_table.long().gather(1, rows.clamp(0, capacity - 1) // page_size)
-    return (rows >= 0) & (rows < capacity) & (pages >= 0) & (pages < num_rows)
-
-
 def _fwd_kvcache_padded(arguments: list, padding: _Padding) -> tuple[Tensor, Tensor]:
     """fwd_kvcache on zero-padded copies of q, the caches and k, v (zero columns change neither q @ k^T
     nor the other columns of out), as FlashAttention-2 runs a head dim that is not a multiple of 8 (and,
@@ -277,7 +261,8 @@ def _fwd_kvcache_padded(arguments: list, padding: _Padding) -> tuple[Tensor, Ten
                                                *arguments[5:])  # fmt: skip
     if k is not None:
         cache_seqlens, cache_batch_idx, block_table = arguments[7], arguments[8], arguments[10]
-        index = _appended_rows(k_cache, k.shape[1], cache_seqlens, cache_batch_idx, block_table)
+        pages, rows, _ = _appended_rows(k_cache, k.shape[1], cache_seqlens, cache_batch_idx, block_table)
+        index = (pages, rows)
         for cache, copy in ((k_cache, padded[1]), (v_cache, padded_v_cache)):
             if copy is not cache:
                 cache[index] = copy[index][..., : cache.shape[-1]]
@@ -285,19 +270,24 @@ def _fwd_kvcache_padded(arguments: list, padding: _Padding) -> tuple[Tensor, Ten
 
 
 def _appended_rows(cache: Tensor, seqlen_new: int, cache_seqlens: Tensor, cache_batch_idx: Tensor | None,
-                   block_table: Tensor | None) -> tuple[Tensor, Tensor]:
+                   block_table: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
     """(index into cache's first dim, into its second) of the rows [cache_seqlens[b], + seqlen_new) of every
-    sequence b, computed on the device (no sync). Clamped into the cache: where the kernels refused an
-    out-of-range row, the clamped row holds what it held, and copying it back changes nothing."""
+    sequence b, computed on the device (no sync), and which of them are the rows asked for (bool, [B,
+    seqlen_new]). Clamped into the cache: where the kernels refused an out-of-range row, the clamped row
+    holds what it held, and copying it back changes nothing."""
     num_rows, page_size = cache.shape[0], cache.shape[1]
     rows = cache_seqlens.long()[:, None] + torch.arange(seqlen_new, device=cache.device)  # [B, seqlen_new]
     if block_table is None:
-        rows = rows.clamp(0, page_size - 1)
+        in_range = (rows >= 0) & (rows < page_size)
         batch = torch.arange(rows.shape[0], device=cache.device) if cache_batch_idx is None else cache_batch_idx.long()
-        return batch.clamp(0, num_rows - 1)[:, None].expand_as(rows), rows
-    rows = rows.clamp(0, block_table.shape[1] * page_size - 1)
-    pages = block_table.long().gather(1, rows // page_size).clamp(0, num_rows - 1)
-    return pages, rows % page_size
+        in_range &= ((batch >= 0) & (batch < num_rows))[:, None]
+        return batch.clamp(0, num_rows - 1)[:, None].expand_as(rows), rows.clamp(0, page_size - 1), in_range
+    capacity = block_table.shape[1] * page_size
+    in_range = (rows >= 0) & (rows < capacity)
+    rows = rows.clamp(0, capacity - 1)
+    pages = block_table.long().gather(1, rows // page_size)
+    in_range &= (pages >= 0) & (pages < num_rows)
+    return pages.clamp(0, num_rows - 1), rows % page_size, in_range
 
 
 def _seqlens_tensor(cache_seqlens: object, q: Tensor, k_cache: Tensor, block_table: Tensor | None) -> Tensor:

@@ -846,7 +846,7 @@ def fp8_cache_case(layout, device, gen, batch=3, seqlen_q=2, heads=4, heads_k=2,
                 index={name: move(t) for name, t in index.items()}, where=where)  # fmt: skip
 
 
-def kvcache_reference(c, fp8_query=True, **kwargs):
+def kvcache_reference(c, **kwargs):
     """The 16-bit flash_attn_with_kvcache on copies of case c dequantised here (each sequence's cache
     rows, found by c["where"], times its descales; rows no sequence uses keep factor 1): its result
     with kwargs, and the copies after it (the 16-bit k cache holds the appended keys)."""
