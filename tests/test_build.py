@@ -148,3 +148,56 @@ def test_kernels_only_turns_every_other_instantiation_into_a_stub(tmp_path):
                                  f"-I{ROOT / 'csrc'}", "-o", str(tmp_path / "stub.o")],
                                 capture_output=True, text=True, timeout=300)
         assert result.returncode == 0, result.stdout + result.stderr
+
+
+_SCHEDULE_PROGRAM = r"""
+#include <cstdio>
+#include "sm90/schedule.h"
+using namespace flash::sm90;
+int main() {
+    // For each (tiles, heads, section): every (tile, head) pair once, and within each
+    // section the tiles in order (tile 0, the longest, first), each section's heads only.
+    int bad = 0, cases = 0;
+    for (int tiles = 1; tiles <= 9; ++tiles)
+        for (int heads = 1; heads <= 13; ++heads)
+            for (int section = 1; section <= heads; ++section) {
+                ++cases;
+                static int seen[9][13];
+                for (int i = 0; i < tiles; ++i) for (int h = 0; h < heads; ++h) seen[i][h] = 0;
+                int last_tile = -1, last_section = -1;
+                for (int t = 0; t < tiles * heads; ++t) {
+                    const TileOfHead th = tile_in_order(t, tiles, heads, section);
+                    if (th.tile < 0 || th.tile >= tiles || th.head < 0 || th.head >= heads) { ++bad; break; }
+                    ++seen[th.tile][th.head];
+                    const int s = th.head / section;
+                    if (s != last_section) { if (s != last_section + 1) ++bad; last_section = s; last_tile = -1; }
+                    if (th.tile < last_tile) ++bad;
+                    last_tile = th.tile;
+                    if (section == 1 && (th.tile != t % tiles || th.head != t / tiles)) ++bad;
+                }
+                for (int i = 0; i < tiles; ++i) for (int h = 0; h < heads; ++h) bad += seen[i][h] != 1;
+            }
+    std::printf("cases %d bad %d sections %d %d %d %d\n", cases, bad,
+                heads_per_section(2 << 20, 50 << 20, 64), heads_per_section(64 << 20, 50 << 20, 64),
+                heads_per_section(1, 50 << 20, 7), heads_per_section(0, 50 << 20, 7));
+    return bad != 0;
+}
+"""
+
+
+@pytest.mark.skipif(_nvcc() is None, reason="needs nvcc (the CUDA toolkit)")
+def test_sm90_tile_order_takes_every_tile_once_longest_first_per_section(tmp_path):
+    """The sm90 forward's drawn tiles (csrc/sm90/schedule.h), compiled for the host and run: for
+    every small (tiles, heads, section), tile_in_order is a bijection onto the (tile, head) pairs,
+    each section's heads are taken together with their tiles in order (tile 0, the longest, first),
+    and a section of one is the order head after head; heads_per_section fits half of L2 and stays
+    in [1, heads]. A wrong order would run some tiles twice and skip others on the GPU."""
+    source = tmp_path / "schedule_check.cu"
+    source.write_text(_SCHEDULE_PROGRAM)
+    binary = tmp_path / "schedule_check"
+    result = subprocess.run([_nvcc(), "-std=c++20", str(source), f"-I{ROOT / 'csrc'}", "-o", str(binary)],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    run = subprocess.run([str(binary)], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert run.stdout.split() == ["cases", "819", "bad", "0", "sections", "12", "1", "7", "7"], run.stdout

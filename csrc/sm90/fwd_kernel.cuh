@@ -20,8 +20,9 @@
 //     the warpgroups (two, or three at d64), named barriers let them issue their
 //     GEMMs in turn (ping-pong). Epilogue: each warpgroup normalises
 //     its rows and writes them to out, through its own part of a shared-memory
-//     output tile and a bulk tensor store where the config has one
-//     (kernel_traits.h: kOStaged), else from registers; then their LSE.
+//     output tile and a bulk tensor store: a buffer of its own where the
+//     config has room for one (kernel_traits.h: kOStaged), else the V stages
+//     once every P V of the query tile is done (kOInValues); then their LSE.
 //
 // Key tiles are walked from the last to the first, as in the sm80 kernel, so
 // that the tiles that need a mask at the top (sequence tail, causal diagonal, a
@@ -48,6 +49,7 @@
 #include "sm90/kernel_traits.h"
 #include "sm90/pipeline.cuh"
 #include "sm90/ptx.cuh"
+#include "sm90/schedule.h"
 
 namespace flash::sm90 {
 
@@ -62,9 +64,10 @@ struct SmemLayout {
     __device__ __forceinline__ uint32_t q() const { return base + Traits::kSmemQOffset; }
     __device__ __forceinline__ uint32_t k(int stage) const { return base + Traits::kSmemKOffset + stage * Traits::kKVBytes; }
     __device__ __forceinline__ uint32_t v(int stage) const { return base + Traits::kSmemVOffset + stage * Traits::kVBytes; }
-    // Consumer warpgroup c's rows of the output tile's first column block (kOStaged).
+    // Consumer warpgroup c's rows of the output tile's first column block (kOStaged; kOInValues:
+    // in the V stages).
     __device__ __forceinline__ uint32_t o_group(int c) const {
-        return base + Traits::kSmemOOffset + c * Traits::kOGroupBoxBytes;
+        return base + (Traits::kOStaged ? Traits::kSmemOOffset : Traits::kSmemVOffset) + c * Traits::kOGroupBoxBytes;
     }
     __device__ __forceinline__ uint32_t barrier(int i) const { return base + Traits::kSmemBarrierOffset + 8 * i; }
     __device__ __forceinline__ uint32_t q_full() const { return barrier(0); }
@@ -77,6 +80,7 @@ struct SmemLayout {
     __device__ __forceinline__ uint32_t work_empty(int slot) const {
         return barrier(2 + 4 * Traits::kStages + Traits::kWorkSlots + slot);
     }
+    __device__ __forceinline__ uint32_t o_free() const { return barrier(2 + 4 * Traits::kStages + 2 * Traits::kWorkSlots); }
     __device__ __forceinline__ uint32_t work(int slot) const { return base + Traits::kSmemWorkOffset + 4 * slot; }
     __device__ __forceinline__ uint32_t gather_rows() const { return base + Traits::kSmemGatherOffset; }
 };
@@ -405,11 +409,11 @@ struct WorkQueue {
     }
 };
 
-// The work of a block: query tiles t of the list in which heads come one after
-// the other, each head's query tiles in a row, so that the blocks at work at
-// one time share their heads' K and V in L2; with a causal mask or a window
-// (Is_local) the bottom query tiles, which see the most keys, come first in
-// each head.
+// The work of a block: query tile t of the list in schedule.h's order, heads
+// taken in sections of `section` (batch, head) pairs (the launcher's: one
+// without a mask that cuts keys, where every query tile takes as long as the
+// others); with a causal mask or a window (Is_local) a head's bottom query
+// tiles, which see the most keys, come first.
 template <typename Traits, bool Is_local>
 struct WorkTile {
     int m_block, head, batch;
@@ -419,11 +423,11 @@ struct WorkTile {
     int num_tiles;  // key tiles to walk; 0 also when the query tile is past the sequence
     bool has_rows;  // the query tile starts inside its sequence (it writes out and lse)
 
-    __device__ __forceinline__ WorkTile(const FwdParams& params, int t, int num_m_blocks) {
-        const int m = t % num_m_blocks;
-        m_block = Is_local ? num_m_blocks - 1 - m : m;
-        head = (t / num_m_blocks) % params.num_heads;
-        batch = t / num_m_blocks / params.num_heads;
+    __device__ __forceinline__ WorkTile(const FwdParams& params, int t, int num_m_blocks, int section) {
+        const TileOfHead th = tile_in_order(t, num_m_blocks, params.num_heads * params.batch, section);
+        m_block = Is_local ? num_m_blocks - 1 - th.tile : th.tile;
+        head = th.head % params.num_heads;
+        batch = th.head / params.num_heads;
         seq = sequence_of<true>(params, batch);  // paged keys too (no cache here)
         const int m0 = m_block * Traits::kBlockM;
         has_rows = m0 < seq.seqlen_q;
@@ -457,7 +461,7 @@ __device__ __forceinline__ void load_query_tile(const FwdParams& params, const S
 template <typename Traits, bool Is_local, int kLanes>
 __device__ __forceinline__ void gather_tiles(const FwdParams& params, const SmemLayout<Traits>& layout,
                                              const WorkQueue<Traits>& queue, const CUtensorMap* tma_q,
-                                             int num_m_blocks, int num_work) {
+                                             int num_m_blocks, int num_work, int section) {
     constexpr int kBlockN = Traits::kBlockN;
     constexpr int kStages = Traits::kStages;
     using Gather = KeyTileGather<Traits, kLanes>;
@@ -471,7 +475,7 @@ __device__ __forceinline__ void gather_tiles(const FwdParams& params, const Smem
     };
     int q_count = 0, tile_count = 0;
     for (int k = 0, t = next_work(0); t < num_work; t = next_work(++k)) {
-        const WorkTile<Traits, Is_local> work(params, t, num_m_blocks);
+        const WorkTile<Traits, Is_local> work(params, t, num_m_blocks, section);
         if (work.num_tiles == 0) continue;  // no key tile: no copy, Q included
         if (threadIdx.x == 0) load_query_tile(params, layout, tma_q, work, q_count);
         ++q_count;
@@ -488,6 +492,9 @@ __device__ __forceinline__ void gather_tiles(const FwdParams& params, const Smem
             if (tile_count >= kStages) mbarrier_wait(layout.k_empty(s.stage), s.phase ^ 1);
             gather.template copy</*kValues=*/false>(layout.k(s.stage), layout.k_full(s.stage), n0);
             if (tile_count >= kStages) mbarrier_wait(layout.v_empty(s.stage), s.phase ^ 1);
+            if (Traits::kOInValues && n_block == n_last && q_count > 1) {
+                mbarrier_wait(layout.o_free(), (q_count - 2) & 1);  // as the TMA producer's
+            }
             gather.template copy</*kValues=*/true>(layout.v(s.stage), layout.v_full(s.stage), n0);
             // The next tile's entries, read while the producer waits for the next stage.
             if (n_block > n_begin) gather.look_up(n0 - kBlockN);
@@ -501,15 +508,16 @@ __device__ __forceinline__ void gather_tiles(const FwdParams& params, const Smem
 // WorkQueue: statically when work_counter is nullptr, else dynamically.
 // params.seqlen_q is the longest sequence's query count (varlen: max_seqlen_q).
 // o_by_tma: out takes bulk stores through tma_o (the launcher's choice; only
-// where Traits::kOStaged).
+// where Traits::kOThroughSmem).
 // key_copy: how paged keys are copied (KeyCopy::kGather*: tma_k and tma_v are
-// not used); contiguous keys take kTma.
+// not used); contiguous keys take kTma. section: the (batch, head) pairs of a
+// section of the tiles' order (WorkTile, schedule.h).
 template <typename Traits, bool Is_local, bool Has_softcap>
 __global__ void __launch_bounds__(Traits::kNThreads, 1)
     fwd_kernel(const __grid_constant__ FwdParams params, const __grid_constant__ CUtensorMap tma_q,
                const __grid_constant__ CUtensorMap tma_k, const __grid_constant__ CUtensorMap tma_v,
                const __grid_constant__ CUtensorMap tma_o, bool o_by_tma, WorkCounter* work_counter,
-               KeyCopy key_copy) {
+               KeyCopy key_copy, int section) {
     using Element = typename Traits::Element;
     using Out = typename Traits::Out;
     using Work = WorkTile<Traits, Is_local>;
@@ -544,6 +552,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             mbarrier_init(layout.work_full(slot), 1);  // the producer's draw
             mbarrier_init(layout.work_empty(slot), takers);
         }
+        mbarrier_init(layout.o_free(), Traits::kConsumerWarpgroups);  // each warpgroup's O issuer
         fence_barrier_init();
     }
     __syncthreads();  // the barriers exist before anyone waits on them; the last block-wide barrier
@@ -564,9 +573,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             if (gather) {
                 if (threadIdx.x == 0) prefetch_tensor_map(&tma_q);
                 if (key_copy == KeyCopy::kGather8) {
-                    gather_tiles<Traits, Is_local, 8>(params, layout, queue, &tma_q, num_m_blocks, num_work);
+                    gather_tiles<Traits, Is_local, 8>(params, layout, queue, &tma_q, num_m_blocks, num_work, section);
                 } else {
-                    gather_tiles<Traits, Is_local, 4>(params, layout, queue, &tma_q, num_m_blocks, num_work);
+                    gather_tiles<Traits, Is_local, 4>(params, layout, queue, &tma_q, num_m_blocks, num_work, section);
                 }
                 return;
             }
@@ -580,7 +589,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         }
         int q_count = 0, tile_count = 0;
         for (int k = 0, t = queue.draw(0, lane); t < num_work; t = queue.draw(++k, lane)) {
-            const Work work(params, t, num_m_blocks);
+            const Work work(params, t, num_m_blocks, section);
             if (work.num_tiles == 0) continue;  // no key tile: no copy, Q included
             const int head_k = work.head / params.heads_per_kv_head;
             if (lane == 0) load_query_tile(params, layout, &tma_q, work, q_count);
@@ -593,6 +602,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                 if (tile_count >= kStages) mbarrier_wait(layout.k_empty(s.stage), s.phase ^ 1);
                 source.load(layout.k(s.stage), &tma_k, layout.k_full(s.stage), box, Traits::kColBlocks);
                 if (tile_count >= kStages) mbarrier_wait(layout.v_empty(s.stage), s.phase ^ 1);
+                // The previous query tile's output tile, in the V stages, has been read.
+                if (Traits::kOInValues && i == 0 && q_count > 1) mbarrier_wait(layout.o_free(), (q_count - 2) & 1);
                 if constexpr (Traits::kFp8) {
                     if (lane == 0) {
                         load_values_transposed<Traits>(params, layout.v(s.stage), &tma_v, layout.v_full(s.stage),
@@ -618,7 +629,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     // The thread of each consumer warpgroup that issues its bulk stores of O and
     // waits for them (a bulk async-group belongs to the thread that commits it).
     const bool o_issuer = threadIdx.x % 128 == 0;
-    const bool o_staged = Traits::kOStaged && o_by_tma;
+    const bool o_staged = Traits::kOThroughSmem && o_by_tma;
     if (o_staged && o_issuer) prefetch_tensor_map(&tma_o);
 
     // Q (K-major): this warpgroup's 64 rows of each column block. K (K-major)
@@ -651,7 +662,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     const bool rows_after_are_others = params.cu_seqlens_q != nullptr || params.seqused_q != nullptr;
     int q_count = 0, tile_count = 0;
     for (int k = 0, t = queue.take(0); t < num_work; t = queue.take(++k)) {
-        const Work work(params, t, num_m_blocks);
+        const Work work(params, t, num_m_blocks, section);
         if (!work.has_rows) continue;
         const Sequence& seq = work.seq;
         const int num_tiles = work.num_tiles;
@@ -919,17 +930,28 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         // warp-collective code under it (stmatrix, bar.sync) does not make it
         // compile the loop around it for divergent warps (no uniform datapath:
         // every wgmma descriptor through R2UR).
+        // In the V stages (kOInValues) only after a key tile: the producer
+        // counts the query tiles with one (o_free).
         const bool o_by_copy =
-            Traits::kOStaged &&
+            Traits::kOThroughSmem && (!Traits::kOInValues || num_tiles > 0) &&
             __shfl_sync(0xffffffffu,
                         o_by_tma && (group_rows >= Traits::kWarpgroupRows || (group_rows > 0 && !rows_after_are_others)),
                         0);
-        if constexpr (Traits::kOStaged) {
+        if constexpr (Traits::kOThroughSmem) {
             if (o_by_copy) {
-                // The warpgroup's previous bulk store has read its rows of the tile
-                // (its issuer waits; the barrier tells the others) before they are
-                // written again.
-                if (o_issuer) bulk_wait_group_read<0>();
+                if constexpr (Traits::kOInValues) {
+                    // Every P V of the query tile, both warpgroups', is complete
+                    // (the last tile's V stage released by all of them): the V
+                    // stages are free until the producer's next copy, which waits
+                    // for o_free.
+                    const StageOf<Traits> last(tile_count - 1);
+                    mbarrier_wait(layout.v_empty(last.stage), last.phase);
+                } else {
+                    // The warpgroup's previous bulk store has read its rows of the tile
+                    // (its issuer waits; the barrier tells the others) before they are
+                    // written again.
+                    if (o_issuer) bulk_wait_group_read<0>();
+                }
                 named_barrier_sync(kOBarrier + consumer, 128);
                 stage_o<Traits>(o, layout.o_group(consumer), warp_in_group, lane);
                 fence_proxy_async_shared();  // the stmatrix writes, visible to the copy engine
@@ -966,6 +988,15 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                     *reinterpret_cast<uint32_t*>(out_row + col) =
                         pack2<Out>(o[0][j][2 * half], o[0][j][2 * half + 1]);
                 }
+            }
+        }
+        if constexpr (Traits::kOInValues) {
+            // This warpgroup is done with the V stages (its bulk stores have read
+            // its rows of the output tile, or it wrote none there): once both
+            // are, the producer copies the next query tile's values.
+            if (num_tiles > 0 && o_issuer) {
+                if (o_by_copy) bulk_wait_group_read<0>();
+                mbarrier_arrive(layout.o_free());
             }
         }
     }

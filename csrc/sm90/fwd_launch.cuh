@@ -9,6 +9,7 @@
 #include "sm90/fp8_values.cuh"
 #include "sm90/fwd_kernel.cuh"
 #include "sm90/kernel_traits.h"
+#include "sm90/schedule.h"
 #include "sm90/tensor_map.h"
 
 namespace flash::sm90 {
@@ -18,11 +19,12 @@ namespace flash::sm90 {
 template <typename Traits, bool Is_local, bool Has_softcap>
 cudaError_t launch_fwd(const FwdParams& params, const CUtensorMap& tma_q, const CUtensorMap& tma_k,
                        const CUtensorMap& tma_v, KeyCopy key_copy, cudaStream_t stream) {
-    // O through shared memory and bulk stores where the config has the buffer
-    // for it (kernel_traits.h) and out the alignment a tensor map needs; from
-    // registers otherwise. Each consumer warpgroup stores its own rows.
+    // O through shared memory (a buffer of its own, or the V stages:
+    // kernel_traits.h, kOThroughSmem) and bulk stores where out has the
+    // alignment a tensor map needs; from registers otherwise. Each consumer
+    // warpgroup stores its own rows.
     CUtensorMap tma_o{};
-    const bool o_by_tma = Traits::kOStaged && o_tensor_map_fits(params);
+    const bool o_by_tma = Traits::kOThroughSmem && o_tensor_map_fits(params);
     if (o_by_tma) {
         const cudaError_t err = make_fwd_o_tensor_map(params, Traits::kWarpgroupRows, &tma_o);
         if (err != cudaSuccess) return err;
@@ -40,14 +42,22 @@ cudaError_t launch_fwd(const FwdParams& params, const CUtensorMap& tma_q, const 
     // statically; under a causal mask or a window their work differs, and a
     // static share leaves SMs idle at the end (NOTES.md): they are drawn from
     // the call's counter (fwd_counters), as blocks free up.
-    int device = 0, sms = 0;
+    // Drawn tiles are taken longest first within sections of heads whose K and
+    // V fit in half of L2 (schedule.h); a head's keys are read by each of its
+    // query tiles, and shared by the query heads of a KV head.
+    int device = 0, sms = 0, l2_bytes = 0;
     err = cudaGetDevice(&device);
     if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    if (err == cudaSuccess) err = cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device);
     if (err != cudaSuccess) return err;
     const int blocks = static_cast<int>(tiles < sms ? tiles : sms);
     WorkCounter* counter = Is_local ? reinterpret_cast<WorkCounter*>(params.fwd_counters) : nullptr;
+    const int64_t kv_bytes_per_head = static_cast<int64_t>(params.seqlen_k) * (params.head_dim + params.head_dim_v) *
+                                      sizeof(typename Traits::Element) / params.heads_per_kv_head;
+    const int section =
+        Is_local ? heads_per_section(kv_bytes_per_head, l2_bytes, params.num_heads * params.batch) : 1;
     kernel<<<blocks, Traits::kNThreads, Traits::kSmemBytes, stream>>>(params, tma_q, tma_k, tma_v, tma_o, o_by_tma,
-                                                                      counter, key_copy);
+                                                                      counter, key_copy, section);
     return cudaGetLastError();
 }
 

@@ -107,8 +107,8 @@ struct FwdTraits {
     // normalised rows into it (stmatrix, conflict-free in the 128-byte swizzle) and one of its
     // threads stores them with the bulk tensor copy, a box of kWarpgroupRows x 64 columns per
     // column block; the buffer is the warpgroup's own, so its epilogue still runs under the other
-    // warpgroup's GEMMs. Elsewhere the consumers store O from registers (the table under
-    // FwdConfig says which configs and why).
+    // warpgroup's GEMMs. Elsewhere the tile takes the V stages (kOInValues, below; the table
+    // under FwdConfig says which configs and why).
     static constexpr int kOBlockBytes = kBlockM * kSwizzleBytes;
     static constexpr int kOBytes = kColBlocksO * kOBlockBytes;
     static constexpr int kOGroupBoxBytes = kWarpgroupRows * kSwizzleBytes;  // a warpgroup's box of a column block
@@ -121,9 +121,10 @@ struct FwdTraits {
     static constexpr int kSmemKOffset = kSmemQOffset + kQBytes;
     static constexpr int kSmemVOffset = kSmemKOffset + kStages * kKVBytes;
     static constexpr int kSmemOOffset = kSmemVOffset + kStages * kVBytes;
-    // Q full and empty; K, V full and empty per stage; the work exchange's full and empty per slot.
+    // Q full and empty; K, V full and empty per stage; the work exchange's full and empty per
+    // slot; O's reads of the V stages done (kOInValues).
     static constexpr int kWorkSlots = 2;  // query tiles handed from the producer to the consumers
-    static constexpr int kBarriers = 2 + 4 * kStages + 2 * kWorkSlots;
+    static constexpr int kBarriers = 2 + 4 * kStages + 2 * kWorkSlots + 1;
     static constexpr int kSmemAlign = kSwizzleAtomBytes;
     static constexpr int kGatherRowBytes = 16;  // a key row's K and V addresses
     // Past the tiles: the barriers, the work slots (rounded up to 16 bytes), the gathered rows'
@@ -131,6 +132,13 @@ struct FwdTraits {
     static constexpr int kSmemTailBytes =
         (8 * kBarriers + 4 * kWorkSlots + 15) / 16 * 16 + kBlockN * kGatherRowBytes + kSmemAlign;
     static constexpr bool kOStaged = kSmemOOffset + kOBytes + kSmemTailBytes <= kMaxSmemPerBlock;
+    // Where it does not fit, the output tile takes the V stages' place (they are as large or
+    // larger) once every P V of the query tile is complete, both warpgroups', and the producer
+    // copies the next query tile's first V there only after the tile's bulk stores have read it
+    // (o_free). From registers instead (4-byte stores of scattered rows), the epilogue took 12%
+    // of the warps' time at d256 S 2048 causal (NOTES.md, sixteenth session).
+    static constexpr bool kOInValues = !kOStaged && kStages * kVBytes >= kOBytes;
+    static constexpr bool kOThroughSmem = kOStaged || kOInValues;
     static constexpr int kSmemBarrierOffset = kSmemOOffset + (kOStaged ? kOBytes : 0);
     static constexpr int kSmemWorkOffset = kSmemBarrierOffset + 8 * kBarriers;  // an int per work slot
     static constexpr int kSmemGatherOffset = (kSmemWorkOffset + 4 * kWorkSlots + 15) / 16 * 16;
@@ -210,7 +218,8 @@ template <int kHeadDim, typename Element, bool Is_local, int kHeadDimV = kHeadDi
 using FwdTraitsFor = FwdTraits<kHeadDim, FwdConfig<kHeadDim, Is_local, kHeadDimV>::kBlockN, Element,
                                FwdConfig<kHeadDim, Is_local, kHeadDimV>::kConsumerWarpgroups, kHeadDimV>;
 
-// Which configs write O through shared memory (FwdTraits::kOStaged), in KB of
+// Where configs stage O (a buffer of their own, FwdTraits::kOStaged, or the V
+// stages, kOInValues), in KB of
 // the 227 a block may take: Q + two K and two V stages (+ the 1 KB alignment
 // spare, the barriers and the gathered rows' addresses, 16 bytes a key of the
 // tile), and the output tile it would add ("local": a causal
@@ -219,27 +228,26 @@ using FwdTraitsFor = FwdTraits<kHeadDim, FwdConfig<kHeadDim, Is_local, kHeadDimV
 //   d96  (both):        32 + 4 x 32 = 161, + 32 -> 193: staged (128 columns wide;
 //                       the store clips them at the head dim)
 //   d128 local (N 128): 32 + 4 x 32 = 161, + 32 -> 193: staged
-//   d128 (N 176):       32 + 4 x 44 = 209, + 32 -> 241: direct
-//   d192 local (N 96):  48 + 4 x 36 = 193, + 48 -> 241: direct
-//   d192 (N 112):       48 + 4 x 42 = 217, + 48 -> 265: direct
-//   d256 (N 80):        64 + 4 x 40 = 225, + 64 -> 289: direct
-// No other buffer is free at the epilogue without a cost: Q is the next query
-// tile's as soon as both warpgroups' last S = Q K^T are complete (q_empty), so
-// that its copy runs under this tile's last P V and epilogue (holding it for the
-// store would put that copy back in the open); the K and V stages are the next
-// tile's first keys, and the other warpgroup's last P V may still read the V
-// stage (reusing one takes a barrier across both warpgroups at the epilogue
-// and one more wait of the producer). Nor are the tiles cut for it: d128
-// non-local at 128 (or 160) keys would fit the tile (NOTES.md measured 176 and
-// 128 keys within noise of each other at d128 8k), an A/B left to a GPU run.
+//   d128 (N 176):       32 + 4 x 44 = 209, + 32 -> 241: in the V stages (88)
+//   d192 local (N 96):  48 + 4 x 36 = 193, + 48 -> 241: in the V stages (72)
+//   d192 (N 112):       48 + 4 x 42 = 217, + 48 -> 265: in the V stages (84)
+//   d256 (N 80):        64 + 4 x 40 = 225, + 64 -> 289: in the V stages (80)
+// Q is no place for it: it is the next query tile's as soon as both
+// warpgroups' last S = Q K^T are complete (q_empty), so that its copy runs
+// under this tile's last P V and epilogue. The V stages are free once both
+// warpgroups' last P V are (the consumers wait for the last stage's release,
+// v_empty) until the producer's next copy of values, which waits for o_free;
+// the next tile's keys go on loading meanwhile. Against stores from registers
+// (sixteenth session, same process): d192 and d256 S 2048 +4-15%, d128 S 2048
+// +3%, d192 S 8192 +2-8%, d256 S 8192 -2% (non-causal; causal -1%).
 static_assert(FwdTraitsFor<64, void, false>::kOStaged && FwdTraitsFor<64, void, true>::kOStaged &&
                   FwdTraitsFor<96, void, false>::kOStaged && FwdTraitsFor<96, void, true>::kOStaged &&
                   FwdTraitsFor<128, void, true>::kOStaged,
               "the configs the table above stages O for");
-static_assert(!FwdTraitsFor<128, void, false>::kOStaged && !FwdTraitsFor<192, void, false>::kOStaged &&
-                  !FwdTraitsFor<192, void, true>::kOStaged && !FwdTraitsFor<256, void, false>::kOStaged &&
-                  !FwdTraitsFor<256, void, true>::kOStaged,
-              "the configs the table above stores O from registers for");
+static_assert(FwdTraitsFor<128, void, false>::kOInValues && FwdTraitsFor<192, void, false>::kOInValues &&
+                  FwdTraitsFor<192, void, true>::kOInValues && FwdTraitsFor<256, void, false>::kOInValues &&
+                  FwdTraitsFor<256, void, true>::kOInValues,
+              "the configs the table above stage O in the V stages");
 
 // The zeroed counters a causal or windowed forward asks for (FwdParams::
 // fwd_counters): its blocks' tile counter (fwd_kernel.cuh: WorkCounter).
