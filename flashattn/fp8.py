@@ -18,8 +18,10 @@ One set of checks (`check`: dtypes, ranks, descales, out_dtype, no gradients), t
   descale rounded to out_dtype, then the 16-bit kernels (CUDA) or the PyTorch implementation (CPU).
   The result is 16-bit attention's on those values, at 16-bit speed plus one pass over q, k and v.
 
-flash_attn_with_kvcache over FP8 caches (`check_kvcache`) always takes the dequantising path
-(flashattn/kvcache.py: _fp8_kvcache): there is no FP8 KV-cache kernel.
+flash_attn_with_kvcache over FP8 caches (`check_kvcache`) and flash_attn_varlen_func over FP8 pages
+(block_table) always take the dequantising path (flashattn/kvcache.py: _fp8_kvcache; `dequantize`),
+a cache row or page taking the descales of the sequence that uses it (`cache_row_factors`): there is
+no FP8 kernel for paged keys.
 
 Forward only: nothing here is differentiable.
 """
@@ -51,13 +53,15 @@ def check(
     descales: dict[str, object],
     out_dtype: object,
     sequences: int | None = None,
+    paged: bool = False,
 ) -> torch.dtype | None:
     """The FP8 arguments checked, for both routes: None where q, k and v are not FP8 (then no
     descale and no out_dtype may be given), else the out dtype (out_dtype, bf16 when None).
 
     Padded layout: q (batch, seqlen_q, nheads, headdim), k and v (batch, seqlen_k, nheads_k,
     headdim[_v]), descales (batch, nheads_k). Packed (varlen): q (total_q, nheads, headdim), k
-    and v (total_k, nheads_k, ...), `sequences` sequences, descales (sequences, nheads_k).
+    and v (total_k, nheads_k, ...), or with `paged` pages (num_blocks, page_block_size,
+    nheads_k, ...), `sequences` sequences, descales (sequences, nheads_k).
     Errors name the argument: ValueError or TypeError for a value, dtype or shape (RuntimeError
     for a device), NotImplementedError for gradients. The other shapes (head counts, head dims,
     lengths) are the operator's to check."""
@@ -76,10 +80,11 @@ def check(
                                        for t in (q, k, v, *descales.values())):
         raise NotImplementedError("flashattn: FP8 attention is forward-only (q, k, v or a descale requires grad)")
     packed = sequences is not None
-    rank = 3 if packed else 4
     for name, t in (("q", q), ("k", k), ("v", v)):
-        if t.dim() != rank:
-            layout = "(total, nheads, headdim)" if packed else "(batch, seqlen, nheads, headdim)"
+        pages = paged and name != "q"
+        if t.dim() != (3 if packed and not pages else 4):
+            layout = ("(num_blocks, page_block_size, nheads_k, headdim)" if pages
+                      else "(total, nheads, headdim)" if packed else "(batch, seqlen, nheads, headdim)")
             raise ValueError(f"flashattn: {name} must be {layout}, got shape {tuple(t.shape)}")
     batch = sequences if packed else q.shape[0]
     for name, value in descales.items():
@@ -211,28 +216,56 @@ def dequantize(
     sequences: int | None = None,
     cu_seqlens_q: Tensor | None = None,
     cu_seqlens_k: Tensor | None = None,
+    block_table: Tensor | None = None,
+    seqused_k: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """FP8 q, k, v (that `check` accepted, out_dtype the dtype it returned) as the 16-bit tensors
     the 16-bit kernels take: stored value x descale, rounded to out_dtype.
 
     Layouts as in `check`; packed (varlen): `sequences` sequences given by cu_seqlens_q and
     cu_seqlens_k (ValueError naming them where they are not 1-D tensors of sequences + 1 offsets
-    on q's device); rows past a sequence's end take factor 1 (their out is 0)."""
+    on q's device); rows past a sequence's end take factor 1 (their out is 0). Paged (k and v
+    pages, block_table given): a page takes the descales of the sequence whose first seqused_k[b]
+    (else cu_seqlens_k's length) keys it holds (cache_row_factors), 1 where none uses it."""
     batch, heads, heads_k = (sequences if sequences is not None else q.shape[0]), q.shape[-2], k.shape[-2]
     factors = {name: torch.ones(batch, heads_k, device=q.device) if value is None else value
                for name, value in descales.items()}  # fmt: skip
     q_factor = query_factors(factors["q_descale"], heads, heads_k)  # (batch, nheads)
-    if sequences is not None:
-        q_rows = _sequence_of_rows("cu_seqlens_q", cu_seqlens_q, q, batch)
-        k_rows = _sequence_of_rows("cu_seqlens_k", cu_seqlens_k, k, batch)
-        q_scale = _with_unit_row(q_factor)[q_rows]  # (total_q, nheads)
-        k_scale = _with_unit_row(factors["k_descale"])[k_rows]
-        v_scale = _with_unit_row(factors["v_descale"])[k_rows]
-        shape = lambda s: s[:, :, None]  # noqa: E731
+    if sequences is None:
+        q_scale, k_scale, v_scale = (f[:, None, :, None] for f in (q_factor, factors["k_descale"],
+                                                                    factors["v_descale"]))
     else:
-        q_scale, k_scale, v_scale = q_factor, factors["k_descale"], factors["v_descale"]
-        shape = lambda s: s[:, None, :, None]  # noqa: E731
-    return tuple((t.float() * shape(s)).to(out_dtype) for t, s in ((q, q_scale), (k, k_scale), (v, v_scale)))
+        q_scale = _with_unit_row(q_factor)[_sequence_of_rows("cu_seqlens_q", cu_seqlens_q, q, batch)][:, :, None]
+        if block_table is None:
+            k_rows = _sequence_of_rows("cu_seqlens_k", cu_seqlens_k, k, batch)
+            k_scale, v_scale = (_with_unit_row(factors[name])[k_rows][:, :, None] for name in ("k_descale",
+                                                                                               "v_descale"))
+        else:  # pages: a page's rows take the descales of the sequence that holds keys there
+            _check_offsets("cu_seqlens_k", cu_seqlens_k, batch, q.device)
+            ends = seqused_k.long() if seqused_k is not None else (cu_seqlens_k[1:] - cu_seqlens_k[:-1]).long()
+            k_scale, v_scale = (cache_row_factors(factors[name], k, batch, ends, None, block_table)[:, None, :, None]
+                                for name in ("k_descale", "v_descale"))
+    return tuple((t.float() * s).to(out_dtype) for t, s in ((q, q_scale), (k, k_scale), (v, v_scale)))
+
+
+def cache_row_factors(descale: Tensor | None, cache: Tensor, batch: int, ends: Tensor,
+                      cache_batch_idx: Tensor | None, block_table: Tensor | None) -> Tensor | None:
+    """(cache rows or pages, nheads_k): the descale of the sequence that uses each (its batch row b, its
+    cache_batch_idx[b], or the block_table pages below ends[b] rows), 1 where none does; None for None.
+    A page that several sequences use takes one of their descales (give them the same one). Entries
+    are clamped into range: a bad one is the kernels' to report, not read out of bounds here."""
+    if descale is None:
+        return None
+    num_rows = cache.shape[0]
+    factors = descale.new_ones(num_rows + 1, descale.shape[1])  # the last row takes what no row keeps
+    if block_table is None:
+        rows = torch.arange(batch, device=cache.device) if cache_batch_idx is None else cache_batch_idx.long()
+        factors[rows.clamp(0, num_rows - 1)] = descale
+    else:
+        used = torch.arange(block_table.shape[1], device=cache.device) * cache.shape[1] < ends[:, None]
+        pages = torch.where(used, block_table.long().clamp(0, num_rows - 1), num_rows)
+        factors[pages.flatten()] = descale[:, None, :].expand(-1, pages.shape[1], -1).reshape(-1, descale.shape[1])
+    return factors[:num_rows]
 
 
 def _check_descale(name: str, value: object, batch: int, heads_k: int, device: torch.device) -> None:
@@ -259,8 +292,13 @@ def _sequence_of_rows(name: str, cu_seqlens: Tensor, rows_of: Tensor, batch: int
     """For each packed row of rows_of, the sequence that owns it by cu_seqlens, or batch for rows
     past the last one. A binary search on the device: no host read, any offsets give indices in
     range."""
-    if cu_seqlens.dim() != 1 or cu_seqlens.numel() != batch + 1 or cu_seqlens.device != rows_of.device:
-        raise ValueError(f"flashattn: {name} must be a 1-D tensor of {batch + 1} offsets on {rows_of.device}, "
-                         f"got shape {tuple(cu_seqlens.shape)} on {cu_seqlens.device}")
+    _check_offsets(name, cu_seqlens, batch, rows_of.device)
     positions = torch.arange(rows_of.shape[0], device=cu_seqlens.device, dtype=cu_seqlens.dtype)
     return torch.searchsorted(cu_seqlens[1:].contiguous(), positions, right=True).clamp(max=batch)
+
+
+def _check_offsets(name: str, cu_seqlens: Tensor, batch: int, device: torch.device) -> None:
+    """cu_seqlens is a 1-D tensor of batch + 1 offsets on device (ValueError naming it otherwise)."""
+    if cu_seqlens.dim() != 1 or cu_seqlens.numel() != batch + 1 or cu_seqlens.device != device:
+        raise ValueError(f"flashattn: {name} must be a 1-D tensor of {batch + 1} offsets on {device}, "
+                         f"got shape {tuple(cu_seqlens.shape)} on {cu_seqlens.device}")

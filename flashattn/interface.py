@@ -299,10 +299,11 @@ def flash_attn_varlen_func(
             block_table, seqused_k[b] is its length, at most the rows its pages hold). Unused query
             rows get out 0 (lse -inf) and, like unused keys, zero gradients.
         q_descale, k_descale, v_descale, out_dtype: as in flash_attn_func, for float8_e4m3fn q, k
-            and v, the descales (batch, nheads_k) with batch the sequences of cu_seqlens_q; not with
-            block_table (NotImplementedError). The FP8 kernel runs the calls it would run in
-            flash_attn_func that have no seqused_q or seqused_k; the others take the dequantising
-            path.
+            and v, the descales (batch, nheads_k) with batch the sequences of cu_seqlens_q. FP8
+            pages (block_table): a page takes the descales of the sequence that uses it (pages
+            that several sequences list must share theirs). The FP8 kernel runs the calls it
+            would run in flash_attn_func that have no seqused_q, seqused_k or block_table; the
+            others take the dequantising path.
 
     What is checked: cu_seqlens_* are int32 1-D tensors of one length on q's device,
     max_seqlen_* non-negative ints. On CPU tensors the values are checked too
@@ -323,12 +324,9 @@ def flash_attn_varlen_func(
     _check_tensors(_OFFSETS, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
     _check_tensors("an int32 tensor", optional=True, block_table=block_table, seqused_q=seqused_q,
                    seqused_k=seqused_k)
-    if block_table is not None and fp8.is_fp8(k):
-        raise NotImplementedError("flashattn: FP8 pages (float8_e4m3fn k and v with block_table) are not "
-                                  "supported: a page may serve sequences of different k_descale")
     descales = {"q_descale": q_descale, "k_descale": k_descale, "v_descale": v_descale}
     sequences = cu_seqlens_q.numel() - 1
-    out_dtype = fp8.check(q, k, v, descales, out_dtype, sequences)
+    out_dtype = fp8.check(q, k, v, descales, out_dtype, sequences, paged=block_table is not None)
     names = _NAMES
     varlen = _varlen(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, names, seqused_q=seqused_q,
                      seqused_k=seqused_k, block_table=block_table)
@@ -337,7 +335,8 @@ def flash_attn_varlen_func(
                            seqused_k=seqused_k, block_table=block_table):
             return _fp8_attention(q, k, v, varlen, descales, out_dtype, dropout_p, softmax_scale, causal, window_size,
                                   softcap, deterministic, return_attn_probs)  # fmt: skip
-        q, k, v = fp8.dequantize(q, k, v, descales, out_dtype, sequences, cu_seqlens_q, cu_seqlens_k)
+        q, k, v = fp8.dequantize(q, k, v, descales, out_dtype, sequences, cu_seqlens_q, cu_seqlens_k, block_table,
+                                 seqused_k)
     return _attention(
         q, k, v, varlen, names, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
         return_attn_probs, learnable_sink,

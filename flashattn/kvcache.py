@@ -206,8 +206,8 @@ def _fp8_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Tensor | None, 
     _check_kvcache_tensors(q, k_cache, v_cache, k, v, arguments["rotary_cos"], arguments["rotary_sin"], seqlens,
                            cache_batch_idx, arguments["cache_leftpad"], block_table, arguments["alibi_slopes"],
                            arguments["learnable_sink"], dtypes=False)
-    copies = [_times(cache, _cache_row_factors(descale, cache, batch, seqlens.long() + seqlen_new, cache_batch_idx,
-                                               block_table), out_dtype)
+    ends = seqlens.long() + seqlen_new
+    copies = [_times(cache, fp8.cache_row_factors(descale, cache, batch, ends, cache_batch_idx, block_table), out_dtype)
               for cache, descale in ((k_cache, k_descale), (v_cache, v_descale))]  # fmt: skip
     new = [None if t is None else _times(t, d, out_dtype) for t, d in ((k, k_descale), (v, v_descale))]
     result = flash_attn_with_kvcache(q, *copies, *new, **arguments)
@@ -228,24 +228,6 @@ def _fp8_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Tensor | None, 
 def _times(t: Tensor, factor: Tensor | None, dtype: torch.dtype) -> Tensor:
     """t (rows, seqlen, heads, headdim) x factor (rows, heads), or t itself where None, as dtype."""
     return (t.float() if factor is None else t.float() * factor[:, None, :, None]).to(dtype)
-
-
-def _cache_row_factors(descale: Tensor | None, cache: Tensor, batch: int, ends: Tensor, cache_batch_idx: Tensor | None,
-                       block_table: Tensor | None) -> Tensor | None:
-    """(cache rows or pages, nheads_k): the descale of the sequence that uses each (its batch row b, its
-    cache_batch_idx[b], or the block_table pages below ends[b]), 1 where none does; None for None."""
-    if descale is None:
-        return None
-    num_rows = cache.shape[0]
-    factors = descale.new_ones(num_rows + 1, descale.shape[1])  # the last row takes what no row keeps
-    if block_table is None:
-        rows = torch.arange(batch, device=cache.device) if cache_batch_idx is None else cache_batch_idx.long()
-        factors[rows.clamp(0, num_rows - 1)] = descale
-    else:
-        used = torch.arange(block_table.shape[1], device=cache.device) * cache.shape[1] < ends[:, None]
-        pages = torch.where(used, block_table.long().clamp(0, num_rows - 1), num_rows)
-        factors[pages.flatten()] = descale[:, None, :].expand(-1, pages.shape[1], -1).reshape(-1, descale.shape[1])
-    return factors[:num_rows]
 
 
 def _fwd_kvcache_padded(arguments: list, padding: _Padding) -> tuple[Tensor, Tensor]:

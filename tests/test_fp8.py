@@ -130,6 +130,50 @@ def test_fp8_varlen_takes_one_descale_per_sequence(device):
     assert torch.equal(out[sum(lengths_q):], torch.zeros_like(out[sum(lengths_q):]))
 
 
+@pytest.mark.usefixtures("dequantising_path")
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("page", [16, 5])
+@pytest.mark.parametrize("lengths", ["cu_seqlens_k", "seqused_k"])
+def test_fp8_paged_varlen_is_the_16_bit_paged_varlen_on_the_dequantised_values(device, page, lengths):
+    """flash_attn_varlen_func over FP8 pages (block_table; pages shuffled, some unused, a sequence
+    with no keys): bit for bit the output and LSE of the 16-bit function on copies this test
+    dequantises (each page that sequence b uses times b's descales, found by its own walk of the
+    block table; unused pages untouched), with the key lengths given by cu_seqlens_k or by
+    seqused_k."""
+    lengths_q, lengths_k, heads, heads_k, head_dim = [5, 3, 17], [23, 0, 40], 4, 2, 32
+    gen = torch.Generator().manual_seed(case_seed("fp8 paged varlen", page, lengths))
+    per_seq = -(-max(lengths_k) // page)
+    num_pages = len(lengths_k) * per_seq + 2
+    table = torch.randperm(num_pages, generator=gen)[: len(lengths_k) * per_seq].view(-1, per_seq).to(torch.int32)
+    q, k, v = fp8_inputs((sum(lengths_q), heads, head_dim), (num_pages, page, heads_k, head_dim),
+                         (num_pages, page, heads_k, head_dim), gen, "cpu")
+    qd, kd, vd = descales(len(lengths_q), heads_k, gen, "cpu")
+    cu_q = torch.tensor([0, *itertools.accumulate(lengths_q)], dtype=torch.int32)
+    if lengths == "seqused_k":  # the lengths from seqused_k; cu_seqlens_k's ranges longer
+        cu_k, index = torch.tensor([0, 41, 50, 97], dtype=torch.int32), {"seqused_k": torch.tensor(lengths_k).int()}
+    else:
+        cu_k, index = torch.tensor([0, *itertools.accumulate(lengths_k)], dtype=torch.int32), {}
+    heads_of = torch.arange(heads) // (heads // heads_k)
+    q16 = torch.cat([dequantised(q[cu_q[b] : cu_q[b + 1]][None], qd[b : b + 1], heads_of, torch.bfloat16)[0]
+                     for b in range(len(lengths_q))])  # fmt: skip
+    copies = []
+    for stored, factor in ((k, kd), (v, vd)):
+        copy = stored.float()
+        for b, length in enumerate(lengths_k):
+            for p in {int(table[b, r // page]) for r in range(length)}:
+                copy[p] = stored[p].float() * factor[b][:, None]
+        copies.append(copy.to(torch.bfloat16))
+    move = lambda t: t.to(device)  # noqa: E731
+    common = dict(block_table=move(table), causal=True, return_attn_probs=True,
+                  **{name: move(t) for name, t in index.items()})  # fmt: skip
+    ref_out, ref_lse, _ = flash_attn_varlen_func(move(q16), move(copies[0]), move(copies[1]), move(cu_q), move(cu_k),
+                                                 max(lengths_q), 47, **common)
+    out, lse, _ = flash_attn_varlen_func(move(q), move(k), move(v), move(cu_q), move(cu_k), max(lengths_q), 47,
+                                         q_descale=move(qd), k_descale=move(kd), v_descale=move(vd), **common)
+    assert out.dtype == torch.bfloat16 and lse.dtype == torch.float32
+    assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse)
+
+
 def _bad_calls(device):
     """(what, call, exception, words the message holds): each bad FP8 argument."""
     gen = torch.Generator().manual_seed(0)
@@ -163,8 +207,9 @@ def _bad_calls(device):
          lambda: flash_attn_varlen_func(q.view(16, 4, 64), k.view(16, 2, 64), v.view(16, 2, 64), cu, cu, 8, 8,
                                         q_descale=torch.ones(3, 2, device=device)),
          ValueError, "q_descale must have shape (batch, nheads_k) = (2, 2)"),
-        ("fp8 pages", lambda: flash_attn_varlen_func(q.view(16, 4, 64), pages, pages, cu, cu, 8, 8, block_table=table),
-         NotImplementedError, "block_table"),
+        ("fp8 pages of the wrong rank",
+         lambda: flash_attn_varlen_func(q.view(16, 4, 64), pages.flatten(0, 1), pages, cu, cu, 8, 8, block_table=table),
+         ValueError, "k must be (num_blocks, page_block_size, nheads_k, headdim)"),
         ("wrong rank", lambda: flash_attn_func(q.view(16, 4, 64), k, v), ValueError, "q must be (batch, seqlen"),
     ]
 
