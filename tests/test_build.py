@@ -1,6 +1,7 @@
 """The build's own invariants, checked without a GPU."""
 import importlib.util
 import os
+import random
 import re
 import shutil
 import subprocess
@@ -65,6 +66,21 @@ def test_every_kernel_source_belongs_to_a_family():
     for path in (ROOT / "csrc").rglob("*.cu"):
         assert setup.source_family(str(path)) in setup.FAMILY_ARCHS, path
     assert setup.source_family("csrc/api/flash_api.cpp") is None
+
+
+def test_build_order_starts_the_slowest_sources_first():
+    """Every source once; backward kernels before forward kernels before the rest, larger head dims
+    first within each (ninja starts a fresh build's files in this order)."""
+    setup = _setup_module()
+    sources = [str(p.relative_to(ROOT)) for p in (ROOT / "csrc").rglob("*.cu")]
+    random.Random(0).shuffle(sources)
+    ordered = setup.build_order(sources)
+    assert sorted(ordered) == sorted(sources)
+    kinds = ["bwd" if "_bwd_" in s else "fwd" if "_fwd" in s else "other" for s in ordered]
+    assert kinds == sorted(kinds, key=["bwd", "fwd", "other"].index)
+    for kind in ("_bwd_", "_fwd"):
+        dims = [int(re.search(r"_hdim(\d+)", s)[1]) for s in ordered if kind in s]
+        assert dims == sorted(dims, reverse=True) and len(set(dims)) > 2, kind
 
 
 def test_kernel_families_have_no_cross_includes():
