@@ -915,8 +915,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             int i = 0;
             int n_block = key_tiles.n_end - 1;
             for (; n_block >= mine.n_end; --n_block, ++i) idle_step(i, n_block);
-            // (Not n_block >= mine.n_begin: an empty range is {0, 0}, below a window's first tile.)
-            if (mine.n_begin < mine.n_end) {
+            if (n_block >= mine.n_begin) {
                 if (n_block >= mine.full_end || n_block < mine.full_begin) {
                     first_step(i, n_block, std::true_type{});
                 } else {
