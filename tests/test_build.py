@@ -83,6 +83,23 @@ def test_build_order_starts_the_slowest_sources_first():
         assert dims == sorted(dims, reverse=True) and len(set(dims)) > 2, kind
 
 
+def test_the_binding_compiles_in_the_first_kernel_familys_run():
+    """One ninja run per kernel family (its -gencode flags), the binding in the first one's, so that its
+    one long file runs beside kernels; every source in exactly one run."""
+    setup = _setup_module()
+    kernels = setup.build_order(str(p.relative_to(ROOT)) for p in (ROOT / "csrc").rglob("*.cu"))
+    sources = ["csrc/api/flash_api.cpp", *kernels]
+    groups = setup.compile_groups(sources)
+    assert [family for family, _ in groups] == list(setup.FAMILY_ARCHS)
+    assert sorted(s for _, group in groups for s in group) == sorted(sources)
+    assert groups[0][1][0] == "csrc/api/flash_api.cpp"
+    for index, (family, group) in enumerate(groups):
+        assert all(setup.source_family(s) == family for s in group[1 if index == 0 else 0:])
+    assert setup.compile_groups(["csrc/api/flash_api.cpp"]) == [(None, ["csrc/api/flash_api.cpp"])]
+    sm90_only = setup.compile_groups(["csrc/api/flash_api.cpp", "csrc/sm90/dispatch.cu"])
+    assert sm90_only == [("sm90", ["csrc/api/flash_api.cpp", "csrc/sm90/dispatch.cu"])]
+
+
 def test_kernel_families_have_no_cross_includes():
     """common/ includes nothing of a family; a family includes no other family's code, only
     (a newer family, for what it does not serve) an older family's entry points: sm80/sm80.h."""
