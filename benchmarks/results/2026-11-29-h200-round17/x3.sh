@@ -4,7 +4,7 @@
 set -uo pipefail
 export TORCH_CUDA_ARCH_LIST=9.0a CUDA_HOME=/usr/local/cuda PYTHONUNBUFFERED=1
 SECONDS=0
-mkdir -p /tmp/fa4 && cp .fa4/a/* /tmp/fa4/
+bash scripts/stage_fa4.sh part1
 nvidia-smi --query-gpu=name,clocks.max.sm,memory.total --format=csv,noheader; ninja --version
 MAX_JOBS=16 source scripts/env.sh > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
 echo "build done at ${SECONDS}s"; grep "flashattn build:" "$OUT/build.log" | tail -1 | cut -c1-400

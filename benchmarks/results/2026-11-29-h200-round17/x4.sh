@@ -5,17 +5,10 @@
 set -uo pipefail
 export TORCH_CUDA_ARCH_LIST=9.0a CUDA_HOME=/usr/local/cuda PYTHONUNBUFFERED=1
 SECONDS=0
-if [ -f /tmp/fa4/cu13.part-aa ]; then
-  cp .fa4/b/* /tmp/fa4/ && cat /tmp/fa4/cu13.part-aa /tmp/fa4/cu13.part-ab \
-      > /tmp/fa4/nvidia_cutlass_dsl_libs_cu13-4.8.1-cp312-cp312-manylinux_2_28_x86_64.whl && rm /tmp/fa4/cu13.part-*
-else
-  echo "no FA4 part 1 here (a fresh machine): FA4 rows will say n/a"
-fi
 MAX_JOBS=16 source scripts/env.sh > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
 echo "build (skipped if unchanged): $FLASHATTN_BUILD at ${SECONDS}s"
-ls /tmp/fa4/*.whl > /dev/null 2>&1 && $PY -m pip install --no-index --no-deps --target /tmp/fa4site /tmp/fa4/*.whl > "$OUT/fa4_install.log" 2>&1
-echo "fa4 install rc $? at ${SECONDS}s"
-export FLASHATTN_FA4_DIR=/tmp/fa4site
+FLASHATTN_FA4_DIR=$(PY=$PY bash scripts/stage_fa4.sh part2) && export FLASHATTN_FA4_DIR
+echo "fa4: ${FLASHATTN_FA4_DIR:-not staged} at ${SECONDS}s"
 for dtype in bf16 fp16; do
   timeout ${FAMILIES_S:-270} $PY -m benchmarks families --dtype $dtype --head-dims 64,96,128,192,256 \
       --seqlens 512,2048,8192,16384 --out "$OUT/families-$dtype" > "$OUT/families-$dtype.log" 2>&1
