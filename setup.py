@@ -152,7 +152,8 @@ def build_order(sources) -> list[str]:
     build: the slowest first, so that on many cores the build does not end waiting for one long file
     started last. Backward kernels take the longest (five GEMMs, and the sm80 ones with dropout and
     ALiBi in their _extras files), then forward kernels, larger head dims first within each; the
-    rest (small host-side .cu files) last."""
+    rest (small host-side .cu files) last. Applied in the compile step (_family_build_ext):
+    distutils sorts an extension's sources by name before it compiles them."""
     def cost(path: str):
         name = Path(path).stem
         head_dim = re.search(r"_hdim(\d+)", name)
@@ -313,7 +314,7 @@ def _family_build_ext(base):
                                   extra_preargs=None, extra_postargs=None, depends=None):
                 nonlocal compiled
                 objects = []
-                for family, group in compile_groups(sources):
+                for family, group in compile_groups(build_order(sources)):
                     postargs = dict(extra_postargs)
                     if family is not None:
                         postargs["nvcc"] = list(postargs["nvcc"]) + gencode_flags(
@@ -405,7 +406,7 @@ def _extension_kwargs():
     arch_list = os.environ["TORCH_CUDA_ARCH_LIST"]
     families = [family for family in FAMILY_ARCHS if gencode_flags(arch_list, family)]
     sources = ["csrc/api/flash_api.cpp"]
-    sources += build_order(str(p.relative_to(ROOT)) for p in csrc.rglob("*.cu") if source_family(str(p)) in families)
+    sources += sorted(str(p.relative_to(ROOT)) for p in csrc.rglob("*.cu") if source_family(str(p)) in families)
     only = os.environ.get("FLASHATTN_KERNELS_ONLY", "").strip()
     if only:
         sources = stub_unwanted_instantiations(sources, only, ROOT / "build" / "stubs")
