@@ -14,8 +14,9 @@ give a table each, in one run. TFLOP/s = 4 * B * H * S^2 * D, halved for causal,
 median time.
 
 Each in-process backend of a row (the default family, cuDNN, SDPA flash, FlashAttention-4) is timed
-three times in turn (ours, cuDNN, flash, FA4, ours, ...) and keeps its best median (benchmarks/timing.py: best_of_rounds, which
-says why); the child family's shapes likewise, in its own process.
+three times in turn (ours, cuDNN, flash, FA4, ours, ...) and keeps its best median
+(benchmarks/timing.py: best_of_rounds, which says why); the child family's shapes likewise, in its
+own process.
 """
 from __future__ import annotations
 
