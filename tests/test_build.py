@@ -235,3 +235,89 @@ def test_sm90_tile_order_takes_every_tile_once_longest_first_per_section(tmp_pat
     run = subprocess.run([str(binary)], capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stdout + run.stderr
     assert run.stdout.split() == ["cases", "819", "bad", "0", "sections", "12", "1", "7", "7"], run.stdout
+
+
+_WARPGROUP_WALK_PROGRAM = r"""
+#include <cstdio>
+#include "common/mask.cuh"
+using namespace flash;
+
+// The sm90 forward's walk of one query tile (fwd_kernel.cuh), for each warpgroup of 64 rows: idle
+// steps above its own range, its range (the first tile, then masked, whole, masked), the turn of the
+// last P V, idle steps below. Checks that every warpgroup takes every tile of the block once, in order,
+// with as many ping-pong turns as the others (fewer or more hang the block), computes every tile in
+// which one of its rows sees a key, and takes a tile unmasked only where each of its rows sees all of it.
+template <int kBlockM, int kBlockN>
+int check(int window_left, int window_right, int seqlen_q, int seqlen_k) {
+    const Window window = window_of(window_left, window_right, seqlen_q, seqlen_k);
+    int bad = 0;
+    for (int m0 = 0; m0 < seqlen_q; m0 += kBlockM) {
+        const KeyTileRange block = key_tile_range<kBlockM, kBlockN>(m0, seqlen_q, window);
+        const int num_tiles = block.n_end - block.n_begin;
+        if (num_tiles <= 0) continue;
+        for (int row0 = m0; row0 < m0 + kBlockM; row0 += 64) {
+            const KeyTileRange mine = rows_key_tiles<64, kBlockN>(block, row0, seqlen_q, window);
+            int turns = 0, i = 0, n = block.n_end - 1, expected = block.n_end - 1;
+            auto take = [&](int tile, bool computed, bool masked) {
+                if (tile != expected--) ++bad;
+                ++turns, ++i;
+                for (int row = row0; row < row0 + 64 && row < seqlen_q; ++row) {
+                    const int lo = window.key_begin(row), hi = window.key_end(row);
+                    const int n0 = tile * kBlockN, n1 = n0 + kBlockN;
+                    const bool sees_some = lo < hi && lo < n1 && hi > n0;
+                    const bool sees_all = lo <= n0 && hi >= n1;
+                    if (sees_some && !computed) ++bad;  // a key this row sees, skipped
+                    if (computed && !masked && !sees_all) ++bad;  // a key it must not see, unmasked
+                }
+            };
+            for (; n >= mine.n_end; --n) take(n, false, false);
+            if (mine.n_begin < mine.n_end) {
+                take(n, true, n >= mine.full_end || n < mine.full_begin), --n;
+                for (; n >= mine.full_end; --n) take(n, true, true);
+                for (; n >= mine.full_begin; --n) take(n, true, false);
+                for (; n >= mine.n_begin; --n) take(n, true, true);
+            }
+            ++turns;  // the last P V's
+            for (; n >= block.n_begin; --n) take(n, false, false);
+            if (turns != num_tiles + 1 || i != num_tiles || expected != block.n_begin - 1) ++bad;
+        }
+    }
+    return bad;
+}
+
+int main() {
+    const int windows[][2] = {{-1, -1}, {-1, 0}, {37, -1}, {-1, 11}, {19, 5}, {0, 0}, {40, 0}, {130, 70}, {300, 0}};
+    const int lengths[] = {1, 3, 63, 64, 65, 113, 128, 191, 192, 203, 300, 799, 1023, 1024};
+    int bad = 0, cases = 0;
+    for (const auto& w : windows)
+        for (int seqlen_q : lengths)
+            for (int seqlen_k : lengths) {
+                cases += 4;
+                bad += check<192, 128>(w[0], w[1], seqlen_q, seqlen_k);
+                bad += check<128, 80>(w[0], w[1], seqlen_q, seqlen_k);
+                bad += check<128, 112>(w[0], w[1], seqlen_q, seqlen_k);
+                bad += check<128, 176>(w[0], w[1], seqlen_q, seqlen_k);
+            }
+    std::printf("cases %d bad %d\n", cases, bad);
+    return bad != 0;
+}
+"""
+
+
+@pytest.mark.skipif(_nvcc() is None, reason="needs nvcc (the CUDA toolkit)")
+def test_sm90_warpgroups_walk_every_key_tile_once_with_equal_turns(tmp_path):
+    """The sm90 forward's per-warpgroup key tiles (csrc/common/mask.cuh: rows_key_tiles), compiled for
+    the host and walked as the kernel walks them, over windows, causal masks and awkward lengths: each
+    warpgroup of a block takes each of the block's key tiles once in order and as many ping-pong turns
+    as the others (a warpgroup with no rows under a window once took extra turns and hung the block),
+    computes every tile one of its rows sees, and leaves a tile unmasked only where all its rows see
+    all of it."""
+    source = tmp_path / "walk_check.cu"
+    source.write_text(_WARPGROUP_WALK_PROGRAM)
+    binary = tmp_path / "walk_check"
+    result = subprocess.run([_nvcc(), "-std=c++20", "--expt-relaxed-constexpr", str(source), f"-I{ROOT / 'csrc'}",
+                             "-o", str(binary)], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    run = subprocess.run([str(binary)], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert run.stdout.split() == ["cases", str(9 * 14 * 14 * 4), "bad", "0"], run.stdout

@@ -96,13 +96,13 @@ struct Window {
     int end_offset;    // key_end(i) = min(Sk, i + end_offset)
     int diagonal;      // Sk - Sq: query i's diagonal key is i + diagonal
 
-    __device__ __forceinline__ int key_begin(int i) const { return max(0, i + begin_offset); }
-    __device__ __forceinline__ int key_end(int i) const { return min(seqlen_k, i + end_offset); }
+    __host__ __device__ __forceinline__ int key_begin(int i) const { return max(0, i + begin_offset); }
+    __host__ __device__ __forceinline__ int key_end(int i) const { return min(seqlen_k, i + end_offset); }
 };
 
 // An unbounded side is clamped to the sequence: a window of Sk keys to the left
 // or Sq to the right already reaches every key, and the sums stay in int.
-__device__ __forceinline__ Window window_of(int window_left, int window_right, int seqlen_q, int seqlen_k) {
+__host__ __device__ __forceinline__ Window window_of(int window_left, int window_right, int seqlen_q, int seqlen_k) {
     const int left = window_left < 0 ? seqlen_k : min(window_left, seqlen_k);
     const int right = window_right < 0 ? seqlen_q : min(window_right, seqlen_q);
     const int diagonal = seqlen_k - seqlen_q;
@@ -192,7 +192,7 @@ struct KeyTileRange {
 };
 
 template <int kRows, int kKeys>
-__device__ __forceinline__ KeyTileRange key_tile_range(int m0, int seqlen_q, const Window& window) {
+__host__ __device__ __forceinline__ KeyTileRange key_tile_range(int m0, int seqlen_q, const Window& window) {
     const int m_last = min(m0 + kRows, seqlen_q) - 1;
     const int key_lo = window.key_begin(m0), key_hi = window.key_end(m_last);
     if (key_hi <= key_lo) return {0, 0, 0, 0};
@@ -205,6 +205,22 @@ __device__ __forceinline__ KeyTileRange key_tile_range(int m0, int seqlen_q, con
     range.full_begin = min(max((full_lo + kKeys - 1) / kKeys, range.n_begin), range.n_end);
     range.full_end = min(max(full_hi / kKeys, range.full_begin), range.n_end);
     return range;
+}
+
+// The key tiles that rows [row0, row0 + kRows) of a block compute while the
+// block walks `block` (its key_tile_range) from the last tile down: their own
+// range, inside the block's; where they lie past the sequence or see no key,
+// an empty range at block.n_begin (key_tile_range's empty {0, 0} would lie
+// below a window's first tile), so that a walk that takes the tiles above
+// n_end and below n_begin as idle steps takes every tile once either way.
+template <int kRows, int kKeys>
+__host__ __device__ __forceinline__ KeyTileRange rows_key_tiles(const KeyTileRange& block, int row0, int seqlen_q,
+                                                                 const Window& window) {
+    if (row0 < seqlen_q) {
+        const KeyTileRange rows = key_tile_range<kRows, kKeys>(row0, seqlen_q, window);
+        if (rows.n_begin < rows.n_end) return rows;
+    }
+    return {block.n_begin, block.n_begin, block.n_begin, block.n_begin};
 }
 
 // Split `split` of `num_splits` of a tile range: an even share of whole tiles.

@@ -644,8 +644,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     // GEMMs are issued, lets the next one go (a barrier of two warpgroups: the
     // waiter and the one before it). The last warpgroup lets the first one
     // start; its last arrival is taken by the first warpgroup's last wait,
-    // after the last work tile. Every warpgroup issues as often as the others:
-    // they walk the same key tiles.
+    // after the last work tile. Every warpgroup takes as many turns as the
+    // others: they walk the same key tiles (idle_step: a turn, no GEMM).
     constexpr int kGroups = Traits::kConsumerWarpgroups;
     constexpr int kPingPongThreads = 2 * 128;
     constexpr int kTailBarrier = 1 + kGroups;  // after the ping-pong's 1 .. kGroups
@@ -816,8 +816,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         // stores and 5 loads a masked step are left, none in the unmasked ones).
         constexpr bool kSerialMaskedSteps =
             Is_local && (Traits::kConsumerWarpgroups == 3 || (Traits::kFp8 && Traits::kHeadDim > 128));
-        auto first_step = [&](int n_block, auto is_masked) {
-            const StageOf<Traits> s(tile_count);
+        auto first_step = [&](int i, int n_block, auto is_masked) {
+            const StageOf<Traits> s(tile_count + i);
             float s_frag[1][Traits::kNTilesS][4];
             before_issue();
             issue_qk(s_frag, s);
@@ -829,7 +829,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             softmax.fold_max(s_frag, scale_log2);  // O is still 0: nothing to rescale
             softmax.exponentiate(s_frag, scale_log2);
             pack_p(s_frag);
-            zero_tail_rows_of_v(s, n_block);
+            if (i == 0) zero_tail_rows_of_v(s, n_block);  // else an idle step did (below)
         };
         auto step = [&](int i, int n_block, auto is_masked) {
             const StageOf<Traits> s(tile_count + i), previous(tile_count + i - 1);
@@ -877,30 +877,68 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             }
         };
 
-        // Tiles [full_begin, full_end) need no mask (mask.cuh: key_tile_range).
+        // A step of a key tile that no row of this warpgroup sees (past its rows'
+        // causal diagonal or window, or every row past the sequence: the
+        // partial query tile's last warpgroups): no GEMM, only the pipeline's
+        // counts, in the order the other warpgroups keep them (its ping-pong
+        // turn, its release of each stage once the stage is full, its part in
+        // zeroing the tail rows of V when the step is the first).
+        auto idle_step = [&](int i, int n_block) {
+            const StageOf<Traits> s(tile_count + i);
+            before_issue();
+            after_issue();
+            mbarrier_wait(layout.k_full(s.stage), s.phase);
+            release(layout.k_empty(s.stage));
+            if (i == 0) zero_tail_rows_of_v(s, n_block);
+            mbarrier_wait(layout.v_full(s.stage), s.phase);
+            release(layout.v_empty(s.stage));
+        };
+
+        // The block walks key tiles [n_begin, n_end) from the last; this
+        // warpgroup computes only those its 64 rows see, [mine.n_begin,
+        // mine.n_end), and masks only those its rows see in part (mask.cuh:
+        // rows_key_tiles): with a causal mask or a window the first and last
+        // tiles of a 192- or 128-row block are often wholly past a warpgroup's
+        // rows, and a 64-row range has fewer partial tiles than the block's.
+        // Warp-uniform to the compiler (broadcast from lane 0), so that the
+        // wgmma under it stays in code it knows every warp runs whole.
+        KeyTileRange mine = rows_key_tiles<Traits::kWarpgroupRows, kBlockN>(
+            key_tiles, work.m_block * kBlockM + consumer * Traits::kWarpgroupRows, seq.seqlen_q, work.window);
+        mine.n_begin = __shfl_sync(0xffffffffu, mine.n_begin, 0);
+        mine.n_end = __shfl_sync(0xffffffffu, mine.n_end, 0);
+        mine.full_begin = __shfl_sync(0xffffffffu, mine.full_begin, 0);
+        mine.full_end = __shfl_sync(0xffffffffu, mine.full_end, 0);
         if (num_tiles > 0) {
             int i = 0;
             int n_block = key_tiles.n_end - 1;
-            if (n_block >= key_tiles.full_end || n_block < key_tiles.full_begin) {
-                first_step(n_block, std::true_type{});
-            } else {
-                first_step(n_block, std::false_type{});
+            for (; n_block >= mine.n_end; --n_block, ++i) idle_step(i, n_block);
+            if (mine.n_begin < mine.n_end) {
+                if (n_block >= mine.full_end || n_block < mine.full_begin) {
+                    first_step(i, n_block, std::true_type{});
+                } else {
+                    first_step(i, n_block, std::false_type{});
+                }
+                --n_block;
+                ++i;
+                for (; n_block >= mine.full_end; --n_block, ++i) step(i, n_block, std::true_type{});
+                for (; n_block >= mine.full_begin; --n_block, ++i) step(i, n_block, std::false_type{});
+                for (; n_block >= mine.n_begin; --n_block, ++i) step(i, n_block, std::true_type{});
+                // Every Q K^T of this query tile is complete: the producer may load the next Q.
+                release(layout.q_empty());
+                // The last tile's O += P V.
+                const StageOf<Traits> last(tile_count + i - 1);
+                before_issue();
+                issue_pv(last);
+                after_issue();
+                wgmma_wait<0>();
+                pin_registers(flat(o));
+                release(layout.v_empty(last.stage));
+            } else {  // no key for any row: the turn of the last P V, none issued
+                release(layout.q_empty());
+                before_issue();
+                after_issue();
             }
-            --n_block;
-            ++i;
-            for (; n_block >= key_tiles.full_end; --n_block, ++i) step(i, n_block, std::true_type{});
-            for (; n_block >= key_tiles.full_begin; --n_block, ++i) step(i, n_block, std::false_type{});
-            for (; n_block >= key_tiles.n_begin; --n_block, ++i) step(i, n_block, std::true_type{});
-            // Every Q K^T of this query tile is complete: the producer may load the next Q.
-            release(layout.q_empty());
-            // The last tile's O += P V.
-            const StageOf<Traits> last(tile_count + num_tiles - 1);
-            before_issue();
-            issue_pv(last);
-            after_issue();
-            wgmma_wait<0>();
-            pin_registers(flat(o));
-            release(layout.v_empty(last.stage));
+            for (; n_block >= key_tiles.n_begin; --n_block, ++i) idle_step(i, n_block);
             ++q_count;
             tile_count += num_tiles;
         }
