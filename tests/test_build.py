@@ -242,11 +242,14 @@ _WARPGROUP_WALK_PROGRAM = r"""
 #include "common/mask.cuh"
 using namespace flash;
 
-// The sm90 forward's walk of one query tile (fwd_kernel.cuh), for each warpgroup of 64 rows: idle
-// steps above its own range, its range (the first tile, then masked, whole, masked), the turn of the
-// last P V, idle steps below. Checks that every warpgroup takes every tile of the block once, in order,
+// The sm90 forward's walk of one query tile (fwd_kernel.cuh), for each warpgroup of 64 rows: the
+// block's last tile (computed where its rows see it), the zeroing of V's tail rows, idle steps above
+// its own range, its range (the first tile, then masked, whole, masked), the turn of the last P V,
+// idle steps below. Checks that every warpgroup takes every tile of the block once, in order,
 // with as many ping-pong turns as the others (fewer or more hang the block), computes every tile in
-// which one of its rows sees a key, and takes a tile unmasked only where each of its rows sees all of it.
+// which one of its rows sees a key, starts its own range with a first step (no P V of a tile before)
+// and continues it with steps, zeroes V's tail rows once, after the first tile, and takes a tile
+// unmasked only where each of its rows sees all of it.
 template <int kBlockM, int kBlockN>
 int check(int window_left, int window_right, int seqlen_q, int seqlen_k) {
     const Window window = window_of(window_left, window_right, seqlen_q, seqlen_k);
@@ -257,29 +260,39 @@ int check(int window_left, int window_right, int seqlen_q, int seqlen_k) {
         if (num_tiles <= 0) continue;
         for (int row0 = m0; row0 < m0 + kBlockM; row0 += 64) {
             const KeyTileRange mine = rows_key_tiles<64, kBlockN>(block, row0, seqlen_q, window);
-            int turns = 0, i = 0, n = block.n_end - 1, expected = block.n_end - 1;
-            auto take = [&](int tile, bool computed, bool masked) {
+            enum Kind { kIdle, kFirst, kNext };  // idle_step, first_step (no P V before it), step
+            int turns = 0, i = 0, tails = 0, n = block.n_end - 1, expected = block.n_end - 1;
+            bool pending = false;  // a P whose P V is still to be issued
+            auto take = [&](int tile, Kind kind, bool masked) {
                 if (tile != expected--) ++bad;
+                if (pending != (kind == kNext)) ++bad;  // a step needs the P before it, the others none
+                pending = kind != kIdle;
                 ++turns, ++i;
                 for (int row = row0; row < row0 + 64 && row < seqlen_q; ++row) {
                     const int lo = window.key_begin(row), hi = window.key_end(row);
                     const int n0 = tile * kBlockN, n1 = n0 + kBlockN;
                     const bool sees_some = lo < hi && lo < n1 && hi > n0;
                     const bool sees_all = lo <= n0 && hi >= n1;
-                    if (sees_some && !computed) ++bad;  // a key this row sees, skipped
-                    if (computed && !masked && !sees_all) ++bad;  // a key it must not see, unmasked
+                    if (sees_some && kind == kIdle) ++bad;  // a key this row sees, skipped
+                    if (kind != kIdle && !masked && !sees_all) ++bad;  // a key it must not see, unmasked
                 }
             };
-            for (; n >= mine.n_end; --n) take(n, false, false);
+            auto partial = [&](int tile) { return tile >= mine.full_end || tile < mine.full_begin; };
+            // The walk's first tile, computed only where the rows see it; then every warpgroup zeroes
+            // V's tail rows, once, before its second tile.
+            const bool sees_first = n < mine.n_end;
+            take(n, sees_first ? kFirst : kIdle, partial(n)), --n;
+            if (i == 1) ++tails;
+            for (; n >= mine.n_end; --n) take(n, kIdle, false);
             if (mine.n_begin < mine.n_end) {
-                take(n, true, n >= mine.full_end || n < mine.full_begin), --n;
-                for (; n >= mine.full_end; --n) take(n, true, true);
-                for (; n >= mine.full_begin; --n) take(n, true, false);
-                for (; n >= mine.n_begin; --n) take(n, true, true);
+                if (!sees_first) take(n, kFirst, partial(n)), --n;
+                for (; n >= mine.full_end; --n) take(n, kNext, true);
+                for (; n >= mine.full_begin; --n) take(n, kNext, false);
+                for (; n >= mine.n_begin; --n) take(n, kNext, true);
             }
-            ++turns;  // the last P V's
-            for (; n >= block.n_begin; --n) take(n, false, false);
-            if (turns != num_tiles + 1 || i != num_tiles || expected != block.n_begin - 1) ++bad;
+            ++turns, pending = false;  // the last P V's turn (with no P V where no tile was computed)
+            for (; n >= block.n_begin; --n) take(n, kIdle, false);
+            if (turns != num_tiles + 1 || i != num_tiles || expected != block.n_begin - 1 || tails != 1) ++bad;
         }
     }
     return bad;

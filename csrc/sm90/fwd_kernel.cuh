@@ -829,7 +829,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             softmax.fold_max(s_frag, scale_log2);  // O is still 0: nothing to rescale
             softmax.exponentiate(s_frag, scale_log2);
             pack_p(s_frag);
-            if (i == 0) zero_tail_rows_of_v(s, n_block);  // else an idle step did (below)
         };
         auto step = [&](int i, int n_block, auto is_masked) {
             const StageOf<Traits> s(tile_count + i), previous(tile_count + i - 1);
@@ -881,17 +880,23 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         // causal diagonal or window, or every row past the sequence: the
         // partial query tile's last warpgroups): no GEMM, only the pipeline's
         // counts, in the order the other warpgroups keep them (its ping-pong
-        // turn, its release of each stage once the stage is full, its part in
-        // zeroing the tail rows of V when the step is the first).
-        auto idle_step = [&](int i, int n_block) {
+        // turn, its release of each stage once the stage is full), in two
+        // halves: the walk's first tile zeroes V's tail rows between them.
+        auto idle_keys = [&](int i) {
             const StageOf<Traits> s(tile_count + i);
             before_issue();
             after_issue();
             mbarrier_wait(layout.k_full(s.stage), s.phase);
             release(layout.k_empty(s.stage));
-            if (i == 0) zero_tail_rows_of_v(s, n_block);
+        };
+        auto idle_values = [&](int i) {
+            const StageOf<Traits> s(tile_count + i);
             mbarrier_wait(layout.v_full(s.stage), s.phase);
             release(layout.v_empty(s.stage));
+        };
+        auto idle_step = [&](int i) {
+            idle_keys(i);
+            idle_values(i);
         };
 
         // The block walks key tiles [n_begin, n_end) from the last; this
@@ -908,18 +913,38 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         mine.n_end = __shfl_sync(0xffffffffu, mine.n_end, 0);
         mine.full_begin = __shfl_sync(0xffffffffu, mine.full_begin, 0);
         mine.full_end = __shfl_sync(0xffffffffu, mine.full_end, 0);
+        // The first step of this warpgroup's own range, masked or not.
+        auto first_own_step = [&](int i, int n_block) {
+            if (n_block >= mine.full_end || n_block < mine.full_begin) {
+                first_step(i, n_block, std::true_type{});
+            } else {
+                first_step(i, n_block, std::false_type{});
+            }
+        };
         if (num_tiles > 0) {
             int i = 0;
             int n_block = key_tiles.n_end - 1;
-            for (; n_block >= mine.n_end; --n_block, ++i) idle_step(i, n_block);
+            // The walk's first tile (the block's last): this warpgroup's first step
+            // where its rows see it, else an idle step, whose halves let every
+            // warpgroup zero V's tail rows here, at one instruction: their barrier
+            // is bar.sync, which all its threads must reach through the same one.
+            const bool sees_first = n_block < mine.n_end;  // mine is empty or ends at the block's end
+            if (sees_first) {
+                first_own_step(i, n_block);
+            } else {
+                idle_keys(i);
+            }
+            zero_tail_rows_of_v(StageOf<Traits>(tile_count), n_block);
+            if (!sees_first) idle_values(i);
+            --n_block;
+            ++i;
+            for (; n_block >= mine.n_end; --n_block, ++i) idle_step(i);
             if (mine.n_begin < mine.n_end) {
-                if (n_block >= mine.full_end || n_block < mine.full_begin) {
-                    first_step(i, n_block, std::true_type{});
-                } else {
-                    first_step(i, n_block, std::false_type{});
+                if (!sees_first) {
+                    first_own_step(i, n_block);
+                    --n_block;
+                    ++i;
                 }
-                --n_block;
-                ++i;
                 for (; n_block >= mine.full_end; --n_block, ++i) step(i, n_block, std::true_type{});
                 for (; n_block >= mine.full_begin; --n_block, ++i) step(i, n_block, std::false_type{});
                 for (; n_block >= mine.n_begin; --n_block, ++i) step(i, n_block, std::true_type{});
@@ -938,7 +963,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                 before_issue();
                 after_issue();
             }
-            for (; n_block >= key_tiles.n_begin; --n_block, ++i) idle_step(i, n_block);
+            for (; n_block >= key_tiles.n_begin; --n_block, ++i) idle_step(i);
             ++q_count;
             tile_count += num_tiles;
         }
