@@ -153,7 +153,8 @@ def build_order(sources) -> list[str]:
     started last. Measured (CI's sm_80 build, round 17): the backward kernels with dropout and ALiBi
     (_extras) take the longest, 9-21 s a file, then the other backward kernels (6-9 s), the forward
     _extras (4-8 s), the other forward kernels (2-4 s); the head dim does not order them. The rest
-    (small host-side .cu files) last. Applied in the compile step (_family_build_ext): distutils
+    (each family's dispatch and tensor-map files, and the binding) last; compile_groups then puts
+    the binding at the head of the first family's run. Applied in the compile step (_family_build_ext): distutils
     sorts an extension's sources by name before it compiles them."""
     def cost(path: str):
         name = Path(path).stem

@@ -184,6 +184,20 @@ def test_kernels_only_turns_every_other_instantiation_into_a_stub(tmp_path):
         assert result.returncode == 0, result.stdout + result.stderr
 
 
+def _run_host_program(tmp_path, name: str, text: str) -> str:
+    """Compiles a C++ program over csrc/'s headers for the host (nvcc), runs it, and returns its
+    output; the compile and the run must both succeed."""
+    source = tmp_path / f"{name}.cu"
+    source.write_text(text)
+    binary = tmp_path / name
+    result = subprocess.run([_nvcc(), "-std=c++20", "--expt-relaxed-constexpr", str(source), f"-I{ROOT / 'csrc'}",
+                             "-o", str(binary)], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    run = subprocess.run([str(binary)], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stdout + run.stderr
+    return run.stdout
+
+
 _SCHEDULE_PROGRAM = r"""
 #include <cstdio>
 #include "sm90/schedule.h"
@@ -226,15 +240,8 @@ def test_sm90_tile_order_takes_every_tile_once_longest_first_per_section(tmp_pat
     each section's heads are taken together with their tiles in order (tile 0, the longest, first),
     and a section of one is the order head after head; heads_per_section fits half of L2 and stays
     in [1, heads]. A wrong order would run some tiles twice and skip others on the GPU."""
-    source = tmp_path / "schedule_check.cu"
-    source.write_text(_SCHEDULE_PROGRAM)
-    binary = tmp_path / "schedule_check"
-    result = subprocess.run([_nvcc(), "-std=c++20", str(source), f"-I{ROOT / 'csrc'}", "-o", str(binary)],
-                            capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stdout + result.stderr
-    run = subprocess.run([str(binary)], capture_output=True, text=True, timeout=60)
-    assert run.returncode == 0, run.stdout + run.stderr
-    assert run.stdout.split() == ["cases", "819", "bad", "0", "sections", "12", "1", "7", "7"], run.stdout
+    stdout = _run_host_program(tmp_path, "schedule_check", _SCHEDULE_PROGRAM)
+    assert stdout.split() == ["cases", "819", "bad", "0", "sections", "12", "1", "7", "7"], stdout
 
 
 _WARPGROUP_WALK_PROGRAM = r"""
@@ -323,14 +330,7 @@ def test_sm90_warpgroups_walk_every_key_tile_once_with_equal_turns(tmp_path):
     the host and walked as the kernel walks them, over windows, causal masks and awkward lengths: each
     warpgroup of a block takes each of the block's key tiles once in order and as many ping-pong turns
     as the others (a warpgroup with no rows under a window once took extra turns and hung the block),
-    computes every tile one of its rows sees, and leaves a tile unmasked only where all its rows see
-    all of it."""
-    source = tmp_path / "walk_check.cu"
-    source.write_text(_WARPGROUP_WALK_PROGRAM)
-    binary = tmp_path / "walk_check"
-    result = subprocess.run([_nvcc(), "-std=c++20", "--expt-relaxed-constexpr", str(source), f"-I{ROOT / 'csrc'}",
-                             "-o", str(binary)], capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stdout + result.stderr
-    run = subprocess.run([str(binary)], capture_output=True, text=True, timeout=60)
-    assert run.returncode == 0, run.stdout + run.stderr
-    assert run.stdout.split() == ["cases", str(9 * 14 * 14 * 4), "bad", "0"], run.stdout
+    computes every tile one of its rows sees, starts its own range with a first step, zeroes V's tail
+    rows once, after the first tile, and leaves a tile unmasked only where all its rows see all of it."""
+    stdout = _run_host_program(tmp_path, "walk_check", _WARPGROUP_WALK_PROGRAM)
+    assert stdout.split() == ["cases", str(9 * 14 * 14 * 4), "bad", "0"], stdout
