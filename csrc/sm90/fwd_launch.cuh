@@ -58,7 +58,9 @@ cudaError_t launch_fwd(const FwdParams& params, const CUtensorMap& tma_q, const 
         Is_local ? heads_per_section(kv_bytes_per_head, l2_bytes, params.num_heads * params.batch) : 1;
     kernel<<<blocks, Traits::kNThreads, Traits::kSmemBytes, stream>>>(params, tma_q, tma_k, tma_v, tma_o, o_by_tma,
                                                                       counter, key_copy, section);
-    return cudaGetLastError();
+    err = cudaGetLastError();
+    if (err == cudaSuccess && o_by_tma) mark_o_written(params, stream);  // for compute-sanitizer's initcheck
+    return err;
 }
 
 // key_copy: how paged keys are copied (dispatch.cu: key_copy_for); contiguous

@@ -2,6 +2,7 @@
 #include "sm90/tensor_map.h"
 
 #include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
+#include <nvtx3/nvToolsExtMemCudaRt.h>  // nvtxMemCudaMarkInitialized (header-only)
 
 #include <algorithm>
 #include <cstdint>
@@ -177,6 +178,25 @@ cudaError_t make_fwd_o_tensor_map(const FwdParams& params, int box_rows, CUtenso
 }
 
 bool o_tensor_map_fits(const FwdParams& params) { return aligned_16(o_view(params), kElementBytes); }
+
+void mark_o_written(const FwdParams& params, cudaStream_t stream) {
+    const View view = o_view(params);
+    if (view.rows == 0 || view.heads == 0 || view.batches == 0) return;
+    const int64_t elements = (view.batches - 1) * view.batch_stride + (view.rows - 1) * view.row_stride +
+                             (view.heads - 1) * view.head_stride + view.cols;
+    nvtxMemVirtualRangeDesc_t range{};
+    range.ptr = view.ptr;
+    range.size = static_cast<size_t>(elements) * kElementBytes;
+    nvtxMemMarkInitializedBatch_t batch{};
+    batch.extCompatID = NVTX_EXT_COMPATID_MEM;
+    batch.structSize = sizeof(batch);
+    batch.regionType = NVTX_MEM_TYPE_VIRTUAL_ADDRESS;
+    batch.regionDescCount = 1;
+    batch.regionDescElementSize = sizeof(range);
+    batch.regionDescElements = &range;
+    static const nvtxDomainHandle_t domain = nvtxDomainCreateA("flashattn");
+    nvtxMemCudaMarkInitialized(domain, stream, /*isPerThreadStream=*/0, &batch);
+}
 
 cudaError_t make_bwd_tensor_maps(const BwdParams& params, int box_rows_q, int box_rows_dq, CUtensorMap* dout,
                                  CUtensorMap* dq_accum) {

@@ -36,6 +36,15 @@ cudaError_t make_fwd_fp8_tensor_maps(const FwdParams& params, int box_rows_q, in
 // head dim, rows past a padded batch's sequence). Only where o_tensor_map_fits.
 cudaError_t make_fwd_o_tensor_map(const FwdParams& params, int box_rows, CUtensorMap* o);
 
+// Tells compute-sanitizer's initcheck that the forward's bulk stores (queued on
+// `stream`) wrote out: initcheck does not see bulk tensor stores
+// (scripts/initcheck_tma_store.cu) and would report every later read of out,
+// the backward's included, as a read of uninitialized memory. The span marked is
+// out's view from its first element to its last, through NVTX's memory API (a
+// no-op call when no tool is attached). Rows a call leaves unwritten by design
+// (past seqused_q) are marked too: the tests' poisoned outputs cover those.
+void mark_o_written(const FwdParams& params, cudaStream_t stream);
+
 // Whether out can take bulk tensor stores: a 16-byte aligned start and strides
 // that are multiples of 16 bytes (what a tensor map requires), none zero. The
 // binding's out (allocated contiguous, the head dim a multiple of 8) always
