@@ -137,14 +137,16 @@ __device__ __forceinline__ void apply_mask(float (&s)[kMTiles][kNTilesS][4], int
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
             const int row = row_base + mt * 16 + half * 8;
-            const int col_begin = Is_local ? window.key_begin(row) : 0;
-            const int col_end = Is_local ? window.key_end(row) : window.seqlen_k;
+            // The row's bounds relative to the thread's first column: each
+            // element compares a constant (j * 8 + e) with two registers, and
+            // no column index is held per element.
+            const int begin = (Is_local ? window.key_begin(row) : 0) - col_base;
+            const int end = (Is_local ? window.key_end(row) : window.seqlen_k) - col_base;
 #pragma unroll
             for (int j = 0; j < kNTilesS; ++j) {
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
-                    const int col = col_base + j * 8 + e;
-                    if (col >= col_end || col < col_begin) s[mt][j][2 * half + e] = -INFINITY;
+                    if (j * 8 + e >= end || j * 8 + e < begin) s[mt][j][2 * half + e] = -INFINITY;
                 }
             }
         }
