@@ -1,5 +1,6 @@
 #!/bin/bash
-# Compares the sm90 forward of several commits in one GPU run (a regression's bisect):
+# Compares the sm90 forward (PASS=bwd: the backward) of several commits in one GPU run (a regression's
+# bisect, or an A/B of a change against its base):
 #
 #   scripts/bisect_fwd.sh DIR REV...      # here: writes DIR/<rev>/ for each REV (git archive + this setup.py)
 #   OUT=results bash scripts/bisect_fwd.sh DIR   # on the GPU machine: builds each tree, times them, twice
@@ -7,7 +8,9 @@
 # Each tree is built in place with FLASHATTN_KERNELS_ONLY (default: the d128 bf16 forward, causal and
 # not; ONLY=... for others), five trees in about 45 s on 16 cores, then scripts/bisect_fwd.py times
 # each tree in turn (DIMS=64,128: the head dims, default 128), the whole sweep twice. Rows go to
-# $OUT/bisect.jsonl.
+# $OUT/bisect.jsonl. PASS=bwd times the backward; ONLY must then name the forward's instantiations
+# too (the backward needs an output; causal runs the _local instantiations): e.g.
+# ONLY=sm90_fwd_bf16_hdim128,sm90_fwd_bf16_hdim128_local,sm90_bwd_bf16_hdim128,sm90_bwd_bf16_hdim128_local.
 set -o pipefail
 dir=$1; shift
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -32,6 +35,6 @@ done
 wait
 for pass in 1 2; do
   for tree in "$dir"/*/; do
-    (cd / && PYTHONPATH="$(cd "$tree" && pwd)" python3 "$here/scripts/bisect_fwd.py" "$(basename "$tree")" "${DIMS:-128}") >> "$OUT/bisect.jsonl"
+    (cd / && PYTHONPATH="$(cd "$tree" && pwd)" python3 "$here/scripts/bisect_fwd.py" "$(basename "$tree")" "${DIMS:-128}" "${PASS:-fwd}") >> "$OUT/bisect.jsonl"
   done
 done
