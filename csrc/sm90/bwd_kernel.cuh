@@ -26,6 +26,10 @@
 //     in fp32 in shared memory, and one of its threads adds it into dq_accum
 //     by a bulk reduce-add, waited for a step later. The other warpgroup goes
 //     on to the next step's scores meanwhile; the owner takes more registers.
+//     d128's 80-query steps split dQ instead (BwdTraits::kDqSplit): each
+//     warpgroup computes dQ^T = K^T dS for its half of the head dim, in
+//     FlashAttention-3's order: dV; dS^T stored; the barrier; dQ^T, then dK,
+//     dQ^T staged and reduced while dK runs; the next S^T and dP^T together.
 //
 // At head dims 192 and 256 the two consumer warpgroups share one tile of 64
 // keys instead, each taking part of a step's five GEMMs (kernel_traits.h:
@@ -663,10 +667,23 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& params, const BwdS
         if constexpr (kDsInScores) finish_ds(st.stage, s, dp);
     };
 
+    // dK += dS^T Q for step t (queries are the K dimension: Q read MN-major).
+    auto issue_dk = [&](int t, uint32_t (&ds_frag)[Traits::kKStepsM][4]) {
+        const uint64_t q_mn_desc = recompute_per_use(
+            smem_descriptor_sw128(layout.q(StageOf<Traits>(t).stage), Traits::kQBlockBytes, kSwizzleAtomBytes));
+        wgmma_fence();
+#pragma unroll
+        for (int k = 0; k < Traits::kKStepsM; ++k) {
+            Wgmma<Traits::kTileCols>::template rs<Element>(
+                flat(dk), ds_frag[k], advance_descriptor(q_mn_desc, k * 16 * kSwizzleBytes), /*scale_d=*/1);
+        }
+        wgmma_commit();
+    };
+
     // Step t from its P^T and dP^T up to {dV, dK} and the dS barrier, entered
     // with no wgmma pending and left with {dV, dK} in flight (the owner issues
-    // dQ behind them). The A fragments are the caller's: they must stay
-    // unchanged until {dV, dK} completes.
+    // dQ behind them; split: dV alone, dK follows dQ^T). The A fragments are
+    // the caller's: they must stay unchanged until {dV, dK} completes.
     auto gradients = [&](int t, float (&s)[1][Traits::kNTilesS][4], float (&dp)[1][Traits::kNTilesS][4],
                          uint32_t (&p_frag)[Traits::kKStepsM][4], uint32_t (&ds_frag)[Traits::kKStepsM][4]) {
         const StageOf<Traits> st(t);
@@ -685,8 +702,6 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& params, const BwdS
         // may not be read while a wgmma that takes them is in flight.
         const uint64_t do_mn_desc = recompute_per_use(
             smem_descriptor_sw128(layout.dout(st.stage), Traits::kQBlockBytes, kSwizzleAtomBytes));
-        const uint64_t q_mn_desc =
-            recompute_per_use(smem_descriptor_sw128(layout.q(st.stage), Traits::kQBlockBytes, kSwizzleAtomBytes));
         wgmma_fence();
 #pragma unroll
         for (int k = 0; k < Traits::kKStepsM; ++k) {
@@ -713,13 +728,7 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& params, const BwdS
             if (thread_in_group == 0) bulk_wait_group_read<0>();
         }
         store_ds(ds_frag, ds_smem);
-        wgmma_fence();
-#pragma unroll
-        for (int k = 0; k < Traits::kKStepsM; ++k) {
-            Wgmma<Traits::kTileCols>::template rs<Element>(
-                flat(dk), ds_frag[k], advance_descriptor(q_mn_desc, k * 16 * kSwizzleBytes), /*scale_d=*/1);
-        }
-        wgmma_commit();
+        if constexpr (!Traits::kDqSplit) issue_dk(t, ds_frag);  // split: after dQ^T (step_gradients)
         fence_proxy_async_shared();  // the stores are read by wgmma (async proxy) after the barrier
         named_barrier_sync_unaligned(kDsBarrier, kConsumerThreads);
     };
@@ -778,11 +787,11 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& params, const BwdS
     // in behind {dV, dK}, so that its tensor cores have queued work while it
     // waits for them and releases the stage; the next step's S^T and dP^T go in
     // once the registers of this step's are free: after {dV, dK} (the other
-    // warpgroup), after dQ is staged (the owner). Earlier, dK, dV, the A
-    // fragments or dQ, and S^T do not fit together (ptxas serialises the wgmma
-    // at d128: C7512; spills at d64). The two warpgroups overlap each other
-    // instead: while the owner runs dQ and stages it, the other computes the
-    // next step's scores. The loop turns where nothing is in flight (the next
+    // warpgroup), after dQ is staged (the owner; split: both, after dQ^T is
+    // staged and dK complete). Earlier, dK, dV, the A fragments or dQ, and S^T
+    // do not fit together (ptxas serialises the wgmma at d128: C7512; spills
+    // at d64). The two warpgroups overlap each other instead: while the owner
+    // runs dQ and stages it, the other computes the next step's scores. The loop turns where nothing is in flight (the next
     // step's P^T and dP^T complete): with wgmma groups pending across the back
     // edge, ptxas serialises them (C7514). The first step's scores and the last
     // step's gradients (no next scores) are peeled, so every wgmma issued meets
@@ -805,16 +814,23 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& params, const BwdS
         issue_scores(dp, v_desc, layout.dout(0));
         scores(0, s, dp);
         // Step t from P^T and dP^T to {dV, dK} complete (the stage released)
-        // and, for the owner, its dQ GEMM in flight.
+        // and, for the owner, its dQ GEMM in flight. Split: dQ^T goes in as
+        // soon as dV is complete (P^T's fragments free: dK, dV, dS^T's
+        // fragments and dQ^T are 188 registers), dK behind it, and dQ^T is
+        // staged while dK runs (an RS GEMM, which reads half the shared memory
+        // an SS one does: the stores wait less); then both are complete.
         auto step_gradients = [&](int t) {
             uint32_t p_frag[Traits::kKStepsM][4];
             uint32_t ds_frag[Traits::kKStepsM][4];
             gradients(t, s, dp, p_frag, ds_frag);
             if constexpr (Traits::kDqSplit) {
-                wgmma_wait<1>();  // dV; dK runs on
+                wgmma_wait<0>();  // dV
                 pin_registers(p_frag);
                 issue_dq(dq, layout.ds(t % Traits::kDsBuffers));
-                wgmma_wait<1>();  // dK; dQ^T runs on
+                issue_dk(t, ds_frag);
+                wgmma_wait<1>();  // dQ^T; dK runs on
+                reduce_dq(t, dq);
+                wgmma_wait<0>();  // dK
             } else if constexpr (kOwnsDq) {
                 issue_dq(dq, layout.ds(t % Traits::kDsBuffers));
                 wgmma_wait<1>();  // {dV, dK}; dQ runs on
@@ -827,27 +843,18 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& params, const BwdS
             const StageOf<Traits> next(t + 1);
             step_gradients(t);
             wait_tiles(t + 1);
-            if constexpr (Traits::kDqSplit) {
-                // The next S^T goes in behind dQ^T, so that the tensor cores
-                // have this warpgroup's next work while it waits for dQ^T and
-                // stages it: dK, dV, dQ^T and S^T are 208 registers, the
-                // step's peak (the fragments are free once dK completed).
-                issue_scores(s, k_desc, layout.q(next.stage));
-                wgmma_wait<1>();  // dQ^T
+            if constexpr (!Traits::kDqSplit && kOwnsDq) {
+                wgmma_wait<0>();
                 reduce_dq(t, dq);
-                issue_scores(dp, v_desc, layout.dout(next.stage));
-            } else {
-                if constexpr (kOwnsDq) {
-                    wgmma_wait<0>();
-                    reduce_dq(t, dq);
-                }
-                issue_scores(s, k_desc, layout.q(next.stage));
-                issue_scores(dp, v_desc, layout.dout(next.stage));
             }
+            issue_scores(s, k_desc, layout.q(next.stage));
+            issue_scores(dp, v_desc, layout.dout(next.stage));
             scores(t + 1, s, dp);
         }
         step_gradients(work.steps - 1);
-        if constexpr (kOwnsDq) {
+        if constexpr (Traits::kDqSplit) {
+            if (thread_in_group == 0) bulk_wait_group<0>();  // the last reduce, before the block is gone
+        } else if constexpr (kOwnsDq) {
             wgmma_wait<0>();
             reduce_dq(work.steps - 1, dq);
             // The last reduce is complete before the block (and its shared
