@@ -7,7 +7,8 @@
 #
 # bf16, B * S = 16k tokens, H * D = 2048 (the families benchmark's shapes). The report goes to
 # $OUT (default build/profile): bwd-dD-cC.ncu-rep, its details page as text, and its SASS source
-# page (per-instruction warp-state samples) as CSV, which is what says which phase of a step waits.
+# page (per-instruction warp-state samples) as CSV, which is what says which phase of a step waits,
+# and that page summed by scripts/ncu_stalls.py (stall reasons, shared-memory wavefronts).
 # Clocks are left as the GPU sets them (--clock-control none), as the benchmarks run.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
@@ -51,4 +52,5 @@ rc=$?
 [ $rc -eq 0 ] || exit $rc
 "$ncu" --import "$out_dir/$name.ncu-rep" --page details > "$out_dir/$name-details.txt" 2>&1
 "$ncu" --import "$out_dir/$name.ncu-rep" --page source --csv --print-source sass > "$out_dir/$name-source.csv" 2>&1
+"${PY}" scripts/ncu_stalls.py "$out_dir/$name-source.csv" > "$out_dir/$name-stalls.txt" 2>&1
 grep -E "Duration|Compute \(SM\) Throughput|Registers Per Thread|Warp Cycles Per Issued" "$out_dir/$name-details.txt"
