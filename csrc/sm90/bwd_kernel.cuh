@@ -791,11 +791,12 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& params, const BwdS
     // staged and dK complete). Earlier, dK, dV, the A fragments or dQ, and S^T
     // do not fit together (ptxas serialises the wgmma at d128: C7512; spills
     // at d64). The two warpgroups overlap each other instead: while the owner
-    // runs dQ and stages it, the other computes the next step's scores. The loop turns where nothing is in flight (the next
-    // step's P^T and dP^T complete): with wgmma groups pending across the back
-    // edge, ptxas serialises them (C7514). The first step's scores and the last
-    // step's gradients (no next scores) are peeled, so every wgmma issued meets
-    // its wait on every path.
+    // runs dQ and stages it, the other computes the next step's scores. The
+    // loop turns where nothing is in flight (the next step's P^T and dP^T
+    // complete): with wgmma groups pending across the back edge, ptxas
+    // serialises them (C7514). The first step's scores and the last step's
+    // gradients (no next scores) are peeled, so every wgmma issued meets its
+    // wait on every path.
     if (work.steps > 0) {
         float s[1][Traits::kNTilesS][4];   // S^T, then P^T
         float dp[1][Traits::kNTilesS][4];  // dP^T, then dS^T
