@@ -11,7 +11,8 @@ gradients, whose low-precision error compounds over more products:
 
 The rounding floor is one unit in the last place of the result's dtype (see
 rounding_floor); where out cancels, the rounding of the probabilities before P V sets it
-instead (probs_rounding_floor); gradients may add the error that FlashAttention's backward inherits
+instead (probs_rounding_floor), and for gradients the rounding of P and dS before the backward's
+GEMMs (grads_rounding_floors); gradients may add the error that FlashAttention's backward inherits
 from the forward's rounded out (tests/helpers.py and scripts/long_context.py compute
 it). Nothing here needs a GPU.
 """
@@ -33,6 +34,7 @@ __all__ = [
     "free_loopback_port",
     "grad_bound",
     "grad_eps",
+    "grads_rounding_floors",
     "max_abs_diff",
     "output_bound",
     "probs_rounding_floor",
@@ -106,6 +108,48 @@ def probs_rounding_floor(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float |
     probs, v_heads, _ = attention_probs(q, k, v, softmax_scale, causal, **ref_options)
     terms_sq = torch.einsum("bhqk,bkhd->bqhd", probs.square(), v_heads.square())
     return torch.finfo(q.dtype).eps * terms_sq.max().sqrt().item()
+
+
+def grads_rounding_floors(q: Tensor, k: Tensor, v: Tensor, dout: Tensor, softmax_scale: float | None,
+                          causal: bool, **ref_options: object) -> tuple[float, float, float]:
+    """probs_rounding_floor's counterpart for the gradients (dq, dk, dv): a 16-bit backward (every
+    FlashAttention kernel, and PyTorch's own run) rounds P to the input dtype before dV = P^T dO and
+    dS = P * (dP - D) before dQ = scale * dS K and dK = scale * dS^T Q, each element by up to half
+    a unit, independently. A gradient element then moves with a standard deviation of about
+    eps / (2 sqrt 3) times the 2-norm of the terms it sums (for dk and dv over every query row of
+    the KV head's query heads); the floor is eps times that norm at its largest (about 3.5
+    deviations). It exceeds rounding_floor only where the gradient cancels (|dk| far below its
+    terms: hypothesis found dk 0.0103 against 0.00987 at head dim 1, 444 query rows over 2 keys),
+    on so few elements that PyTorch's own rounding can land far below it by luck. Dropout left
+    out (its kept P is at most P / (1 - p)); softcap's chain factor 1 - tanh^2 taken into dS.
+    0 for fp32 inputs. ref_options: attention_ref's keyword arguments."""
+    if q.dtype == torch.float32 or q.numel() == 0 or k.shape[1] == 0:
+        return 0.0, 0.0, 0.0
+    from flashattn.reference import attention_probs
+
+    options = {name: value for name, value in ref_options.items() if not name.startswith("dropout")}
+    q32, k32, v32, dout32 = (t.float() for t in (q, k, v, dout))
+    probs, v_heads, _ = attention_probs(q32, k32, v32, softmax_scale, causal, **options)  # [B, H, Sq, Sk]
+    scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
+    group = q.shape[2] // k.shape[2]
+    k_heads = k32.repeat_interleave(group, dim=2)
+    out = torch.einsum("bhqk,bkhd->bqhd", probs, v_heads)
+    d_rows = (dout32 * out).sum(dim=-1).transpose(1, 2).unsqueeze(-1)  # D, [B, H, Sq, 1]
+    ds = probs * (torch.einsum("bqhd,bkhd->bhqk", dout32, v_heads) - d_rows)
+    softcap = float(options.get("softcap", 0.0) or 0.0)
+    if softcap > 0:
+        capped = torch.tanh(torch.einsum("bqhd,bkhd->bhqk", q32, k_heads) * (scale / softcap))
+        ds = ds * (1 - capped.square())
+    eps = torch.finfo(q.dtype).eps
+
+    def kv_heads(x: Tensor) -> Tensor:  # [B, Sk, H, D] summed over each KV head's query heads
+        return x.reshape(*x.shape[:2], k.shape[2], group, x.shape[-1]).sum(dim=3)
+
+    dq_sq = torch.einsum("bhqk,bkhd->bqhd", ds.square(), k_heads.square())
+    dk_sq = kv_heads(torch.einsum("bhqk,bqhd->bkhd", ds.square(), q32.square()))
+    dv_sq = kv_heads(torch.einsum("bhqk,bqhd->bkhd", probs.square(), dout32.square()))
+    return (eps * scale * dq_sq.max().sqrt().item(), eps * scale * dk_sq.max().sqrt().item(),
+            eps * dv_sq.max().sqrt().item())
 
 
 def grad_eps(softmax_scale: float, head_dim: int) -> float:
