@@ -17,7 +17,8 @@ import sys
 
 def kernels(path: str):
     """(name, header, rows) per kernel: each kernel's block starts with a "Kernel Name" row."""
-    rows = list(csv.reader(open(path, newline="")))
+    with open(path, newline="") as f:
+        rows = list(csv.reader(f))
     i = 0
     while i < len(rows):
         if rows[i] and rows[i][0] == "Kernel Name":
