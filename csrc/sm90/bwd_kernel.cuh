@@ -918,8 +918,7 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& params, const BwdS
 // staged in the step's own tiles (kDqInStage: the P warpgroup's columns in dO,
 // the dS warpgroup's in Q, each the tile whose last reader it has just waited
 // for), each warpgroup releases the stage in the next step instead, once its
-// reduce has read them (its issuer's arrival, after the next step's scores are
-// issued).
+// reduce has read them (its issuer's arrival, before the next dS barrier).
 // One hand-over buffer and one dS^T buffer are enough: the P warpgroup
 // overwrites P^T only after the dS barrier of the step before, which the dS
 // warpgroup reaches once it has read it; the dS warpgroup overwrites dS^T only
@@ -997,16 +996,6 @@ __device__ __forceinline__ void bwd_split_consumer(const BwdParams& params, cons
         const int m0 = work.m0_of(t);
         float s[1][kNTilesS][4];
         issue_scores(t, s);
-        if constexpr (Traits::kDqInStage) {
-            // The previous step's reduce has read the dQ columns this
-            // warpgroup staged in that step's Q or dO tile: the warpgroup's
-            // release of the stage, whose every other read (its GEMMs, the row
-            // stats) its issuer's barrier before the reduce already follows.
-            if (t > 0 && thread_in_group == 0) {
-                bulk_wait_group_read<0>();
-                mbarrier_arrive(layout.empty(StageOf<Traits>(t - 1).stage));
-            }
-        }
         mbarrier_wait(layout.stats_full(st.stage), st.phase);
         wgmma_wait<0>();
         pin_registers(flat(s));
@@ -1069,9 +1058,14 @@ __device__ __forceinline__ void bwd_split_consumer(const BwdParams& params, cons
         }
         // The previous step's reduce has read this warpgroup's staged dQ
         // columns before they are restaged (its issuer waits; the barrier
-        // holds the rest of the warpgroup). kDqInStage: they go to another
-        // stage, whose release already waited for that.
-        if (!Traits::kDqInStage && thread_in_group == 0) bulk_wait_group_read<0>();
+        // holds the rest of the warpgroup). kDqInStage: they lie in the
+        // previous step's Q or dO tile, and that read is the warpgroup's
+        // release of the stage (its other reads of it, the GEMMs and the row
+        // stats, its issuer's barrier before the reduce already follows).
+        if (thread_in_group == 0 && (!Traits::kDqInStage || t > 0)) {
+            bulk_wait_group_read<0>();
+            if (Traits::kDqInStage) mbarrier_arrive(layout.empty(StageOf<Traits>(t - 1).stage));
+        }
         named_barrier_sync_unaligned(kDsFullBarrier, kConsumerThreads);  // the roles reach it by their own instructions
 
         // dQ = dS K over the block's keys, this warpgroup's columns.
