@@ -410,7 +410,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> mha_bwd(
     const flash::BwdWorkspace workspace = kernels.family->bwd_workspace(params);
     at::Tensor dq_accum, semaphores;
     if (workspace.dq_accum) {
-        dq_accum = at::zeros(q.sizes(), q.options().dtype(at::kFloat));
+        dq_accum = at::empty(q.sizes(), q.options().dtype(at::kFloat));
         params.dq_accum_ptr = dq_accum.data_ptr<float>();
         params.dq_accum_batch_stride = layout.varlen ? 0 : dq_accum.stride(0);
     }

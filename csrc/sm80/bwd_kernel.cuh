@@ -35,44 +35,65 @@ __device__ __forceinline__ float lse_log2_of_row(const float* lse_row, int row, 
     return lse_to_log2(row < seqlen_q ? lse_row[row] : -INFINITY);
 }
 
-// D[b, h, i] = sum_d dO[b, i, h, d] * O[b, i, h, d] - dlse[b, h, i] in fp32:
-// one warp per row (the LSE's gradient, where there is one, folds into D:
-// flash.h, BwdParams::dlse_ptr; a row whose lse is -inf saw no key and drops
-// its dlse, NaN or not). A variable-length batch runs as one sequence of
-// total_q rows, which writes D in lse's [H, total_q] layout; lse and dlse are
-// contiguous in that layout too.
+// The preprocess: D[b, h, i] = sum_d dO[b, i, h, d] * O[b, i, h, d] - dlse[b,
+// h, i] in fp32 (the LSE's gradient, where there is one, folds into D: flash.h,
+// BwdParams::dlse_ptr; a row whose lse is -inf saw no key and drops its dlse,
+// NaN or not), and dq_accum zeroed where the call has one (flash.h:
+// BwdWorkspace). A thread per 16-byte chunk of a row (8 elements; the head dims
+// are multiples of 8): 1 << lanes_log2 consecutive lanes take a row (the
+// chunks of head_dim_v rounded up to a power of two, at most 32, each lane its
+// chunks lane, lane + lanes, ...), rows in (batch, query, head) order, the
+// order of a contiguous dout and out in memory, so that a warp reads whole
+// lines (one warp a row, as this kernel had, left 3/4 of its lanes idle at
+// d64 and read at half of what d128 did: NOTES.md); then each thread zeroes
+// its share of dq_accum's 16-byte chunks. A variable-length batch runs as one
+// sequence of total_q rows, which writes D in lse's [H, total_q] layout; lse
+// and dlse are contiguous in that layout too.
+constexpr int kPreprocessThreads = 256;
+
 template <typename Element>
-__global__ void __launch_bounds__(128) bwd_dot_do_o_kernel(const BwdParams params) {
-    const int64_t row = static_cast<int64_t>(blockIdx.x) * 4 + threadIdx.x / 32;  // (b * H + h) * Sq + i
-    const int lane = threadIdx.x % 32;
+__global__ void __launch_bounds__(kPreprocessThreads) bwd_dot_do_o_kernel(const BwdParams params, int lanes_log2) {
+    const int lanes = 1 << lanes_log2;
+    const int64_t thread = static_cast<int64_t>(blockIdx.x) * kPreprocessThreads + threadIdx.x;
     const int64_t rows = static_cast<int64_t>(params.batch) * params.num_heads * params.seqlen_q;
-    if (row >= rows) return;
-    const int i = static_cast<int>(row % params.seqlen_q);
-    const int64_t bh = row / params.seqlen_q;
-    const int h = static_cast<int>(bh % params.num_heads);
-    const int b = static_cast<int>(bh / params.num_heads);
-    const Element* dout = static_cast<const Element*>(params.do_ptr) + b * params.do_batch_stride +
-                          i * params.do_row_stride + h * params.do_head_stride;
-    const Element* out = static_cast<const Element*>(params.o_ptr) + b * params.o_batch_stride +
-                         i * params.o_row_stride + h * params.o_head_stride;
+    const int64_t row = thread >> lanes_log2;  // (b * Sq + i) * H + h
+    const int lane = static_cast<int>(thread & (lanes - 1));
+    const int h = static_cast<int>(row % params.num_heads);
+    const int64_t bi = row / params.num_heads;
+    const int i = static_cast<int>(bi % params.seqlen_q);
+    const int b = static_cast<int>(bi / params.seqlen_q);
     float sum = 0.f;
-    for (int col = lane * 8; col < params.head_dim_v; col += 32 * 8) {  // 16-byte chunks
-        const uint4 d4 = *reinterpret_cast<const uint4*>(dout + col);
-        const uint4 o4 = *reinterpret_cast<const uint4*>(out + col);
-        const uint32_t d_words[4] = {d4.x, d4.y, d4.z, d4.w};
-        const uint32_t o_words[4] = {o4.x, o4.y, o4.z, o4.w};
+    if (row < rows) {
+        const Element* dout = static_cast<const Element*>(params.do_ptr) + b * params.do_batch_stride +
+                              i * params.do_row_stride + h * params.do_head_stride;
+        const Element* out = static_cast<const Element*>(params.o_ptr) + b * params.o_batch_stride +
+                             i * params.o_row_stride + h * params.o_head_stride;
+        for (int col = lane * 8; col < params.head_dim_v; col += lanes * 8) {
+            const uint4 d4 = *reinterpret_cast<const uint4*>(dout + col);
+            const uint4 o4 = *reinterpret_cast<const uint4*>(out + col);
+            const uint32_t d_words[4] = {d4.x, d4.y, d4.z, d4.w};
+            const uint32_t o_words[4] = {o4.x, o4.y, o4.z, o4.w};
 #pragma unroll
-        for (int w = 0; w < 4; ++w) {
-            const float2 d2 = unpack2<Element>(d_words[w]);
-            const float2 o2 = unpack2<Element>(o_words[w]);
-            sum += d2.x * o2.x + d2.y * o2.y;
+            for (int w = 0; w < 4; ++w) {
+                const float2 d2 = unpack2<Element>(d_words[w]);
+                const float2 o2 = unpack2<Element>(o_words[w]);
+                sum += d2.x * o2.x + d2.y * o2.y;
+            }
         }
     }
-#pragma unroll
-    for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-    if (lane == 0) {
-        if (params.dlse_ptr != nullptr && params.lse_ptr[row] != -INFINITY) sum -= params.dlse_ptr[row];
-        params.dsum_ptr[row] = sum;
+    // Every lane of the warp shuffles (a partial last warp's lanes past the rows add zeros).
+    for (int offset = lanes / 2; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+    if (row < rows && lane == 0) {
+        const int64_t at = (static_cast<int64_t>(b) * params.num_heads + h) * params.seqlen_q + i;
+        if (params.dlse_ptr != nullptr && params.lse_ptr[at] != -INFINITY) sum -= params.dlse_ptr[at];
+        params.dsum_ptr[at] = sum;
+    }
+    if (params.dq_accum_ptr != nullptr) {  // [rows, head_dim] fp32, contiguous
+        const int64_t chunks = rows * (params.head_dim / 4);
+        const int64_t threads = static_cast<int64_t>(gridDim.x) * kPreprocessThreads;
+        for (int64_t c = thread; c < chunks; c += threads) {
+            reinterpret_cast<float4*>(params.dq_accum_ptr)[c] = make_float4(0.f, 0.f, 0.f, 0.f);
+        }
     }
 }
 

@@ -32,14 +32,19 @@ inline BwdParams flat_rows(const BwdParams& params) {
     return flat;
 }
 
-// The preprocess: D = rowsum(dout * out) - dlse into dsum_ptr, one warp per
-// row; then, with a learnable sink, its gradient from D and lse (bwd_rows.cu).
+// The preprocess: D = rowsum(dout * out) - dlse into dsum_ptr and dq_accum
+// zeroed (bwd_dot_do_o_kernel); then, with a learnable sink, its gradient from
+// D and lse (bwd_rows.cu).
 template <typename Element>
 cudaError_t launch_dot_do_o(const BwdParams& params, cudaStream_t stream) {
     const BwdParams flat = flat_rows(params);
     const int64_t rows = static_cast<int64_t>(flat.batch) * flat.num_heads * flat.seqlen_q;
     if (rows > 0) {
-        bwd_dot_do_o_kernel<Element><<<static_cast<unsigned>((rows + 3) / 4), 128, 0, stream>>>(flat);
+        int lanes_log2 = 0;  // lanes a row: head_dim_v's 16-byte chunks rounded up to a power of two, at most 32
+        while (lanes_log2 < 5 && (8 << lanes_log2) < flat.head_dim_v) ++lanes_log2;
+        const int64_t blocks = ((rows << lanes_log2) + kPreprocessThreads - 1) / kPreprocessThreads;
+        bwd_dot_do_o_kernel<Element><<<static_cast<unsigned>(blocks), kPreprocessThreads, 0, stream>>>(flat,
+                                                                                                        lanes_log2);
         const cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return err;
     }
