@@ -914,11 +914,7 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& params, const BwdS
 //   P: S^T | P^T, hand-over (kPFullBarrier) | dV issued | kDsFullBarrier | dQ
 //   dS: dP^T | wait for P^T | dS^T stored, dK issued | kDsFullBarrier | dQ
 // then each waits for its GEMMs, releases the stage, stages its dQ columns in
-// fp32 and adds them into dq_accum by its own bulk reduce-adds. Where dQ is
-// staged in the step's own tiles (kDqInStage: the P warpgroup's columns in dO,
-// the dS warpgroup's in Q, each the tile whose last reader it has just waited
-// for), each warpgroup releases the stage in the next step instead, once its
-// reduce has read them (its issuer's arrival, before the next dS barrier).
+// fp32 and adds them into dq_accum by its own bulk reduce-adds.
 // One hand-over buffer and one dS^T buffer are enough: the P warpgroup
 // overwrites P^T only after the dS barrier of the step before, which the dS
 // warpgroup reaches once it has read it; the dS warpgroup overwrites dS^T only
@@ -967,15 +963,6 @@ __device__ __forceinline__ void bwd_split_consumer(const BwdParams& params, cons
     const uint64_t ds_mn_desc = smem_descriptor_sw128(layout.ds(0), Traits::kDsBlockBytes, kSwizzleAtomBytes);
     // A thread's slot in the hand-over: float4 i of thread r at (i * 128 + r) * 16.
     const uint32_t xfer = layout.xfer() + thread_in_group * 16;
-    // Where this warpgroup stages its dQ columns for the reduce: the address
-    // that box 0 of the tile would have (store_dq_rows addresses box b at
-    // b * kDqBoxBytes past it). The block's dQ tile, or (kDqInStage) the
-    // stage's dO tile (the P warpgroup's columns, from box 0) or Q tile (the dS
-    // warpgroup's, from its first box).
-    auto dq_staging = [&](int stage) -> uint32_t {
-        if constexpr (!Traits::kDqInStage) return layout.dq();
-        return kP ? layout.dout(stage) : layout.q(stage) - kDqCol0 / Traits::kDqBoxCols * Traits::kDqBoxBytes;
-    };
 
     // Step t's S^T = K Q^T over the head dim, or dP^T = V dO^T over V's, issued
     // once its Q and dO tiles are in shared memory (and, for packed rows, the
@@ -1058,14 +1045,8 @@ __device__ __forceinline__ void bwd_split_consumer(const BwdParams& params, cons
         }
         // The previous step's reduce has read this warpgroup's staged dQ
         // columns before they are restaged (its issuer waits; the barrier
-        // holds the rest of the warpgroup). kDqInStage: they lie in the
-        // previous step's Q or dO tile, and that read is the warpgroup's
-        // release of the stage (its other reads of it, the GEMMs and the row
-        // stats, its issuer's barrier before the reduce already follows).
-        if (thread_in_group == 0 && (!Traits::kDqInStage || t > 0)) {
-            bulk_wait_group_read<0>();
-            if (Traits::kDqInStage) mbarrier_arrive(layout.empty(StageOf<Traits>(t - 1).stage));
-        }
+        // holds the rest of the warpgroup).
+        if (thread_in_group == 0) bulk_wait_group_read<0>();
         named_barrier_sync_unaligned(kDsFullBarrier, kConsumerThreads);  // the roles reach it by their own instructions
 
         // dQ = dS K over the block's keys, this warpgroup's columns.
@@ -1086,20 +1067,17 @@ __device__ __forceinline__ void bwd_split_consumer(const BwdParams& params, cons
         pin_registers(frag);
         pin_registers(flat(grad));
         pin_registers(flat(dq));
-        // This thread's reads of the stage are complete (kDqInStage: the
-        // warpgroup releases it once its reduce has read the columns staged in it).
-        if constexpr (!Traits::kDqInStage) mbarrier_arrive(layout.empty(st.stage));
+        mbarrier_arrive(layout.empty(st.stage));  // this thread's reads of the stage are complete
 
-        store_dq_rows<Traits>(dq, dq_staging(st.stage), kDqCol0, warp_in_group, lane);
+        store_dq_rows<Traits>(dq, layout.dq(), kDqCol0, warp_in_group, lane);
         fence_proxy_async_shared();  // the stores are read by the bulk reduce (async proxy)
         named_barrier_sync(kDqStagedBarrier, 128);
         if (thread_in_group == 0) {
 #pragma unroll
             for (int b = kDqCol0 / Traits::kDqBoxCols; b < (kDqCol0 + kDqCols) / Traits::kDqBoxCols; ++b) {
                 if (!dq_box_issued<Traits>(b, params.head_dim)) break;
-                tma_reduce_add_4d(tma_dq_accum, dq_staging(st.stage) + b * Traits::kDqBoxBytes,
-                                  b * Traits::kDqBoxCols, work.seq.q_start + m0, work.head_of(params, t),
-                                  work.q_batch(params));
+                tma_reduce_add_4d(tma_dq_accum, layout.dq() + b * Traits::kDqBoxBytes, b * Traits::kDqBoxCols,
+                                  work.seq.q_start + m0, work.head_of(params, t), work.q_batch(params));
             }
             bulk_commit_group();
         }
@@ -1128,16 +1106,11 @@ __device__ __forceinline__ void bwd_split_consumer(const BwdParams& params, cons
     const int64_t row_stride = kP ? params.dv_row_stride : params.dk_row_stride;
     const int cols = kP ? params.head_dim_v : params.head_dim;
     const float scale = kP ? 1.f : params.softmax_scale;
-    // The sequence read again where dQ is staged in the stages (kDqInStage: at
-    // 256, whose consumers then hold a second stage's state, its keys' bounds
-    // held across the main loop went to local memory), as bwd_consumer does
-    // with softcap.
-    const Sequence seq = Traits::kDqInStage ? sequence_of<false>(params, opaque(work.batch)) : work.seq;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
         const int key = n0 + warp_key0 + lane / 4 + half * 8;
-        if (key >= seq.seqlen_k) continue;
-        Element* row = out + static_cast<int64_t>(seq.k_start + key) * row_stride;
+        if (key >= work.seq.seqlen_k) continue;
+        Element* row = out + static_cast<int64_t>(work.seq.k_start + key) * row_stride;
 #pragma unroll
         for (int j = 0; j < kGradCols / 8; ++j) {
             const int col = j * 8 + (lane % 4) * 2;
@@ -1167,10 +1140,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             mbarrier_init(layout.full(stage), 1);         // lane 0's arrive.expect_tx: Q and dO's bytes
             mbarrier_init(layout.stats_full(stage), 32);  // every producer lane, once its row stats are stored
             // One arrival per consumer thread, once its reads of the stage (the
-            // wgmma of dV and dK, the row stats) are complete; or, where dQ is
-            // staged in the stage (BwdSplitTraits::kDqInStage), one per consumer
-            // warpgroup, once its reduce has read it (kEmptyArrivals).
-            mbarrier_init(layout.empty(stage), Traits::kEmptyArrivals);
+            // wgmma of dV and dK, the row stats) are complete.
+            mbarrier_init(layout.empty(stage), Traits::kConsumerWarpgroups * 128);
         }
         fence_barrier_init();
     }

@@ -412,7 +412,6 @@ struct BwdTraits {
     static constexpr int kDsBlockBytes = (kDqSplit ? kBlockM : kBlockN) * kSwizzleBytes;
     static constexpr int kDsBytes = (kDqSplit ? kBlockN / kSwizzleCols : kQueryBlocks) * kDsBlockBytes;
     static constexpr int kDqBytes = kDqBoxes * kDqBoxBytes;        // the step's dQ tile, fp32
-    static constexpr int kEmptyArrivals = kConsumerWarpgroups * 128;  // each consumer thread releases a stage
 
     // K, V, then kStages Q and dO tiles, two dS^T buffers (a step's and the one
     // before it, which the owner's dQ may still read), the dQ tile, the row
@@ -513,26 +512,12 @@ struct BwdSplitTraits {
     static constexpr int kDsBytes = kDsBlockBytes;
     static constexpr int kDsBuffers = 1;  // (bwd_split_consumer: why one is enough)
     static constexpr int kXferBytes = kBlockN * kBlockM * 4;  // P^T in fp32, in the fragments' order
-    // dQ staged in the step's own Q and dO tiles where each warpgroup's
-    // columns fit the tile it is the last reader of: the P warpgroup's in dO
-    // (its dV), the dS warpgroup's in Q (its dK); the stage is released once
-    // both reduces have read them (bwd_split_consumer). No dQ tile of its own
-    // then: at 256 (32 KB each way) that is the room of a second stage. At 192
-    // the P warpgroup's 128 columns (32 KB) exceed dO (24 KB; 16 at V's 128):
-    // a dQ tile of its own, and two stages beside it.
-    static constexpr bool kDqInStage =
-        kDqColBlocksP * kSwizzleCols * 4 * kDqRows <= kColBlocksV * kBlockM * kSwizzleBytes &&
-        (kColBlocks - kDqColBlocksP) * kSwizzleCols * 4 * kDqRows <= kColBlocks * kBlockM * kSwizzleBytes;
-    static constexpr int kDqBytes = kDqInStage ? 0 : kDqBoxes * kDqBoxBytes;
-    // Arrivals that release a stage: each consumer thread once its reads are
-    // complete, or (kDqInStage) each warpgroup's reduce issuer once its reduce
-    // has read the dQ columns staged there.
-    static constexpr int kEmptyArrivals = kDqInStage ? kConsumerWarpgroups : kConsumerWarpgroups * 128;
+    static constexpr int kDqBytes = kDqBoxes * kDqBoxBytes;
     static constexpr int kRowStatsBytes = 2 * kBlockM * 4;
     static constexpr int kSmemAlign = kSwizzleAtomBytes;
-    // K, V, then kStages Q and dO tiles, dS^T, P^T, the dQ tile (unless
-    // kDqInStage), the row stats per stage and the barriers (BwdTraits'
-    // order): two stages where they fit (192, and 256 with kDqInStage).
+    // K, V, then kStages Q and dO tiles, dS^T, P^T, the dQ tile, the row stats
+    // per stage and the barriers (BwdTraits' order): two stages where they fit
+    // (192), one at 256.
     static constexpr int kFixedBytes = kKVBytes + kVBytes + kDsBytes + kXferBytes + kDqBytes + kSmemAlign;
     static constexpr int kStageBytes = kQBytes + kDoBytes + kRowStatsBytes + 3 * 8;
     static constexpr int kStages = kFixedBytes + 2 * kStageBytes + 8 <= kMaxSmemPerBlock ? 2 : 1;
