@@ -142,12 +142,12 @@ def test_matches_reference_gpu(case):
 
 
 @pytest.mark.gpu
-@pytest.mark.xfail(strict=True, reason="known: the sm80 deterministic dQ kernel's error on this case is 0.000997 "
-                   "against a bound of 0.000376 (the atomic path passes); found by hypothesis on the H100, "
-                   "2026-11-24, not yet explained (benchmarks/NOTES.md)")
 def test_deterministic_dq_of_a_single_query_over_497_keys():
-    """The case hypothesis found, pinned: when the deterministic path is fixed this passes and the
-    strict xfail fails, so the marker goes."""
+    """The case hypothesis found on the H100 (2026-11-24), pinned: the sm80 deterministic dQ kernel's
+    error, 0.000997, exceeded the bound of 0.000376 where the atomic path passed. It passes since the
+    gradients' bound admits the rounding of P and dS to 16 bits (flashattn.testing.
+    grads_rounding_floors): one query's dQ sums 497 rounded dS K terms in the deterministic path's
+    order. Its strict xfail turned into an XPASS on the H200 (benchmarks/NOTES.md, round 21)."""
     _check(Case(variant="func", layout="contiguous", batch=1, seqlen_q=1, seqlen_k=497, num_heads=1, num_heads_k=1,
                 head_dim=1, dtype=torch.float16, causal=True, deterministic=True,
                 softmax_scale=1.774396277632115), "cuda")
