@@ -1,0 +1,13 @@
+#!/bin/bash
+# Round 21, call 3 (one H200; repository root, OUT set): the d256 backward with two Q/dO stages,
+# A/B of 77e7b11 (main) against 360895d (dQ staged in the step's own Q and dO tiles),
+# kernels-only builds (scripts/bisect_fwd.sh: backward against cuDNN, the sweep twice); then
+# Nsight Compute on the new d256 backward (non-causal), as call 1 did on main's.
+set -uo pipefail
+export TORCH_CUDA_ARCH_LIST=9.0a CUDA_HOME=/usr/local/cuda PYTHONUNBUFFERED=1
+SECONDS=0
+nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader
+JOBS=8 PASS=bwd DIMS=256 ONLY=sm90_fwd_bf16_hdim256,sm90_fwd_bf16_hdim256_local,sm90_bwd_bf16_hdim256,sm90_bwd_bf16_hdim256_local bash scripts/bisect_fwd.sh build/ab23
+echo "ab done at ${SECONDS}s"
+timeout 150 bash benchmarks/results/2026-11-29-h200-round21/ncu_bwd.sh build/ab23/360895d 256 0
+echo "ncu done at ${SECONDS}s"
