@@ -196,7 +196,8 @@ def test_paged_benchmark_dry_run(tmp_path) -> None:
 
     assert [(r["workload"], int(r["page_size"]), r["copy_mode"]) for r in rows] == [
         (name, page, mode) for name in WORKLOADS for page in PAGE_SIZES for mode in ("auto", "gather")]
-    bad = [r for r in rows if not (r["same_out"] == "True" and float(r["paged_ms"]) > 0 and float(r["contiguous_ms"]) > 0)]
+    bad = [r for r in rows
+           if not (r["same_out"] == "True" and float(r["paged_ms"]) > 0 and float(r["contiguous_ms"]) > 0)]
     assert not bad, f"{bad}\nstderr: {run.stderr[-2000:]}"
     assert "| 64 | prefill 8 x 2k | 16 | auto |" in (tmp_path / "results.md").read_text()
 
