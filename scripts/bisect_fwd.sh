@@ -11,6 +11,8 @@
 # $OUT/bisect.jsonl. PASS=bwd times the backward; ONLY must then name the forward's instantiations
 # too (the backward needs an output; causal runs the _local instantiations): e.g.
 # ONLY=sm90_fwd_bf16_hdim128,sm90_fwd_bf16_hdim128_local,sm90_bwd_bf16_hdim128,sm90_bwd_bf16_hdim128_local.
+# PASS=fp8 times the FP8 forward against the tree's bf16 forward: ONLY names both, e.g.
+# ONLY=sm90_fwd_fp8_bf16_hdim128,sm90_fwd_fp8_bf16_hdim128_local,sm90_fwd_bf16_hdim128,sm90_fwd_bf16_hdim128_local.
 set -o pipefail
 dir=$1; shift
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
