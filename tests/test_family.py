@@ -177,6 +177,9 @@ BACKWARD_CASES = {  # case: (head dim, KV heads of 4 query heads, options); alib
     "d256_softcap_window": (256, 1, {"softcap": 30.0, "window_size": (50, 10)}),
     "d224_varlen_causal": (224, 2, {"varlen": ([300, 1, 0, 177], [250, 7, 3, 177]), "causal": True}),
     "d192_deterministic": (192, 4, {"deterministic": True}), "d320": (320, 4, {}),
+    "mla_deterministic_causal": (192, 2, {"head_dim_v": 128, "deterministic": True, "causal": True}),
+    "d256_varlen_deterministic_window": (256, 2, {"varlen": ([300, 1, 0, 177], [250, 7, 3, 177]),
+                                                  "window_size": (50, 10), "deterministic": True}),
 }
 
 
@@ -193,13 +196,14 @@ BACKWARD_CASES = {  # case: (head dim, KV heads of 4 query heads, options); alib
                                           ("softcap_alibi", "sm80"), ("alibi", "sm80"), ("dropout", "sm80"),
                                           ("d192", "sm90"), ("d160_causal_gqa", "sm90"), ("mla", "sm90"),
                                           ("d256_softcap_window", "sm90"), ("d224_varlen_causal", "sm90"),
-                                          ("d192_deterministic", "sm80"), ("d320", "sm80")])
+                                          ("d192_deterministic", "sm90"), ("mla_deterministic_causal", "sm90"),
+                                          ("d256_varlen_deterministic_window", "sm90"), ("d320", "sm80")])
 def test_sm90_backward_serves_or_delegates(case, family):
     """The backward's main kernel is sm90's for what serves_bwd() accepts (head dims 33..256, each
     padded up to the next of 64, 128, 192 and 256, MLA's narrower V at 192; causal, windows,
-    softcap, GQA, variable lengths, deterministic=True up to 128, and these together) and sm80's for
-    the rest (ALiBi, dropout, with or without softcap, deterministic=True past 128, head dims past
-    256; FLASHATTN_FAMILY=sm80 forces sm80 for all:
+    softcap, GQA, variable lengths, deterministic=True, and these together) and sm80's for the rest
+    (ALiBi, dropout, with or without softcap, head dims past 256; FLASHATTN_FAMILY=sm80 forces sm80
+    for all:
     test_the_forward_and_backward_run_the_family_kernels in the suite's sm80 pass)."""
     if flashattn.kernel_family() != "sm90":
         pytest.skip("FLASHATTN_FAMILY forces another family")

@@ -39,14 +39,15 @@ def test_forward_is_bitwise_reproducible(head_dim, heads, dtype, causal):
 @pytest.mark.gpu
 @pytest.mark.parametrize("causal", CAUSAL, ids=["full", "causal"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
-@pytest.mark.parametrize("head_dim", [59, 128, 256], ids=lambda d: f"d{d}")
+@pytest.mark.parametrize("head_dim", [59, 128, 200, 256], ids=lambda d: f"d{d}")
 @pytest.mark.parametrize("seqlens", [(1000, 777), (777, 1000)], ids=["sq>sk", "sq<sk"])
 def test_deterministic_backward_is_bitwise_reproducible(seqlens, head_dim, dtype, causal):
     """deterministic=True: BACKWARD_REPEATS forward + backward passes on one input give the
     same bits (no order-dependent accumulation, such as atomics into dq). GQA (8 query heads on 2
     KV heads); Sq > Sk, where causal has rows that see no key, and Sq < Sk. Head dims 59 (the d64
-    kernel) and 128 run on the sm90 family where it is the default (its dQ adds in a fixed order),
-    256 on sm80 (its dQ pass)."""
+    kernel), 128, 200 (the d256 kernel, padded) and 256 run on the sm90 family where it is the
+    default (its dQ adds in a fixed order: one warp adds each query tile's dQ in its turn), on sm80
+    elsewhere (its dQ pass)."""
     seed = case_seed("backward repeats", seqlens, head_dim, dtype, causal)
     q, k, v = random_qkv(4, *seqlens, 8, 2, head_dim, dtype, "cuda", seed)
     dout = torch.randn(q.shape, generator=torch.Generator("cuda").manual_seed(seed), dtype=dtype, device="cuda")
@@ -58,7 +59,7 @@ def test_deterministic_backward_is_bitwise_reproducible(seqlens, head_dim, dtype
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("head_dim", [64, 128], ids=lambda d: f"d{d}")
+@pytest.mark.parametrize("head_dim", [64, 128, 256], ids=lambda d: f"d{d}")
 @pytest.mark.parametrize("window", [(100, 30), (0, 200)], ids=["window", "right-only"])
 def test_deterministic_backward_with_a_window_is_bitwise_reproducible(window, head_dim):
     """A sliding window: each query tile is added to by a range of key tiles that starts and ends
@@ -75,7 +76,7 @@ def test_deterministic_backward_with_a_window_is_bitwise_reproducible(window, he
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("causal", CAUSAL, ids=["full", "causal"])
-@pytest.mark.parametrize("head_dim", [64, 128], ids=lambda d: f"d{d}")
+@pytest.mark.parametrize("head_dim", [64, 128, 192], ids=lambda d: f"d{d}")
 def test_deterministic_varlen_backward_is_bitwise_reproducible(head_dim, causal):
     """A packed batch of uneven sequences (one empty, one of a single row): a query tile's dQ adds
     in a fixed order within each sequence, and the zero rows a tile adds past its sequence (into
@@ -93,6 +94,23 @@ def test_deterministic_varlen_backward_is_bitwise_reproducible(head_dim, causal)
     first = run_backward(q, k, v, dout, head_dim**-0.5, causal, deterministic=True, **options)
     for _ in range(BACKWARD_REPEATS - 1):
         again = run_backward(q, k, v, dout, head_dim**-0.5, causal, deterministic=True, **options)
+        for name, grad, want in zip(("dq", "dk", "dv"), again, first):
+            assert torch.equal(grad, want), f"{name} differs between runs"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", CAUSAL, ids=["full", "causal"])
+def test_deterministic_mla_backward_is_bitwise_reproducible(causal):
+    """DeepSeek MLA's head dims (q and k 192, v 128: its own sm90 kernel) under GQA, Sq > Sk."""
+    seed = case_seed("mla backward repeats", causal)
+    gen = torch.Generator("cuda").manual_seed(seed)
+    q = torch.randn(2, 900, 8, 192, generator=gen, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(2, 700, 2, 192, generator=gen, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(2, 700, 2, 128, generator=gen, device="cuda", dtype=torch.bfloat16)
+    dout = torch.randn(2, 900, 8, 128, generator=gen, device="cuda", dtype=torch.bfloat16)
+    first = run_backward(q, k, v, dout, 192**-0.5, causal, deterministic=True)
+    for _ in range(BACKWARD_REPEATS - 1):
+        again = run_backward(q, k, v, dout, 192**-0.5, causal, deterministic=True)
         for name, grad, want in zip(("dq", "dk", "dv"), again, first):
             assert torch.equal(grad, want), f"{name} differs between runs"
 

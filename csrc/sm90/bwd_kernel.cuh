@@ -331,13 +331,18 @@ __device__ __forceinline__ bool dq_box_issued(int b, int head_dim) {
     return b * Traits::kDqBoxCols < Traits::kMinHeadDim || b * Traits::kDqBoxCols < head_dim;
 }
 
-// Named barriers of the deterministic dQ hand-off between the owner's 128
-// threads and the dQ writer warp (0 is __syncthreads', 1 and 2 are
-// bwd_consumer's): kDqFullBarrier, the step's dQ tile is staged;
-// kDqEmptyBarrier, the writer's add has read it (the owner may restage).
+// Named barriers of the deterministic dQ hand-off between the threads that
+// stage the tile (the owner's 128; split, both consumer warpgroups' 256, each
+// its own columns) and the dQ writer warp (0 is __syncthreads', 1 and 2 are
+// bwd_consumer's and bwd_split_consumer's): kDqFullBarrier, the step's dQ
+// tile is staged; kDqEmptyBarrier, the writer's add has read it (the tile may
+// be restaged).
 constexpr int kDqFullBarrier = 3;
 constexpr int kDqEmptyBarrier = 4;
-constexpr int kDqHandoffThreads = 128 + 32;
+template <typename Traits>
+constexpr int dq_handoff_threads() {
+    return (Traits::kSplit ? Traits::kConsumerWarpgroups : 1) * 128 + 32;
+}
 
 // The deterministic backward's dQ writer: one warp, whose lane 0 issues. The
 // key tiles that see a query tile add their dQ into it from the last to the
@@ -386,7 +391,7 @@ __device__ __forceinline__ void bwd_dq_writer(const BwdParams& params, const Bwd
                 wait_until_equal(semaphores + m_block, adders.n_end - 1 - work.n_block);
                 fence_proxy_async_global();
             }
-            named_barrier_sync(kDqFullBarrier, kDqHandoffThreads);
+            named_barrier_sync(kDqFullBarrier, dq_handoff_threads<Traits>());
             if (issuer) {
 #pragma unroll
                 for (int b = 0; b < Traits::kDqBoxes; ++b) {
@@ -399,7 +404,7 @@ __device__ __forceinline__ void bwd_dq_writer(const BwdParams& params, const Bwd
             }
             // No arrival after the last step: the owner stages no tile after it.
             if (head + 1 < end_head || m_block + 1 < work.query_tiles.m_end) {
-                named_barrier_arrive(kDqEmptyBarrier, kDqHandoffThreads);
+                named_barrier_arrive(kDqEmptyBarrier, dq_handoff_threads<Traits>());
             }
             if (issuer) {
                 bulk_wait_group<0>();
@@ -749,12 +754,12 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& params, const BwdS
     auto reduce_dq = [&](int t, float (&dq)[1][Traits::kNTilesDq][4]) {
         pin_registers(flat(dq));
         if constexpr (Is_deterministic) {
-            if (t > 0) named_barrier_sync(kDqEmptyBarrier, kDqHandoffThreads);
+            if (t > 0) named_barrier_sync(kDqEmptyBarrier, dq_handoff_threads<Traits>());
         }
         store_dq(dq);
         fence_proxy_async_shared();  // the stores are read by the bulk reduce (async proxy)
         if constexpr (Is_deterministic) {
-            named_barrier_arrive(kDqFullBarrier, kDqHandoffThreads);
+            named_barrier_arrive(kDqFullBarrier, dq_handoff_threads<Traits>());
             return;
         }
         named_barrier_sync(kDqBarrier, 128);
@@ -921,7 +926,7 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& params, const BwdS
 // after the next hand-over, which the P warpgroup makes once its dQ GEMM of
 // the step before (the last reader besides the dS warpgroup's own, waited
 // for) is complete.
-template <typename Traits, bool Is_local, bool Has_softcap, int kRole>
+template <typename Traits, bool Is_local, bool Has_softcap, bool Is_deterministic, int kRole>
 __device__ __forceinline__ void bwd_split_consumer(const BwdParams& params, const BwdSmem<Traits>& layout,
                                                    const CUtensorMap* tma_dq_accum) {
     using Element = typename Traits::Element;
@@ -935,15 +940,17 @@ __device__ __forceinline__ void bwd_split_consumer(const BwdParams& params, cons
     constexpr int kDqCol0 = kP ? 0 : Traits::kDqColBlocksP * kSwizzleCols;
     constexpr int kDqCols = (kP ? Traits::kDqColBlocksP : Traits::kColBlocks - Traits::kDqColBlocksP) * kSwizzleCols;
     // Named barriers (0 is __syncthreads'): P^T handed over (P arrives, dS
-    // waits); dS^T stored (both wait); this warpgroup's dQ columns staged; the
-    // key rows past a packed sequence zeroed (as bwd_consumer's).
+    // waits); dS^T stored (both wait); this warpgroup's dQ columns staged
+    // (deterministic: the dQ writer's hand-off, kDqFullBarrier and
+    // kDqEmptyBarrier, in their place); the key rows past a packed sequence
+    // zeroed (as bwd_consumer's).
     constexpr int kPFullBarrier = 1;
     constexpr int kDsFullBarrier = 2;
     constexpr int kDqStagedBarrier = 3 + kRole;
     constexpr int kKeyRowsBarrier = 5;
     constexpr int kConsumerThreads = Traits::kConsumerWarpgroups * 128;
 
-    const BwdWork<Traits, Is_local, /*Is_deterministic=*/false> work(params);
+    const BwdWork<Traits, Is_local, Is_deterministic> work(params);
     const int n0 = work.n_block * kBlockN;
     const int thread_in_group = threadIdx.x % 128;
     const int lane = threadIdx.x % 32;
@@ -1045,8 +1052,9 @@ __device__ __forceinline__ void bwd_split_consumer(const BwdParams& params, cons
         }
         // The previous step's reduce has read this warpgroup's staged dQ
         // columns before they are restaged (its issuer waits; the barrier
-        // holds the rest of the warpgroup).
-        if (thread_in_group == 0) bulk_wait_group_read<0>();
+        // holds the rest of the warpgroup; deterministic: the writer's
+        // kDqEmptyBarrier, below).
+        if (!Is_deterministic && thread_in_group == 0) bulk_wait_group_read<0>();
         named_barrier_sync_unaligned(kDsFullBarrier, kConsumerThreads);  // the roles reach it by their own instructions
 
         // dQ = dS K over the block's keys, this warpgroup's columns.
@@ -1069,8 +1077,18 @@ __device__ __forceinline__ void bwd_split_consumer(const BwdParams& params, cons
         pin_registers(flat(dq));
         mbarrier_arrive(layout.empty(st.stage));  // this thread's reads of the stage are complete
 
+        // Deterministic: the writer adds the whole tile, both warpgroups'
+        // columns, in its turn (bwd_dq_writer), once its add of the previous
+        // step's has read it.
+        if constexpr (Is_deterministic) {
+            if (t > 0) named_barrier_sync_unaligned(kDqEmptyBarrier, dq_handoff_threads<Traits>());
+        }
         store_dq_rows<Traits>(dq, layout.dq(), kDqCol0, warp_in_group, lane);
         fence_proxy_async_shared();  // the stores are read by the bulk reduce (async proxy)
+        if constexpr (Is_deterministic) {
+            named_barrier_arrive(kDqFullBarrier, dq_handoff_threads<Traits>());
+            return;
+        }
         named_barrier_sync(kDqStagedBarrier, 128);
         if (thread_in_group == 0) {
 #pragma unroll
@@ -1093,8 +1111,9 @@ __device__ __forceinline__ void bwd_split_consumer(const BwdParams& params, cons
         }
 #pragma unroll 1
         for (int t = 0; t < work.steps; ++t) step(t);
-        // The last reduce is complete before the block (and its shared memory) is gone.
-        if (thread_in_group == 0) bulk_wait_group<0>();
+        // The last reduce is complete before the block (and its shared memory)
+        // is gone (deterministic: the writer waits for its own).
+        if (!Is_deterministic && thread_in_group == 0) bulk_wait_group<0>();
     }
 
     // Epilogue: dV, or dK times the softmax scale; each thread writes its
@@ -1218,12 +1237,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     }
 
     if constexpr (Traits::kSplit) {
-        static_assert(!Is_deterministic, "the split backward adds dQ in no fixed order (dispatch.cu: serves_bwd)");
         claim_registers<Traits::kConsumerRegs>();
         if (warpgroup == 1) {
-            bwd_split_consumer<Traits, Is_local, Has_softcap, /*kRole=*/0>(params, layout, &tma_dq_accum);
+            bwd_split_consumer<Traits, Is_local, Has_softcap, Is_deterministic, /*kRole=*/0>(params, layout,
+                                                                                          &tma_dq_accum);
         } else {
-            bwd_split_consumer<Traits, Is_local, Has_softcap, /*kRole=*/1>(params, layout, &tma_dq_accum);
+            bwd_split_consumer<Traits, Is_local, Has_softcap, Is_deterministic, /*kRole=*/1>(params, layout,
+                                                                                          &tma_dq_accum);
         }
     } else if (warpgroup - 1 == Traits::kDqOwner) {
         // Consumers: warpgroup 1 + kDqOwner owns dQ and takes the registers

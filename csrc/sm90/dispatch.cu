@@ -147,19 +147,13 @@ auto bwd_head_dims_switch(const BwdParams& params, F&& f) {
     }
 }
 
-// The split kernels (192, 256) have no deterministic variant (serves_bwd).
 template <typename Element, int kHeadDim, int kHeadDimV>
 cudaError_t run_bwd_head_dim(const BwdParams& params, cudaStream_t stream) {
     return FLASH_BOOL_SWITCH(params.is_local, Is_local, [&] {
         return FLASH_BOOL_SWITCH(params.softcap > 0.f, Has_softcap, [&] {
-            if constexpr (BwdTraitsFor<kHeadDim, Element, kHeadDimV>::kSplit) {
-                return run_bwd_<Element, kHeadDim, kHeadDimV, Is_local, Has_softcap, false>(params, stream);
-            } else {
-                return FLASH_BOOL_SWITCH(params.deterministic, Is_deterministic, [&] {
-                    return run_bwd_<Element, kHeadDim, kHeadDimV, Is_local, Has_softcap, Is_deterministic>(params,
-                                                                                                       stream);
-                });
-            }
+            return FLASH_BOOL_SWITCH(params.deterministic, Is_deterministic, [&] {
+                return run_bwd_<Element, kHeadDim, kHeadDimV, Is_local, Has_softcap, Is_deterministic>(params, stream);
+            });
         });
     });
 }
@@ -206,15 +200,14 @@ cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream) {
 }
 
 // Head dims 33..256 (bwd_head_dim), softcap of the extras, deterministic=True
-// up to 128 (its own instantiations: bwd_kernel.cuh, bwd_dq_writer; the split
-// kernels of 192 and 256 leave it to sm80), and variable-length batches
+// (its own instantiations: bwd_kernel.cuh, bwd_dq_writer), and variable-length batches
 // (cu_seqlens, seqused_q/k, leftpad_k) as the forward serves them: packed
 // rows, each sequence's own lengths (bwd_kernel.cuh: BwdWork); each of these
 // with any of the others. The backward has no block table (paged keys are
 // gathered into a packed batch before it).
 bool serves_bwd(const BwdParams& params) {
     const int head_dim = bwd_head_dim(params.head_dim);
-    if (head_dim == 0 || (params.deterministic && head_dim > 128)) return false;
+    if (head_dim == 0) return false;
     const int smem = bwd_head_dims_switch(params, [&]<int kHeadDim, int kHeadDimV>() {
         return params.deterministic ? BwdTraitsFor<kHeadDim, __half, kHeadDimV, true>::kSmemBytes
                                     : BwdTraitsFor<kHeadDim, __half, kHeadDimV>::kSmemBytes;
