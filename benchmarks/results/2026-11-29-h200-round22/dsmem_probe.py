@@ -60,8 +60,6 @@ __global__ void __cluster_dims__(2, 1, 1) dsmem_ping(int rounds, long long* out)
     cluster.sync();
     if (threadIdx.x == 0) {
         int* peer = cluster.map_shared_rank(&flag, rank ^ 1);
-        const uint32_t peer_addr = static_cast<uint32_t>(__cvta_generic_to_shared(&flag));
-        (void)peer_addr;
         const long long t0 = clock64();
         for (int r = 0; r < rounds; ++r) {
             if (rank == 0) {
@@ -89,7 +87,7 @@ void push(int64_t bytes, int64_t reps, int64_t blocks, bool remote, torch::Tenso
 
 void ping(int64_t rounds, int64_t blocks, torch::Tensor out) {
     dsmem_ping<<<blocks, 32, 0, c10::cuda::getCurrentCUDAStream()>>>(static_cast<int>(rounds),
-                                                                   out.data_ptr<long long>());
+                                                                   reinterpret_cast<long long*>(out.data_ptr<int64_t>()));
 }
 """
 CPP = """
