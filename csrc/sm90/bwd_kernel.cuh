@@ -50,12 +50,13 @@
 // Deterministic (Is_deterministic): the adds into a dQ tile happen in a fixed
 // order of key tiles, so that its fp32 sums round the same way on every run. A
 // second warp of the producer warpgroup, the dQ writer, takes over the add from
-// the owner: the owner stages each step's tile and hands it over through two
-// named barriers; the writer waits for the tile's turn on its semaphore in
-// global memory (one per batch, query head and query tile: how many key tiles
-// have added), adds the tile, waits for the add to complete and counts it
-// (bwd_dq_writer). The turn waited for costs the owner nothing while the
-// writer is less than a step behind.
+// the owner: the owner (the split kernel's two warpgroups, each its columns)
+// stages each step's tile and hands it over through two named barriers; the
+// writer waits for the tile's turn on its semaphore in global memory (one per
+// batch, query head and query tile: how many key tiles have added), adds the
+// tile, waits for the add to complete and counts it (bwd_dq_writer). The turn
+// waited for costs the owner nothing while the writer is less than a step
+// behind.
 //
 // A head dim below the kernel's (33..63 on d64, 65..127 on d128, 129..191 on
 // d192, 193..255 on d256) runs padded:
@@ -919,7 +920,8 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& params, const BwdS
 //   P: S^T | P^T, hand-over (kPFullBarrier) | dV issued | kDsFullBarrier | dQ
 //   dS: dP^T | wait for P^T | dS^T stored, dK issued | kDsFullBarrier | dQ
 // then each waits for its GEMMs, releases the stage, stages its dQ columns in
-// fp32 and adds them into dq_accum by its own bulk reduce-adds.
+// fp32 and adds them into dq_accum by its own bulk reduce-adds (deterministic:
+// hands the tile, both warpgroups' columns, to the dQ writer, bwd_dq_writer).
 // One hand-over buffer and one dS^T buffer are enough: the P warpgroup
 // overwrites P^T only after the dS barrier of the step before, which the dS
 // warpgroup reaches once it has read it; the dS warpgroup overwrites dS^T only
