@@ -48,15 +48,15 @@
 // shared memory before any wgmma reads them (BwdWork: zeroes_query_rows).
 //
 // Deterministic (Is_deterministic): the adds into a dQ tile happen in a fixed
-// order of key tiles, so that its fp32 sums round the same way on every run. A
-// second warp of the producer warpgroup, the dQ writer, takes over the add from
-// the owner: the owner (the split kernel's two warpgroups, each its columns)
-// stages each step's tile and hands it over through two named barriers; the
-// writer waits for the tile's turn on its semaphore in global memory (one per
-// batch, query head and query tile: how many key tiles have added), adds the
-// tile, waits for the add to complete and counts it (bwd_dq_writer). The turn
-// waited for costs the owner nothing while the writer is less than a step
-// behind.
+// order of key tiles, so that its fp32 sums round the same way on every run.
+// Two more warps of the producer warpgroup, the dQ writers (even and odd
+// steps), take over the add from the owner: the owner (the split kernel's two
+// warpgroups, each its columns) stages each step's tile and hands it over
+// through two named barriers; the step's writer waits for the tile's turn on
+// its semaphore in global memory (one per batch, query head and query tile:
+// how many key tiles have added), adds the tile, waits for the add to complete
+// and counts it (bwd_dq_writer). The turn waited for costs the owner nothing
+// while the writers are less than a step behind.
 //
 // A head dim below the kernel's (33..63 on d64, 65..127 on d128, 129..191 on
 // d192, 193..255 on d256) runs padded:
@@ -334,19 +334,30 @@ __device__ __forceinline__ bool dq_box_issued(int b, int head_dim) {
 
 // Named barriers of the deterministic dQ hand-off between the threads that
 // stage the tile (the owner's 128; split, both consumer warpgroups' 256, each
-// its own columns) and the dQ writer warp (0 is __syncthreads', 1 and 2 are
-// bwd_consumer's and bwd_split_consumer's): kDqFullBarrier, the step's dQ
-// tile is staged; kDqEmptyBarrier, the writer's add has read it (the tile may
-// be restaged).
-constexpr int kDqFullBarrier = 3;
-constexpr int kDqEmptyBarrier = 4;
+// its own columns) and the dQ writer warp of the step (bwd_dq_writer: two
+// warps, even and odd steps; 0 is __syncthreads', 1, 2, 5 and 6 are
+// bwd_consumer's and bwd_split_consumer's): dq_full_barrier(t), step t's dQ
+// tile is staged; dq_empty_barrier(t), its writer's add has read it (the tile
+// may be restaged). A pair a parity: a writer's arrival can never complete
+// the other writer's step.
+__device__ __forceinline__ int dq_full_barrier(int t) { return t % 2 == 0 ? 3 : 7; }
+__device__ __forceinline__ int dq_empty_barrier(int t) { return t % 2 == 0 ? 4 : 8; }
 template <typename Traits>
 constexpr int dq_handoff_threads() {
     return (Traits::kSplit ? Traits::kConsumerWarpgroups : 1) * 128 + 32;
 }
 
-// The deterministic backward's dQ writer: one warp, whose lane 0 issues. The
-// key tiles that see a query tile add their dQ into it from the last to the
+// The deterministic backward's dQ writers: two warps, `writer` 0 taking the
+// block's even steps and 1 its odd ones, lane 0 issuing. A writer's step is a
+// chain: wait for the tile's turn, add the staged tile, release the stage
+// once read, wait for the add to complete, count it. With one writer the
+// chain of one step ran before the next step's could start, and the
+// consumers, which restage the tile only once the writer has read it, waited
+// for it (round 23: deterministic d192 1.15-1.4x the default mode's time);
+// with two, one writer's wait for completion and count overlap the other's
+// wait for its turn and its add. The adds into one query tile still come in
+// one fixed order (the steps of a block are distinct tiles).
+// The key tiles that see a query tile add their dQ into it from the last to the
 // first (BwdWork: the grid's order): under a causal mask a larger key tile
 // reaches each of its query tiles after fewer steps (its first query tile
 // comes later), so that this order keeps blocks that run at the same pace
@@ -373,7 +384,7 @@ constexpr int dq_handoff_threads() {
 // sees a query tile waits for none, and by induction every wait ends.
 template <typename Traits, bool Is_local>
 __device__ __forceinline__ void bwd_dq_writer(const BwdParams& params, const BwdSmem<Traits>& layout,
-                                              const CUtensorMap* tma_dq_accum) {
+                                              const CUtensorMap* tma_dq_accum, int writer) {
     constexpr int kBlockM = Traits::kBlockM;
     const BwdWork<Traits, Is_local, /*Is_deterministic=*/true> work(params);
     if (work.steps == 0) return;
@@ -381,10 +392,13 @@ __device__ __forceinline__ void bwd_dq_writer(const BwdParams& params, const Bwd
     const int m_blocks = (params.seqlen_q + kBlockM - 1) / kBlockM;  // the semaphores' last dimension
     const int first_head = work.head_of(params, 0);
     const int end_head = first_head + params.heads_per_kv_head;
-    // The steps in the consumers' order (BwdWork): query heads, then query tiles.
+    // The steps in the consumers' order (BwdWork): query heads, then query
+    // tiles; this writer's every other one.
+    int t = 0;
     for (int head = first_head; head < end_head; ++head) {
         int* semaphores = params.dq_semaphore + (static_cast<int64_t>(work.batch) * params.num_heads + head) * m_blocks;
-        for (int m_block = work.query_tiles.m_begin; m_block < work.query_tiles.m_end; ++m_block) {
+        for (int m_block = work.query_tiles.m_begin; m_block < work.query_tiles.m_end; ++m_block, ++t) {
+            if (t % 2 != writer) continue;
             const KeyTileRange adders =
                 key_tile_range<kBlockM, Traits::kBlockN>(m_block * kBlockM, work.seq.seqlen_q, work.window);
             // The turn first, while the owner still computes the tile.
@@ -392,7 +406,7 @@ __device__ __forceinline__ void bwd_dq_writer(const BwdParams& params, const Bwd
                 wait_until_equal(semaphores + m_block, adders.n_end - 1 - work.n_block);
                 fence_proxy_async_global();
             }
-            named_barrier_sync(kDqFullBarrier, dq_handoff_threads<Traits>());
+            named_barrier_sync(dq_full_barrier(t), dq_handoff_threads<Traits>());
             if (issuer) {
 #pragma unroll
                 for (int b = 0; b < Traits::kDqBoxes; ++b) {
@@ -404,9 +418,7 @@ __device__ __forceinline__ void bwd_dq_writer(const BwdParams& params, const Bwd
                 bulk_wait_group_read<0>();
             }
             // No arrival after the last step: the owner stages no tile after it.
-            if (head + 1 < end_head || m_block + 1 < work.query_tiles.m_end) {
-                named_barrier_arrive(kDqEmptyBarrier, dq_handoff_threads<Traits>());
-            }
+            if (t + 1 < work.steps) named_barrier_arrive(dq_empty_barrier(t), dq_handoff_threads<Traits>());
             if (issuer) {
                 bulk_wait_group<0>();
                 if (work.n_block == adders.n_begin) {
@@ -452,7 +464,7 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& params, const BwdS
     // and V rows past a packed sequence are zeroed (BwdWork), once per block.
     constexpr int kDsBarrier = 1;
     constexpr int kDqBarrier = consumer == 0 ? 2 : 6;
-    constexpr int kKeyRowsBarrier = 5;  // after the deterministic hand-off's 3 and 4
+    constexpr int kKeyRowsBarrier = 5;  // after the deterministic hand-off's 3 and 4 (and 7, 8)
     constexpr int kConsumerThreads = Traits::kConsumerWarpgroups * 128;
     // Where dS^T is completed: the head of the gradients, or the end of the
     // scores (kernel_traits.h: kDetDsInScores; kDqSplit without softcap).
@@ -755,12 +767,12 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& params, const BwdS
     auto reduce_dq = [&](int t, float (&dq)[1][Traits::kNTilesDq][4]) {
         pin_registers(flat(dq));
         if constexpr (Is_deterministic) {
-            if (t > 0) named_barrier_sync(kDqEmptyBarrier, dq_handoff_threads<Traits>());
+            if (t > 0) named_barrier_sync(dq_empty_barrier(t - 1), dq_handoff_threads<Traits>());
         }
         store_dq(dq);
         fence_proxy_async_shared();  // the stores are read by the bulk reduce (async proxy)
         if constexpr (Is_deterministic) {
-            named_barrier_arrive(kDqFullBarrier, dq_handoff_threads<Traits>());
+            named_barrier_arrive(dq_full_barrier(t), dq_handoff_threads<Traits>());
             return;
         }
         named_barrier_sync(kDqBarrier, 128);
@@ -943,8 +955,8 @@ __device__ __forceinline__ void bwd_split_consumer(const BwdParams& params, cons
     constexpr int kDqCols = (kP ? Traits::kDqColBlocksP : Traits::kColBlocks - Traits::kDqColBlocksP) * kSwizzleCols;
     // Named barriers (0 is __syncthreads'): P^T handed over (P arrives, dS
     // waits); dS^T stored (both wait); this warpgroup's dQ columns staged
-    // (deterministic: the dQ writer's hand-off, kDqFullBarrier and
-    // kDqEmptyBarrier, in their place); the key rows past a packed sequence
+    // (deterministic: the dQ writers' hand-off, dq_full_barrier and
+    // dq_empty_barrier, in their place); the key rows past a packed sequence
     // zeroed (as bwd_consumer's).
     constexpr int kPFullBarrier = 1;
     constexpr int kDsFullBarrier = 2;
@@ -1055,7 +1067,7 @@ __device__ __forceinline__ void bwd_split_consumer(const BwdParams& params, cons
         // The previous step's reduce has read this warpgroup's staged dQ
         // columns before they are restaged (its issuer waits; the barrier
         // holds the rest of the warpgroup; deterministic: the writer's
-        // kDqEmptyBarrier, below).
+        // dq_empty_barrier, below).
         if (!Is_deterministic && thread_in_group == 0) bulk_wait_group_read<0>();
         named_barrier_sync_unaligned(kDsFullBarrier, kConsumerThreads);  // the roles reach it by their own instructions
 
@@ -1083,12 +1095,12 @@ __device__ __forceinline__ void bwd_split_consumer(const BwdParams& params, cons
         // columns, in its turn (bwd_dq_writer), once its add of the previous
         // step's has read it.
         if constexpr (Is_deterministic) {
-            if (t > 0) named_barrier_sync_unaligned(kDqEmptyBarrier, dq_handoff_threads<Traits>());
+            if (t > 0) named_barrier_sync_unaligned(dq_empty_barrier(t - 1), dq_handoff_threads<Traits>());
         }
         store_dq_rows<Traits>(dq, layout.dq(), kDqCol0, warp_in_group, lane);
         fence_proxy_async_shared();  // the stores are read by the bulk reduce (async proxy)
         if constexpr (Is_deterministic) {
-            named_barrier_arrive(kDqFullBarrier, dq_handoff_threads<Traits>());
+            named_barrier_arrive(dq_full_barrier(t), dq_handoff_threads<Traits>());
             return;
         }
         named_barrier_sync(kDqStagedBarrier, 128);
@@ -1170,17 +1182,18 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
 
     const int warpgroup = threadIdx.x / 128;
     if (warpgroup == 0) {
-        // Producer: warp 0 stays (and, deterministic, warp 1: the dQ writer),
-        // the rest of the warpgroup exits. Nothing is copied for a block
-        // without steps (its consumers write zeros and exit: no copy may land
-        // in a block that is gone).
+        // Producer: warp 0 stays (and, deterministic, warps 1 and 2: the dQ
+        // writers), the rest of the warpgroup exits. Nothing is copied for a
+        // block without steps (its consumers write zeros and exit: no copy may
+        // land in a block that is gone).
         release_registers<Traits::kProducerRegs>();
         if constexpr (Is_deterministic) {
             // The warp index broadcast from lane 0: ptxas then sees a
             // warp-uniform branch and keeps both roles' work in uniform
             // registers (on threadIdx.x itself it spills at 24 registers).
-            if (__shfl_sync(0xffffffff, threadIdx.x / 32, 0) == 1) {
-                bwd_dq_writer<Traits, Is_local>(params, layout, &tma_dq_accum);
+            const int warp = __shfl_sync(0xffffffff, threadIdx.x / 32, 0);
+            if (warp == 1 || warp == 2) {
+                bwd_dq_writer<Traits, Is_local>(params, layout, &tma_dq_accum, warp - 1);
                 return;
             }
         }
