@@ -2,8 +2,10 @@
 the default mode's at each run length (FLASHATTN_AB_DET_RUN, read by the A/B build's launcher only:
 0 = whole pairs, round 22's order; unset = the launcher's choice), and the gradients of every run
 length bitwise equal to each other (the order of the adds does not depend on the grid's order).
+    python det_runs.py [RUNS, e.g. 0,4,8,16]
 bf16, B * S = 16k, H * D = 2048 (MLA: H 16). Run with the built tree on PYTHONPATH."""
 import os
+import sys
 
 import torch
 from triton.testing import do_bench
@@ -11,7 +13,8 @@ from triton.testing import do_bench
 from flashattn import flash_attn_func
 
 TOKENS, WIDTH = 16384, 2048
-RUNS = ("0", "1", "2", "4", "8", None)
+# Call 3: 0,1,2,4,8 and the launcher's choice; call 6 (branch next/det-runs, where unset is 0): argv.
+RUNS = tuple(sys.argv[1].split(",")) if len(sys.argv) > 1 else ("0", "1", "2", "4", "8", None)
 gen = torch.Generator("cuda").manual_seed(0)
 mismatches = 0
 for d, dv in ((64, 64), (128, 128), (192, 192), (192, 128), (256, 256)):
