@@ -1,7 +1,8 @@
 #!/bin/bash
 # Prepared in round 23 for the next session's first GPU call (one H200; repository root, OUT set; carry
-# build/ab24): branch next/det-runs-rule (be462c0: the deterministic grid in runs of 512 keys without a
-# mask where four or more whole pairs start together) against main (5f9ad8c). Set up here first:
+# build/ab24): branch next/det-runs-rule (f2cafb5: the deterministic grid in runs of 512 keys without a
+# mask where four or more whole pairs start together; the tile worked out once a block) against main.
+# (Round 23's call 7 ran this with the branch at be462c0.) Set up here first:
 #   rm -rf build/ab24 && mkdir -p build/ab24/base build/ab24/new
 #   git archive main csrc flashattn setup.py pyproject.toml | tar -x -C build/ab24/base
 #   git archive next/det-runs-rule csrc flashattn setup.py pyproject.toml | tar -x -C build/ab24/new
