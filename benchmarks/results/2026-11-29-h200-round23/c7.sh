@@ -1,14 +1,15 @@
 #!/bin/bash
-# Prepared in round 23 for the next session's first GPU call (one H200; repository root, OUT set; carry
-# build/ab24): branch next/det-runs-rule (be462c0: the deterministic grid in runs of 512 keys without a
-# mask where four or more whole pairs start together) against main (5f9ad8c). Set up here first:
+# Round 23, call 7 (one H200; repository root, OUT set; carry build/ab24): branch next/det-runs-rule
+# (be462c0 then: the deterministic grid in runs of 512 keys without a mask where four or more whole
+# pairs start together) against main (5f9ad8c). Also the next session's first call, with the branch's
+# head (f2cafb5: the tile worked out once a block) as the new tree. Set up here first:
 #   rm -rf build/ab24 && mkdir -p build/ab24/base build/ab24/new
 #   git archive main csrc flashattn setup.py pyproject.toml | tar -x -C build/ab24/base
 #   git archive next/det-runs-rule csrc flashattn setup.py pyproject.toml | tar -x -C build/ab24/new
-# Each tree built with the kernels below only; det_ab.py (round 23) times both modes in each tree,
-# alternated, twice; its digests must be equal across trees (the order of adds is the same). Then the
-# new tree's deterministic repeatability tests. About 3 minutes. If it wins, merge the branch and run
-# round 23's c5.sh (full build, suite, sanitizer, racecheck: about 7.5 minutes).
+# Each tree built with the kernels below only; det_ab.py times both modes in each tree, alternated,
+# twice; its digests must be equal across trees (the order of adds is the same). Then the new tree's
+# deterministic repeatability tests. About 3 minutes. If it wins, merge the branch and run c5.sh
+# (full build, suite, sanitizer, racecheck: about 7.5 minutes).
 set -uo pipefail
 export CUDA_HOME=/usr/local/cuda TORCH_CUDA_ARCH_LIST=9.0a MAX_JOBS=8 PYTHONUNBUFFERED=1
 SECONDS=0
