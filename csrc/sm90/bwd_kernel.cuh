@@ -265,8 +265,13 @@ __device__ __forceinline__ void mask_transposed(float (&s)[1][kNTiles][4], int k
 // entry, the sequence's rows start at q_start / k_start, and the lengths are
 // the sequence's own (seqused_q/k and leftpad_k applied: mask.cuh,
 // varlen_sequence_of), as are the query tiles and the causal diagonal.
-// Deterministic: the grid's x takes the key tiles from the last one, the order
-// in which the dQ of a query tile is added (bwd_dq_writer).
+// Deterministic: a (KV head, batch) pair's key tiles add into a query tile's
+// dQ from the last key tile to the first (bwd_dq_writer), and the grid takes
+// them in that order, in runs of params.det_run key tiles across the pairs:
+// run 0 of every pair, then run 1 of every pair, and so on (one run, the
+// launcher's choice under a mask: a pair's tiles in a row). Every key tile
+// before a block in its pair's order has a smaller linear block index, which
+// the writer's deadlock argument needs.
 template <typename Traits, bool Is_local, bool Is_deterministic>
 struct BwdWork {
     int n_block, head_k, batch;
@@ -277,9 +282,24 @@ struct BwdWork {
     int steps;    // m_tiles for each of the group's query heads; 0: dK = dV = 0
 
     __device__ __forceinline__ BwdWork(const BwdParams& params) {
-        n_block = Is_deterministic ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
-        head_k = blockIdx.y;
-        batch = blockIdx.z;
+        if constexpr (Is_deterministic) {
+            // 64-bit: a varlen grid spans the longest sequence's key tiles for
+            // every sequence, which can pass 2^32 blocks in all.
+            const int64_t tiles = gridDim.x, pairs = static_cast<int64_t>(gridDim.y) * gridDim.z;
+            const int64_t run_blocks = pairs * params.det_run;
+            const int64_t block = blockIdx.x + tiles * (blockIdx.y + static_cast<int64_t>(gridDim.y) * blockIdx.z);
+            const int64_t run = block / run_blocks;
+            const int64_t in_run = block - run * run_blocks;
+            const int64_t run_tiles = min(static_cast<int64_t>(params.det_run), tiles - run * params.det_run);
+            const int64_t pair = in_run / run_tiles;
+            n_block = static_cast<int>(tiles - 1 - (run * params.det_run + in_run % run_tiles));
+            head_k = static_cast<int>(pair % gridDim.y);
+            batch = static_cast<int>(pair / gridDim.y);
+        } else {
+            n_block = blockIdx.x;
+            head_k = blockIdx.y;
+            batch = blockIdx.z;
+        }
         seq = sequence_of<false>(params, batch);
         window = window_of(params, seq.seqlen_q, seq.seqlen_k);
         const int n0 = n_block * Traits::kBlockN;
@@ -362,7 +382,8 @@ constexpr int dq_handoff_threads() {
 // reaches each of its query tiles after fewer steps (its first query tile
 // comes later), so that this order keeps blocks that run at the same pace
 // from waiting for each other; without a mask every key tile reaches a query
-// tile at the same step, and any order chains them alike.
+// tile at the same step, and any order chains them alike: a run of the grid
+// (BwdWork) bounds how many of them start together.
 // A block's turn is its rank in that order among the key tiles that see the
 // query tile (mask.cuh: key_tile_range, which names exactly the key tiles
 // whose query_tile_range holds it): the count its semaphore must reach.
@@ -377,7 +398,8 @@ constexpr int dq_handoff_threads() {
 // block waits on it any more; the next call is ordered after this kernel).
 //
 // No deadlock: a block waits only for blocks of its (KV head, batch) with
-// larger key tiles, which have smaller blockIdx.x. CUDA dispatches the blocks
+// larger key tiles, which have smaller linear block indices (BwdWork's
+// order). CUDA dispatches the blocks
 // of a grid in increasing linear index in practice (it does not promise it;
 // FlashAttention-3's deterministic backward relies on the same), so every
 // block waited for is running or done; the block of the last key tile that
