@@ -282,14 +282,7 @@ struct BwdWork {
     int steps;    // m_tiles for each of the group's query heads; 0: dK = dV = 0
 
     __device__ __forceinline__ BwdWork(const BwdParams& params) {
-        if (Is_deterministic && params.det_run >= static_cast<int>(gridDim.x)) {
-            // One run: a pair's tiles in a row, without the divisions below
-            // (round 23: with them on every block, d64 causal ran 3% slower;
-            // its blocks have few steps).
-            n_block = gridDim.x - 1 - blockIdx.x;
-            head_k = blockIdx.y;
-            batch = blockIdx.z;
-        } else if constexpr (Is_deterministic) {
+        if constexpr (Is_deterministic) {
             // 64-bit: a varlen grid spans the longest sequence's key tiles for
             // every sequence, which can pass 2^32 blocks in all.
             const int64_t tiles = gridDim.x, pairs = static_cast<int64_t>(gridDim.y) * gridDim.z;
