@@ -112,6 +112,9 @@ struct BwdSmem {
     __device__ __forceinline__ uint32_t full(int stage) const { return barrier(1 + stage); }
     __device__ __forceinline__ uint32_t empty(int stage) const { return barrier(1 + Traits::kStages + stage); }
     __device__ __forceinline__ uint32_t stats_full(int stage) const { return barrier(1 + 2 * Traits::kStages + stage); }
+    // Deterministic: the block's key tile and KV head (one 64-bit word), then
+    // its batch, stored by thread 0 before the block-wide barrier (BwdWork).
+    __device__ __forceinline__ uint32_t tile() const { return base + Traits::kSmemTileOffset; }
 };
 
 // The byte address of byte `byte_in_row` of row `row` of a block stored in the
@@ -259,6 +262,23 @@ __device__ __forceinline__ void mask_transposed(float (&s)[1][kNTiles][4], int k
     }
 }
 
+// Deterministic: block -> (key tile, KV head, batch) in the grid's order
+// (BwdWork), computed once a block by thread 0 and kept in shared memory
+// (BwdSmem::tile): the divisions then cost the roles neither time nor
+// registers. 64-bit: a varlen grid spans the longest sequence's key tiles for
+// every sequence, which can pass 2^32 blocks in all.
+__device__ __forceinline__ int3 deterministic_tile_of(int run) {
+    const int64_t tiles = gridDim.x, pairs = static_cast<int64_t>(gridDim.y) * gridDim.z;
+    const int64_t run_blocks = pairs * run;
+    const int64_t block = blockIdx.x + tiles * (blockIdx.y + static_cast<int64_t>(gridDim.y) * blockIdx.z);
+    const int64_t run_index = block / run_blocks;
+    const int64_t in_run = block - run_index * run_blocks;
+    const int64_t run_tiles = min(static_cast<int64_t>(run), tiles - run_index * run);
+    const int64_t pair = in_run / run_tiles;
+    return make_int3(static_cast<int>(tiles - 1 - (run_index * run + in_run % run_tiles)),
+                     static_cast<int>(pair % gridDim.y), static_cast<int>(pair / gridDim.y));
+}
+
 // The work of a block: its key tile, and the steps (query head, query tile)
 // that the producer and the consumers walk in the same order. A
 // variable-length batch's rows are packed: its tensor maps have one batch
@@ -281,20 +301,12 @@ struct BwdWork {
     int m_tiles;  // query tiles per query head
     int steps;    // m_tiles for each of the group's query heads; 0: dK = dV = 0
 
-    __device__ __forceinline__ BwdWork(const BwdParams& params) {
+    __device__ __forceinline__ BwdWork(const BwdParams& params, const BwdSmem<Traits>& layout) {
         if constexpr (Is_deterministic) {
-            // 64-bit: a varlen grid spans the longest sequence's key tiles for
-            // every sequence, which can pass 2^32 blocks in all.
-            const int64_t tiles = gridDim.x, pairs = static_cast<int64_t>(gridDim.y) * gridDim.z;
-            const int64_t run_blocks = pairs * params.det_run;
-            const int64_t block = blockIdx.x + tiles * (blockIdx.y + static_cast<int64_t>(gridDim.y) * blockIdx.z);
-            const int64_t run = block / run_blocks;
-            const int64_t in_run = block - run * run_blocks;
-            const int64_t run_tiles = min(static_cast<int64_t>(params.det_run), tiles - run * params.det_run);
-            const int64_t pair = in_run / run_tiles;
-            n_block = static_cast<int>(tiles - 1 - (run * params.det_run + in_run % run_tiles));
-            head_k = static_cast<int>(pair % gridDim.y);
-            batch = static_cast<int>(pair / gridDim.y);
+            const uint64_t tile_and_head = load_shared_u64(layout.tile());
+            n_block = static_cast<int>(tile_and_head & 0xffffffffu);
+            head_k = static_cast<int>(tile_and_head >> 32);
+            batch = static_cast<int>(load_shared_u64(layout.tile() + 8));
         } else {
             n_block = blockIdx.x;
             head_k = blockIdx.y;
@@ -408,7 +420,7 @@ template <typename Traits, bool Is_local>
 __device__ __forceinline__ void bwd_dq_writer(const BwdParams& params, const BwdSmem<Traits>& layout,
                                               const CUtensorMap* tma_dq_accum, int writer) {
     constexpr int kBlockM = Traits::kBlockM;
-    const BwdWork<Traits, Is_local, /*Is_deterministic=*/true> work(params);
+    const BwdWork<Traits, Is_local, /*Is_deterministic=*/true> work(params, layout);
     if (work.steps == 0) return;
     const bool issuer = threadIdx.x % 32 == 0;
     const int m_blocks = (params.seqlen_q + kBlockM - 1) / kBlockM;  // the semaphores' last dimension
@@ -472,7 +484,7 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& params, const BwdS
     constexpr bool kOwnsDq = Traits::kDqSplit || kConsumer == Traits::kDqOwner;
     static_assert(!(Traits::kDqSplit && Is_deterministic), "one dQ tile a step for the dQ writer (BwdTraitsOf)");
 
-    const BwdWork<Traits, Is_local, Is_deterministic> work(params);
+    const BwdWork<Traits, Is_local, Is_deterministic> work(params, layout);
     const int n0 = work.n_block * kBlockN;
     const int thread_in_group = threadIdx.x % 128;
     const int lane = threadIdx.x % 32;
@@ -986,7 +998,7 @@ __device__ __forceinline__ void bwd_split_consumer(const BwdParams& params, cons
     constexpr int kKeyRowsBarrier = 5;
     constexpr int kConsumerThreads = Traits::kConsumerWarpgroups * 128;
 
-    const BwdWork<Traits, Is_local, Is_deterministic> work(params);
+    const BwdWork<Traits, Is_local, Is_deterministic> work(params, layout);
     const int n0 = work.n_block * kBlockN;
     const int thread_in_group = threadIdx.x % 128;
     const int lane = threadIdx.x % 32;
@@ -1199,8 +1211,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             mbarrier_init(layout.empty(stage), Traits::kConsumerWarpgroups * 128);
         }
         fence_barrier_init();
+        if constexpr (Is_deterministic) {
+            const int3 tile = deterministic_tile_of(params.det_run);
+            store_shared_u64x2(layout.tile(), static_cast<uint32_t>(tile.x) | (static_cast<uint64_t>(tile.y) << 32),
+                               static_cast<uint64_t>(tile.z));
+        }
     }
-    __syncthreads();  // the barriers exist before anyone waits on them; the last block-wide barrier
+    __syncthreads();  // the barriers and the tile exist before anyone reads them; the last block-wide barrier
 
     const int warpgroup = threadIdx.x / 128;
     if (warpgroup == 0) {
@@ -1220,7 +1237,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             }
         }
         // Each role derives its work after setmaxnreg: a value live across it is kept in local memory.
-        const BwdWork<Traits, Is_local, Is_deterministic> work(params);
+        const BwdWork<Traits, Is_local, Is_deterministic> work(params, layout);
         const int n0 = work.n_block * kBlockN;
         if (threadIdx.x >= 32 || work.steps == 0) return;
         const int lane = threadIdx.x;
