@@ -20,17 +20,14 @@ namespace flash::sm90 {
 // order of adds chains nothing and a pair's tiles run in a row (one run),
 // sharing their Q and dO through L2. Without one, every key tile of a pair
 // reaches a query tile at the same step and the last one's adds wait for all
-// before it; where four or more whole pairs would start together (a short
-// sequence), runs of 512 keys bound that chain (round 23: 2k, d192 1.25 ->
-// 1.08x the default's time; at 8k, or with a mask, whole pairs were as fast
-// or faster: benchmarks/NOTES.md).
-template <typename Traits, bool Is_local>
-int deterministic_run(const dim3& grid, int sms) {
-    constexpr int kRunKeys = 512;
+// before it: a run of r tiles costs about r - 1 adds' waits on a block's
+// steps, which grow with the sequence as the tiles do, so a run of a quarter
+// of the tiles keeps that share the same at every length (round 23: at 2k
+// and at 8k the best run was near a quarter; benchmarks/NOTES.md).
+template <bool Is_local>
+int deterministic_run(const dim3& grid) {
     const int tiles = static_cast<int>(grid.x);
-    if (Is_local || static_cast<int64_t>(tiles) * 4 > sms) return tiles;
-    const int run = kRunKeys / Traits::kBlockN;
-    return run < tiles ? run : tiles;
+    return Is_local ? tiles : (tiles + 3) / 4;
 }
 
 template <typename Element, int kHeadDim, int kHeadDimV, bool Is_local, bool Has_softcap, bool Is_deterministic>
@@ -57,11 +54,7 @@ cudaError_t run_bwd_(const BwdParams& params, cudaStream_t stream) {
     if (grid.x > 0) {
         BwdParams launch_params = params;
         if constexpr (Is_deterministic) {
-            int device = 0, sms = 0;
-            err = cudaGetDevice(&device);
-            if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-            if (err != cudaSuccess) return err;
-            launch_params.det_run = deterministic_run<Traits, Is_local>(grid, sms);
+            launch_params.det_run = deterministic_run<Is_local>(grid);
         }
         kernel<<<grid, Traits::kNThreads, Traits::kSmemBytes, stream>>>(launch_params, tma_q, tma_k, tma_v, tma_do,
                                                                          tma_dq_accum);
