@@ -215,6 +215,10 @@ struct BwdParams : FwdParams {
     // asked for none): int32 counters, zero before the call and zero again
     // after it; the sm90 family's are [B, H, query tiles].
     int* __restrict__ dq_semaphore;
+    // sm90, deterministic: how many of a (KV head, batch) pair's key tiles the
+    // grid takes in a row before the next pair's (sm90/bwd_kernel.cuh:
+    // BwdWork); set by the sm90 launcher, >= 1.
+    int det_run;
 
     // The gradient of lse (fp32, in lse's layout and contiguous), or nullptr:
     // d lse_i / d s_ij = P_ij, so it folds into D: the preprocess writes

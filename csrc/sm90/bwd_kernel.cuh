@@ -112,6 +112,9 @@ struct BwdSmem {
     __device__ __forceinline__ uint32_t full(int stage) const { return barrier(1 + stage); }
     __device__ __forceinline__ uint32_t empty(int stage) const { return barrier(1 + Traits::kStages + stage); }
     __device__ __forceinline__ uint32_t stats_full(int stage) const { return barrier(1 + 2 * Traits::kStages + stage); }
+    // Deterministic: the block's key tile and KV head (one 64-bit word), then
+    // its batch, stored by thread 0 before the block-wide barrier (BwdWork).
+    __device__ __forceinline__ uint32_t tile() const { return base + Traits::kSmemTileOffset; }
 };
 
 // The byte address of byte `byte_in_row` of row `row` of a block stored in the
@@ -259,14 +262,36 @@ __device__ __forceinline__ void mask_transposed(float (&s)[1][kNTiles][4], int k
     }
 }
 
+// Deterministic: block -> (key tile, KV head, batch) in the grid's order
+// (BwdWork), computed once a block by thread 0 and kept in shared memory
+// (BwdSmem::tile): the divisions then cost the roles neither time nor
+// registers. 64-bit: a varlen grid spans the longest sequence's key tiles for
+// every sequence, which can pass 2^32 blocks in all.
+__device__ __forceinline__ int3 deterministic_tile_of(int run) {
+    const int64_t tiles = gridDim.x, pairs = static_cast<int64_t>(gridDim.y) * gridDim.z;
+    const int64_t run_blocks = pairs * run;
+    const int64_t block = blockIdx.x + tiles * (blockIdx.y + static_cast<int64_t>(gridDim.y) * blockIdx.z);
+    const int64_t run_index = block / run_blocks;
+    const int64_t in_run = block - run_index * run_blocks;
+    const int64_t run_tiles = min(static_cast<int64_t>(run), tiles - run_index * run);
+    const int64_t pair = in_run / run_tiles;
+    return make_int3(static_cast<int>(tiles - 1 - (run_index * run + in_run % run_tiles)),
+                     static_cast<int>(pair % gridDim.y), static_cast<int>(pair / gridDim.y));
+}
+
 // The work of a block: its key tile, and the steps (query head, query tile)
 // that the producer and the consumers walk in the same order. A
 // variable-length batch's rows are packed: its tensor maps have one batch
 // entry, the sequence's rows start at q_start / k_start, and the lengths are
 // the sequence's own (seqused_q/k and leftpad_k applied: mask.cuh,
 // varlen_sequence_of), as are the query tiles and the causal diagonal.
-// Deterministic: the grid's x takes the key tiles from the last one, the order
-// in which the dQ of a query tile is added (bwd_dq_writer).
+// Deterministic: a (KV head, batch) pair's key tiles add into a query tile's
+// dQ from the last key tile to the first (bwd_dq_writer), and the grid takes
+// them in that order, in runs of params.det_run key tiles across the pairs:
+// run 0 of every pair, then run 1 of every pair, and so on (one run, the
+// launcher's choice under a mask: a pair's tiles in a row). Every key tile
+// before a block in its pair's order has a smaller linear block index, which
+// the writer's deadlock argument needs.
 template <typename Traits, bool Is_local, bool Is_deterministic>
 struct BwdWork {
     int n_block, head_k, batch;
@@ -276,10 +301,17 @@ struct BwdWork {
     int m_tiles;  // query tiles per query head
     int steps;    // m_tiles for each of the group's query heads; 0: dK = dV = 0
 
-    __device__ __forceinline__ BwdWork(const BwdParams& params) {
-        n_block = Is_deterministic ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
-        head_k = blockIdx.y;
-        batch = blockIdx.z;
+    __device__ __forceinline__ BwdWork(const BwdParams& params, const BwdSmem<Traits>& layout) {
+        if constexpr (Is_deterministic) {
+            const uint64_t tile_and_head = load_shared_u64(layout.tile());
+            n_block = static_cast<int>(tile_and_head & 0xffffffffu);
+            head_k = static_cast<int>(tile_and_head >> 32);
+            batch = static_cast<int>(load_shared_u64(layout.tile() + 8));
+        } else {
+            n_block = blockIdx.x;
+            head_k = blockIdx.y;
+            batch = blockIdx.z;
+        }
         seq = sequence_of<false>(params, batch);
         window = window_of(params, seq.seqlen_q, seq.seqlen_k);
         const int n0 = n_block * Traits::kBlockN;
@@ -362,7 +394,8 @@ constexpr int dq_handoff_threads() {
 // reaches each of its query tiles after fewer steps (its first query tile
 // comes later), so that this order keeps blocks that run at the same pace
 // from waiting for each other; without a mask every key tile reaches a query
-// tile at the same step, and any order chains them alike.
+// tile at the same step, and any order chains them alike: a run of the grid
+// (BwdWork) bounds how many of them start together.
 // A block's turn is its rank in that order among the key tiles that see the
 // query tile (mask.cuh: key_tile_range, which names exactly the key tiles
 // whose query_tile_range holds it): the count its semaphore must reach.
@@ -377,7 +410,8 @@ constexpr int dq_handoff_threads() {
 // block waits on it any more; the next call is ordered after this kernel).
 //
 // No deadlock: a block waits only for blocks of its (KV head, batch) with
-// larger key tiles, which have smaller blockIdx.x. CUDA dispatches the blocks
+// larger key tiles, which have smaller linear block indices (BwdWork's
+// order). CUDA dispatches the blocks
 // of a grid in increasing linear index in practice (it does not promise it;
 // FlashAttention-3's deterministic backward relies on the same), so every
 // block waited for is running or done; the block of the last key tile that
@@ -386,7 +420,7 @@ template <typename Traits, bool Is_local>
 __device__ __forceinline__ void bwd_dq_writer(const BwdParams& params, const BwdSmem<Traits>& layout,
                                               const CUtensorMap* tma_dq_accum, int writer) {
     constexpr int kBlockM = Traits::kBlockM;
-    const BwdWork<Traits, Is_local, /*Is_deterministic=*/true> work(params);
+    const BwdWork<Traits, Is_local, /*Is_deterministic=*/true> work(params, layout);
     if (work.steps == 0) return;
     const bool issuer = threadIdx.x % 32 == 0;
     const int m_blocks = (params.seqlen_q + kBlockM - 1) / kBlockM;  // the semaphores' last dimension
@@ -450,7 +484,7 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& params, const BwdS
     constexpr bool kOwnsDq = Traits::kDqSplit || kConsumer == Traits::kDqOwner;
     static_assert(!(Traits::kDqSplit && Is_deterministic), "one dQ tile a step for the dQ writer (BwdTraitsOf)");
 
-    const BwdWork<Traits, Is_local, Is_deterministic> work(params);
+    const BwdWork<Traits, Is_local, Is_deterministic> work(params, layout);
     const int n0 = work.n_block * kBlockN;
     const int thread_in_group = threadIdx.x % 128;
     const int lane = threadIdx.x % 32;
@@ -964,7 +998,7 @@ __device__ __forceinline__ void bwd_split_consumer(const BwdParams& params, cons
     constexpr int kKeyRowsBarrier = 5;
     constexpr int kConsumerThreads = Traits::kConsumerWarpgroups * 128;
 
-    const BwdWork<Traits, Is_local, Is_deterministic> work(params);
+    const BwdWork<Traits, Is_local, Is_deterministic> work(params, layout);
     const int n0 = work.n_block * kBlockN;
     const int thread_in_group = threadIdx.x % 128;
     const int lane = threadIdx.x % 32;
@@ -1177,8 +1211,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             mbarrier_init(layout.empty(stage), Traits::kConsumerWarpgroups * 128);
         }
         fence_barrier_init();
+        if constexpr (Is_deterministic) {
+            const int3 tile = deterministic_tile_of(params.det_run);
+            store_shared_u64x2(layout.tile(), static_cast<uint32_t>(tile.x) | (static_cast<uint64_t>(tile.y) << 32),
+                               static_cast<uint64_t>(tile.z));
+        }
     }
-    __syncthreads();  // the barriers exist before anyone waits on them; the last block-wide barrier
+    __syncthreads();  // the barriers and the tile exist before anyone reads them; the last block-wide barrier
 
     const int warpgroup = threadIdx.x / 128;
     if (warpgroup == 0) {
@@ -1198,7 +1237,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             }
         }
         // Each role derives its work after setmaxnreg: a value live across it is kept in local memory.
-        const BwdWork<Traits, Is_local, Is_deterministic> work(params);
+        const BwdWork<Traits, Is_local, Is_deterministic> work(params, layout);
         const int n0 = work.n_block * kBlockN;
         if (threadIdx.x >= 32 || work.steps == 0) return;
         const int lane = threadIdx.x;

@@ -15,6 +15,21 @@
 
 namespace flash::sm90 {
 
+// The deterministic grid's run (BwdWork): under a causal mask or a window a
+// key tile reaches its query tiles after fewer steps the later it is, so the
+// order of adds chains nothing and a pair's tiles run in a row (one run),
+// sharing their Q and dO through L2. Without one, every key tile of a pair
+// reaches a query tile at the same step and the last one's adds wait for all
+// before it: a run of r tiles costs about r - 1 adds' waits on a block's
+// steps, which grow with the sequence as the tiles do, so a run of a quarter
+// of the tiles keeps that share the same at every length (round 23: at 2k
+// and at 8k the best run was near a quarter; benchmarks/NOTES.md).
+template <bool Is_local>
+int deterministic_run(const dim3& grid) {
+    const int tiles = static_cast<int>(grid.x);
+    return Is_local ? tiles : (tiles + 3) / 4;
+}
+
 template <typename Element, int kHeadDim, int kHeadDimV, bool Is_local, bool Has_softcap, bool Is_deterministic>
 cudaError_t run_bwd_(const BwdParams& params, cudaStream_t stream) {
     using Traits = BwdTraitsFor<kHeadDim, Element, kHeadDimV, Is_deterministic>;
@@ -30,13 +45,18 @@ cudaError_t run_bwd_(const BwdParams& params, cudaStream_t stream) {
     err = sm80::run_bwd_preprocess(params, stream);
     if (err != cudaSuccess) return err;
     // One block per key tile: under a causal mask the first key tiles, which
-    // the most query tiles see, start first; deterministic, the last ones
-    // (bwd_kernel.cuh: BwdWork, bwd_dq_writer). Variable lengths: the longest
-    // sequence's tiles (params.seqlen_k is max_seqlen_k), none where every
-    // sequence is empty of keys (dq stays 0).
+    // the most query tiles see, start first; deterministic, the last ones, in
+    // runs across the (KV head, batch) pairs (bwd_kernel.cuh: BwdWork,
+    // bwd_dq_writer). Variable lengths: the longest sequence's tiles
+    // (params.seqlen_k is max_seqlen_k), none where every sequence is empty
+    // of keys (dq stays 0).
     const dim3 grid((params.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN, params.num_heads_k, params.batch);
     if (grid.x > 0) {
-        kernel<<<grid, Traits::kNThreads, Traits::kSmemBytes, stream>>>(params, tma_q, tma_k, tma_v, tma_do,
+        BwdParams launch_params = params;
+        if constexpr (Is_deterministic) {
+            launch_params.det_run = deterministic_run<Is_local>(grid);
+        }
+        kernel<<<grid, Traits::kNThreads, Traits::kSmemBytes, stream>>>(launch_params, tma_q, tma_k, tma_v, tma_do,
                                                                          tma_dq_accum);
         err = cudaGetLastError();
         if (err != cudaSuccess) return err;

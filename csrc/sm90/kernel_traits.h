@@ -428,8 +428,10 @@ struct BwdTraits {
     static constexpr int kRowStatsBytes = 2 * kBlockM * 4;  // lse_log2 and D of one stage
     static constexpr int kSmemBarrierOffset = kSmemRowStatsOffset + kStages * kRowStatsBytes;
     static constexpr int kBarriers = 1 + 3 * kStages;  // kv_full; per stage full (copies), stats_full, empty
+    // Deterministic: the block's key tile, KV head and batch (bwd_kernel.cuh: BwdWork), 16 bytes.
+    static constexpr int kSmemTileOffset = (kSmemBarrierOffset + 8 * kBarriers + 15) / 16 * 16;
     static constexpr int kSmemAlign = kSwizzleAtomBytes;
-    static constexpr int kSmemBytes = kSmemBarrierOffset + 8 * kBarriers + kSmemAlign;
+    static constexpr int kSmemBytes = kSmemTileOffset + 16 + kSmemAlign;
 
     static_assert(kHeadDim == 64 || kHeadDim == 128, "head dims 64 and 128 (33..128 run padded on them)");
     static_assert(kBlockM == 64 || kBlockM == 128 || (kBlockM == 80 && kHeadDim == 128),
@@ -531,7 +533,8 @@ struct BwdSplitTraits {
     static constexpr int kSmemRowStatsOffset = kSmemDqOffset + kDqBytes;
     static constexpr int kSmemBarrierOffset = kSmemRowStatsOffset + kStages * kRowStatsBytes;
     static constexpr int kBarriers = 1 + 3 * kStages;
-    static constexpr int kSmemBytes = kSmemBarrierOffset + 8 * kBarriers + kSmemAlign;
+    static constexpr int kSmemTileOffset = (kSmemBarrierOffset + 8 * kBarriers + 15) / 16 * 16;  // as BwdTraits'
+    static constexpr int kSmemBytes = kSmemTileOffset + 16 + kSmemAlign;
 
     static_assert(kHeadDim == 192 || kHeadDim == 256, "head dims 192 and 256 (129..256 run padded on them)");
     static_assert(kHeadDimV % kSwizzleCols == 0 && kHeadDimV <= kHeadDim, "V's head dim: whole column blocks");
