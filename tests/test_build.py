@@ -247,6 +247,69 @@ def test_sm90_tile_order_takes_every_tile_once_longest_first_per_section(tmp_pat
     assert stdout.split() == ["cases", "819", "bad", "0", "sections", "12", "1", "7", "7"], stdout
 
 
+_DETERMINISTIC_GRID_PROGRAM = r"""
+#include <cstdio>
+#include <vector>
+#include "sm90/schedule.h"
+using namespace flash::sm90;
+int main() {
+    // For each grid (tiles, heads, batches) and mask: the run is a quarter of the tiles (all of them
+    // under a mask), every (tile, head, batch) is one block's, the first run's blocks are every
+    // pair's last `run` tiles, and within a pair a larger key tile has a smaller linear block index.
+    int bad = 0, cases = 0;
+    for (int tiles = 1; tiles <= 23; ++tiles)
+        for (int heads = 1; heads <= 4; ++heads)
+            for (int batches = 1; batches <= 3; ++batches)
+                for (int masked = 0; masked <= 1; ++masked) {
+                    ++cases;
+                    const int run = deterministic_run(tiles, masked);
+                    if (run != (masked ? tiles : (tiles + 3) / 4) || run < 1 || run > tiles) ++bad;
+                    std::vector<long> at(static_cast<size_t>(tiles) * heads * batches, -1);
+                    const long blocks = static_cast<long>(tiles) * heads * batches;
+                    for (long b = 0; b < blocks; ++b) {
+                        const KeyTileOfPair t = deterministic_tile(b, tiles, heads, batches, run);
+                        if (t.tile < 0 || t.tile >= tiles || t.head < 0 || t.head >= heads || t.batch < 0 ||
+                            t.batch >= batches) { ++bad; break; }
+                        long& slot = at[(static_cast<size_t>(t.batch) * heads + t.head) * tiles + t.tile];
+                        if (slot != -1) ++bad;
+                        slot = b;
+                        if (b < static_cast<long>(heads) * batches * run && t.tile < tiles - run) ++bad;
+                    }
+                    for (int p = 0; p < heads * batches; ++p)
+                        for (int tile = 0; tile + 1 < tiles; ++tile) {
+                            const long here = at[static_cast<size_t>(p) * tiles + tile];
+                            const long before = at[static_cast<size_t>(p) * tiles + tile + 1];
+                            if (here < 0 || before < 0 || before >= here) ++bad;
+                        }
+                }
+    // A varlen grid past 2^32 blocks: the last block is the last pair's tile 0, the first block of
+    // the last run the first pair's last run's first tile.
+    const int tiles = 6001, heads = 1000, batches = 1000, run = deterministic_run(tiles, false);
+    const long pairs = static_cast<long>(heads) * batches, blocks = pairs * tiles;
+    const KeyTileOfPair last = deterministic_tile(blocks - 1, tiles, heads, batches, run);
+    const long last_run = (tiles - 1) / run;
+    const KeyTileOfPair first_of_last_run = deterministic_tile(pairs * run * last_run, tiles, heads, batches, run);
+    const bool big = blocks > (1L << 32) && last.tile == 0 && last.head == heads - 1 && last.batch == batches - 1 &&
+                     first_of_last_run.tile == tiles - 1 - static_cast<int>(last_run) * run &&
+                     first_of_last_run.head == 0 && first_of_last_run.batch == 0;
+    std::printf("cases %d bad %d big %d\n", cases, bad, big ? 1 : 0);
+    return bad != 0 || !big;
+}
+"""
+
+
+@pytest.mark.skipif(_nvcc() is None, reason="needs nvcc (the CUDA toolkit)")
+def test_sm90_deterministic_grid_orders_each_pairs_key_tiles_last_first(tmp_path):
+    """The deterministic backward's grid (csrc/sm90/schedule.h), compiled for the host and run: for
+    every small grid, masked or not, deterministic_tile is a bijection onto the (key tile, KV head,
+    batch) triples, the first run holds every pair's last `run` tiles, and within a pair a larger key
+    tile always has a smaller linear block index: the dQ writer of a block waits for exactly those
+    blocks, so the reverse would hang the kernel (bwd_kernel.cuh: bwd_dq_writer). Past 2^32 blocks
+    (a varlen grid can get there) the 64-bit arithmetic still lands on the right tiles."""
+    stdout = _run_host_program(tmp_path, "deterministic_grid_check", _DETERMINISTIC_GRID_PROGRAM)
+    assert stdout.split() == ["cases", str(23 * 4 * 3 * 2), "bad", "0", "big", "1"], stdout
+
+
 _WARPGROUP_WALK_PROGRAM = r"""
 #include <cstdio>
 #include "common/mask.cuh"

@@ -79,6 +79,7 @@
 #include "sm90/kernel_traits.h"
 #include "sm90/pipeline.cuh"
 #include "sm90/ptx.cuh"
+#include "sm90/schedule.h"
 
 namespace flash::sm90 {
 
@@ -262,21 +263,14 @@ __device__ __forceinline__ void mask_transposed(float (&s)[1][kNTiles][4], int k
     }
 }
 
-// Deterministic: block -> (key tile, KV head, batch) in the grid's order
-// (BwdWork), computed once a block by thread 0 and kept in shared memory
-// (BwdSmem::tile): the divisions then cost the roles neither time nor
-// registers. 64-bit: a varlen grid spans the longest sequence's key tiles for
-// every sequence, which can pass 2^32 blocks in all.
-__device__ __forceinline__ int3 deterministic_tile_of(int run) {
-    const int64_t tiles = gridDim.x, pairs = static_cast<int64_t>(gridDim.y) * gridDim.z;
-    const int64_t run_blocks = pairs * run;
-    const int64_t block = blockIdx.x + tiles * (blockIdx.y + static_cast<int64_t>(gridDim.y) * blockIdx.z);
-    const int64_t run_index = block / run_blocks;
-    const int64_t in_run = block - run_index * run_blocks;
-    const int64_t run_tiles = min(static_cast<int64_t>(run), tiles - run_index * run);
-    const int64_t pair = in_run / run_tiles;
-    return make_int3(static_cast<int>(tiles - 1 - (run_index * run + in_run % run_tiles)),
-                     static_cast<int>(pair % gridDim.y), static_cast<int>(pair / gridDim.y));
+// Deterministic: this block's (key tile, KV head, batch) in the grid's order
+// (schedule.h: deterministic_tile), worked out once a block by thread 0 and
+// kept in shared memory (BwdSmem::tile): the divisions then cost the roles
+// neither time nor registers.
+__device__ __forceinline__ KeyTileOfPair deterministic_tile_of_block(int run) {
+    const int64_t block = blockIdx.x + static_cast<int64_t>(gridDim.x) *
+                                           (blockIdx.y + static_cast<int64_t>(gridDim.y) * blockIdx.z);
+    return deterministic_tile(block, gridDim.x, gridDim.y, gridDim.z, run);
 }
 
 // The work of a block: its key tile, and the steps (query head, query tile)
@@ -285,13 +279,9 @@ __device__ __forceinline__ int3 deterministic_tile_of(int run) {
 // entry, the sequence's rows start at q_start / k_start, and the lengths are
 // the sequence's own (seqused_q/k and leftpad_k applied: mask.cuh,
 // varlen_sequence_of), as are the query tiles and the causal diagonal.
-// Deterministic: a (KV head, batch) pair's key tiles add into a query tile's
-// dQ from the last key tile to the first (bwd_dq_writer), and the grid takes
-// them in that order, in runs of params.det_run key tiles across the pairs:
-// run 0 of every pair, then run 1 of every pair, and so on (one run, the
-// launcher's choice under a mask: a pair's tiles in a row). Every key tile
-// before a block in its pair's order has a smaller linear block index, which
-// the writer's deadlock argument needs.
+// Deterministic: the grid takes each (KV head, batch) pair's key tiles from
+// the last to the first, the order of dQ's adds (bwd_dq_writer), in runs of
+// params.det_run tiles across the pairs (schedule.h: deterministic_tile).
 template <typename Traits, bool Is_local, bool Is_deterministic>
 struct BwdWork {
     int n_block, head_k, batch;
@@ -410,8 +400,8 @@ constexpr int dq_handoff_threads() {
 // block waits on it any more; the next call is ordered after this kernel).
 //
 // No deadlock: a block waits only for blocks of its (KV head, batch) with
-// larger key tiles, which have smaller linear block indices (BwdWork's
-// order). CUDA dispatches the blocks
+// larger key tiles, which have smaller linear block indices (schedule.h:
+// deterministic_tile; tests/test_build.py checks it). CUDA dispatches the blocks
 // of a grid in increasing linear index in practice (it does not promise it;
 // FlashAttention-3's deterministic backward relies on the same), so every
 // block waited for is running or done; the block of the last key tile that
@@ -1212,9 +1202,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         }
         fence_barrier_init();
         if constexpr (Is_deterministic) {
-            const int3 tile = deterministic_tile_of(params.det_run);
-            store_shared_u64x2(layout.tile(), static_cast<uint32_t>(tile.x) | (static_cast<uint64_t>(tile.y) << 32),
-                               static_cast<uint64_t>(tile.z));
+            const KeyTileOfPair tile = deterministic_tile_of_block(params.det_run);
+            store_shared_u64x2(layout.tile(),
+                               static_cast<uint32_t>(tile.tile) | (static_cast<uint64_t>(tile.head) << 32),
+                               static_cast<uint64_t>(tile.batch));
         }
     }
     __syncthreads();  // the barriers and the tile exist before anyone reads them; the last block-wide barrier

@@ -11,24 +11,10 @@
 #include "sm80/sm80.h"
 #include "sm90/bwd_kernel.cuh"
 #include "sm90/kernel_traits.h"
+#include "sm90/schedule.h"
 #include "sm90/tensor_map.h"
 
 namespace flash::sm90 {
-
-// The deterministic grid's run (BwdWork): under a causal mask or a window a
-// key tile reaches its query tiles after fewer steps the later it is, so the
-// order of adds chains nothing and a pair's tiles run in a row (one run),
-// sharing their Q and dO through L2. Without one, every key tile of a pair
-// reaches a query tile at the same step and the last one's adds wait for all
-// before it: a run of r tiles costs about r - 1 adds' waits on a block's
-// steps, which grow with the sequence as the tiles do, so a run of a quarter
-// of the tiles keeps that share the same at every length (round 23: at 2k
-// and at 8k the best run was near a quarter; benchmarks/NOTES.md).
-template <bool Is_local>
-int deterministic_run(const dim3& grid) {
-    const int tiles = static_cast<int>(grid.x);
-    return Is_local ? tiles : (tiles + 3) / 4;
-}
 
 template <typename Element, int kHeadDim, int kHeadDimV, bool Is_local, bool Has_softcap, bool Is_deterministic>
 cudaError_t run_bwd_(const BwdParams& params, cudaStream_t stream) {
@@ -54,7 +40,7 @@ cudaError_t run_bwd_(const BwdParams& params, cudaStream_t stream) {
     if (grid.x > 0) {
         BwdParams launch_params = params;
         if constexpr (Is_deterministic) {
-            launch_params.det_run = deterministic_run<Is_local>(grid);
+            launch_params.det_run = deterministic_run(static_cast<int>(grid.x), Is_local);  // schedule.h
         }
         kernel<<<grid, Traits::kNThreads, Traits::kSmemBytes, stream>>>(launch_params, tma_q, tma_k, tma_v, tma_do,
                                                                          tma_dq_accum);

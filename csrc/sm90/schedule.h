@@ -1,6 +1,6 @@
 // The order in which the sm90 forward's persistent blocks take their query
 // tiles when they draw them (a causal mask or a window: fwd_kernel.cuh,
-// WorkQueue).
+// WorkQueue), and the order of the deterministic backward's grid (at the end).
 //
 // A call's tiles are (tile, head) pairs: `tiles` query tiles for each of
 // `heads` heads (a head here is a (batch, head) pair). Under a causal mask the
@@ -42,5 +42,44 @@ inline int heads_per_section(int64_t bytes_per_head, int64_t l2_bytes, int heads
     const int64_t fit = l2_bytes / 2 / bytes_per_head;
     return static_cast<int>(fit < 1 ? 1 : fit > most ? most : fit);
 }
+
+// The deterministic backward's grid (bwd_kernel.cuh: BwdWork, bwd_dq_writer).
+// A (KV head, batch) pair's key tiles add into a query tile's dQ from the
+// last key tile to the first, and a block waits only for the key tiles of its
+// pair that come before it in that order; those must have smaller linear
+// block indices (x fastest, then y, then z), the order in which CUDA starts a
+// grid's blocks in practice, or the block waited for might never start. The
+// grid takes each pair's tiles in that order, in runs of `run` tiles across
+// the pairs: run 0 of every pair (pair 0's tiles, then pair 1's, ...), then
+// run 1 of every pair, and so on; the last run may be shorter.
+struct KeyTileOfPair {
+    int tile, head, batch;
+};
+
+// The block of linear index `block` in a grid of `tiles` x `heads` x
+// `batches`: its key tile, KV head and batch. 64-bit: a varlen grid spans the
+// longest sequence's key tiles for every sequence, which can pass 2^32 blocks.
+__host__ __device__ __forceinline__ KeyTileOfPair deterministic_tile(int64_t block, int64_t tiles, int64_t heads,
+                                                                      int64_t batches, int run) {
+    const int64_t run_blocks = heads * batches * run;
+    const int64_t run_index = block / run_blocks;
+    const int64_t in_run = block - run_index * run_blocks;
+    const int64_t left = tiles - run_index * run;
+    const int64_t run_tiles = run < left ? run : left;
+    const int64_t pair = in_run / run_tiles;
+    return {static_cast<int>(tiles - 1 - (run_index * run + in_run % run_tiles)), static_cast<int>(pair % heads),
+            static_cast<int>(pair / heads)};
+}
+
+// The run: under a causal mask or a window (`masked`) a key tile reaches its
+// query tiles after fewer steps the later it is, so the order of adds chains
+// nothing and a pair's tiles run in a row (one run), sharing their Q and dO
+// through L2. Without one, every key tile of a pair reaches a query tile at
+// the same step and the last one's adds wait for all before it: a run of r
+// tiles costs about r - 1 adds' waits on a block's steps, which grow with the
+// sequence as the tiles do, so a run of a quarter of the tiles keeps that
+// share the same at every length (rounds 23-24: at 1k to 16k a quarter was
+// best or within 1-2% of it; benchmarks/NOTES.md). At least 1 for tiles >= 1.
+inline int deterministic_run(int tiles, bool masked) { return masked ? tiles : (tiles + 3) / 4; }
 
 }  // namespace flash::sm90
