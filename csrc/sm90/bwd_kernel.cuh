@@ -354,14 +354,16 @@ __device__ __forceinline__ bool dq_box_issued(int b, int head_dim) {
     return b * Traits::kDqBoxCols < Traits::kMinHeadDim || b * Traits::kDqBoxCols < head_dim;
 }
 
-// Named barriers of the deterministic dQ hand-off between the threads that
-// stage the tile (the owner's 128; split, both consumer warpgroups' 256, each
-// its own columns) and the dQ writer warp of the step (bwd_dq_writer: two
-// warps, even and odd steps; 0 is __syncthreads', 1, 2, 5 and 6 are
-// bwd_consumer's and bwd_split_consumer's): dq_full_barrier(t), step t's dQ
-// tile is staged; dq_empty_barrier(t), its writer's add has read it (the tile
-// may be restaged). A pair a parity: a writer's arrival can never complete
-// the other writer's step.
+// Named barriers of the dQ hand-off between the threads that stage a tile and
+// the dQ writer warp that adds it (0 is __syncthreads', 1, 2, 5 and 6 are
+// bwd_consumer's and bwd_split_consumer's), two pairs: dq_full_barrier(i),
+// the tile is staged; dq_empty_barrier(i), its writer's add has read it (the
+// tile may be restaged). Deterministic (bwd_dq_writer): the owner's 128
+// threads (split kernel: both consumer warpgroups' 256, each its own columns)
+// and two writers, pair i = step t's parity: a writer's arrival can never
+// complete the other writer's step. The d128 80-query kernel's default mode
+// (BwdTraits::kDqSplit, bwd_dq_half_writer): consumer warpgroup i's 128
+// threads and writer i, pair i, for its half of the head dim.
 __device__ __forceinline__ int dq_full_barrier(int t) { return t % 2 == 0 ? 3 : 7; }
 __device__ __forceinline__ int dq_empty_barrier(int t) { return t % 2 == 0 ? 4 : 8; }
 template <typename Traits>
@@ -455,6 +457,41 @@ __device__ __forceinline__ void bwd_dq_writer(const BwdParams& params, const Bwd
     }
 }
 
+// The d128 80-query kernel's dQ writers (BwdTraits::kDqSplit, default mode):
+// writer `half` adds consumer warpgroup `half`'s columns of each step's dQ,
+// lane 0 issuing, and hands the staging area back once the add has read it.
+// The warpgroup only arrives on its pair's full barrier after staging, and
+// waits on the empty one before it stages the next step (a step later: the
+// read is long done by then). In place of the warpgroup's own issue, which
+// held all its 128 threads at a barrier until the last store had landed and
+// put the issuing thread's waits in the step (NOTES.md, twenty-fifth session).
+template <typename Traits, bool Is_local>
+__device__ __forceinline__ void bwd_dq_half_writer(const BwdParams& params, const BwdSmem<Traits>& layout,
+                                                   const CUtensorMap* tma_dq_accum, int half) {
+    static_assert(Traits::kDqSplit && Traits::kDqBoxesPerWarpgroup * Traits::kConsumerWarpgroups == Traits::kDqBoxes,
+                  "each consumer warpgroup stages its own boxes of the step's dQ tile");
+    const BwdWork<Traits, Is_local, /*Is_deterministic=*/false> work(params, layout);
+    if (work.steps == 0) return;
+    const bool issuer = threadIdx.x % 32 == 0;
+    const int first_box = half * Traits::kDqBoxesPerWarpgroup;
+    for (int t = 0; t < work.steps; ++t) {
+        named_barrier_sync(dq_full_barrier(half), dq_handoff_threads<Traits>());
+        if (issuer) {
+            for (int b = first_box; b < first_box + Traits::kDqBoxesPerWarpgroup; ++b) {
+                if (!dq_box_issued<Traits>(b, params.head_dim)) break;
+                tma_reduce_add_4d(tma_dq_accum, layout.dq() + b * Traits::kDqBoxBytes, b * Traits::kDqBoxCols,
+                                  work.seq.q_start + work.m0_of(t), work.head_of(params, t), work.q_batch(params));
+            }
+            bulk_commit_group();
+            bulk_wait_group_read<0>();
+        }
+        // No arrival after the last step: the warpgroup stages no tile after it.
+        if (t + 1 < work.steps) named_barrier_arrive(dq_empty_barrier(half), dq_handoff_threads<Traits>());
+    }
+    // The last adds are complete before the block (and its shared memory) is gone.
+    if (issuer) bulk_wait_group<0>();
+}
+
 // A consumer warpgroup's whole work: its 64 keys' S^T, dP^T, dV and dK over
 // every step and, for a warpgroup that computes dQ (kOwnsDq: the dQ owner, or
 // both under BwdTraits::kDqSplit), each step's whole dQ = dS K from both
@@ -483,12 +520,13 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& params, const BwdS
     // Named barriers: 0 is __syncthreads'. kDsBarrier: both consumer
     // warpgroups' dS^T are in shared memory (the owner's dQ reads both; the
     // other warpgroup's next dS^T store waits for the owner's dQ of two steps
-    // ago through it). kDqBarrier: the owner's dQ tile (split: this
-    // warpgroup's half) is staged for the bulk reduce. kKeyRowsBarrier: the K
+    // ago through it). kDqBarrier: the owner's dQ tile is staged for its bulk
+    // reduce (default mode; deterministic, and split, the dQ writers' hand-off,
+    // dq_full_barrier and dq_empty_barrier, instead). kKeyRowsBarrier: the K
     // and V rows past a packed sequence are zeroed (BwdWork), once per block.
     constexpr int kDsBarrier = 1;
     constexpr int kDqBarrier = consumer == 0 ? 2 : 6;
-    constexpr int kKeyRowsBarrier = 5;  // after the deterministic hand-off's 3 and 4 (and 7, 8)
+    constexpr int kKeyRowsBarrier = 5;  // after the dQ hand-off's 3 and 4 (and 7, 8)
     constexpr int kConsumerThreads = Traits::kConsumerWarpgroups * 128;
     // Where dS^T is completed: the head of the gradients, or the end of the
     // scores (kernel_traits.h: kDetDsInScores; kDqSplit without softcap).
@@ -766,7 +804,7 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& params, const BwdS
         // at once, and reduce_dq waits for the dQ writer's read instead; the
         // wait stays because ptxas, without this branch, spills the d64
         // owner (20 bytes).
-        if constexpr (kOwnsDq) {
+        if constexpr (kOwnsDq && !Traits::kDqSplit) {  // split: the dQ writer's hand-off (reduce_dq)
             if (thread_in_group == 0) bulk_wait_group_read<0>();
         }
         store_ds(ds_frag, ds_smem);
@@ -788,23 +826,27 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& params, const BwdS
     // Step t's dQ into dq_accum, once its GEMM is complete: the owner stages
     // the tile (store_dq) and one thread adds it by the copy engine
     // (deterministic: the dQ writer adds it, once the previous tile is read).
+    // Split: this warpgroup's half, added by its dQ writer (bwd_dq_half_writer).
     auto reduce_dq = [&](int t, float (&dq)[1][Traits::kNTilesDq][4]) {
         pin_registers(flat(dq));
         if constexpr (Is_deterministic) {
             if (t > 0) named_barrier_sync(dq_empty_barrier(t - 1), dq_handoff_threads<Traits>());
+        } else if constexpr (Traits::kDqSplit) {
+            if (t > 0) named_barrier_sync(dq_empty_barrier(consumer), dq_handoff_threads<Traits>());
         }
         store_dq(dq);
         fence_proxy_async_shared();  // the stores are read by the bulk reduce (async proxy)
         if constexpr (Is_deterministic) {
             named_barrier_arrive(dq_full_barrier(t), dq_handoff_threads<Traits>());
             return;
+        } else if constexpr (Traits::kDqSplit) {
+            named_barrier_arrive(dq_full_barrier(consumer), dq_handoff_threads<Traits>());
+            return;
         }
         named_barrier_sync(kDqBarrier, 128);
         if (thread_in_group == 0) {
-            // Split: this warpgroup's boxes.
-            constexpr int kFirstBox = Traits::kDqSplit ? consumer * Traits::kDqBoxesPerWarpgroup : 0;
 #pragma unroll
-            for (int b = kFirstBox; b < kFirstBox + Traits::kDqBoxesPerWarpgroup; ++b) {
+            for (int b = 0; b < Traits::kDqBoxesPerWarpgroup; ++b) {
                 if (!dq_box_issued<Traits>(b, params.head_dim)) break;
                 tma_reduce_add_4d(tma_dq_accum, layout.dq() + b * Traits::kDqBoxBytes, b * Traits::kDqBoxCols,
                                   work.seq.q_start + work.m0_of(t), work.head_of(params, t), work.q_batch(params));
@@ -895,9 +937,7 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& params, const BwdS
             scores(t + 1, s, dp);
         }
         step_gradients(work.steps - 1);
-        if constexpr (Traits::kDqSplit) {
-            if (thread_in_group == 0) bulk_wait_group<0>();  // the last reduce, before the block is gone
-        } else if constexpr (kOwnsDq) {
+        if constexpr (!Traits::kDqSplit && kOwnsDq) {  // split: the dQ writers add and wait
             wgmma_wait<0>();
             reduce_dq(work.steps - 1, dq);
             // The last reduce is complete before the block (and its shared
@@ -1212,10 +1252,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
 
     const int warpgroup = threadIdx.x / 128;
     if (warpgroup == 0) {
-        // Producer: warp 0 stays (and, deterministic, warps 1 and 2: the dQ
-        // writers), the rest of the warpgroup exits. Nothing is copied for a
-        // block without steps (its consumers write zeros and exit: no copy may
-        // land in a block that is gone).
+        // Producer: warp 0 stays (and, deterministic or the d128 80-query
+        // kernel, warps 1 and 2: the dQ writers), the rest of the warpgroup
+        // exits. Nothing is copied for a block without steps (its consumers
+        // write zeros and exit: no copy may land in a block that is gone).
         release_registers<Traits::kProducerRegs>();
         if constexpr (Is_deterministic) {
             // The warp index broadcast from lane 0: ptxas then sees a
@@ -1225,6 +1265,14 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             if (warp == 1 || warp == 2) {
                 bwd_dq_writer<Traits, Is_local>(params, layout, &tma_dq_accum, warp - 1);
                 return;
+            }
+        } else if constexpr (!Traits::kSplit) {
+            if constexpr (Traits::kDqSplit) {  // the d128 80-query kernel: a dQ writer a consumer warpgroup
+                const int warp = __shfl_sync(0xffffffff, threadIdx.x / 32, 0);
+                if (warp == 1 || warp == 2) {
+                    bwd_dq_half_writer<Traits, Is_local>(params, layout, &tma_dq_accum, warp - 1);
+                    return;
+                }
             }
         }
         // Each role derives its work after setmaxnreg: a value live across it is kept in local memory.
