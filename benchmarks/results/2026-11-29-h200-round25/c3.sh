@@ -1,0 +1,13 @@
+#!/bin/bash
+# Round 25, call 3 (one H200; repository root, OUT set; carry build/ab25): the d128 backward's dQ added
+# from registers, 10 red.global.add.v4.f32 a thread a step in register order (no staging, no barrier, no
+# bulk reduce; diagnostic: its dQ lands in the wrong places), against main and call 1's v4tenth. Trees:
+#   rm -rf build/ab25 && for t in a5d1f25:base 2671d6b:v4tenth e822c98:v5red; do
+#     mkdir -p build/ab25/${t#*:}; git archive ${t%:*} csrc flashattn setup.py pyproject.toml | tar -x -C build/ab25/${t#*:}; done
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+SECONDS=0
+PASS=bwd JOBS=5 ONLY=sm90_fwd_bf16_hdim128,sm90_fwd_bf16_hdim128_local,sm90_bwd_bf16_hdim128,sm90_bwd_bf16_hdim128_local \
+  bash scripts/bisect_fwd.sh build/ab25
+echo "done at ${SECONDS}s"
+python3 benchmarks/results/2026-11-29-h200-round25/best.py "$OUT/bisect.jsonl"
