@@ -3,11 +3,13 @@
 The forward has no atomics, so out and the LSE are the same bits every time;
 the backward promises that with deterministic=True (on CUDA the default sums dq
 with fp32 atomics, in whatever order the blocks finish; the CPU path always
-sums in one order). Nothing a call allocates outlives it.
+sums in one order). Nothing a call allocates outlives it, and nothing waits for
+Python's cyclic collector to be freed.
 """
 
 import gc
 import itertools
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -126,19 +128,15 @@ def test_cpu_backward_is_deterministic_either_way(causal):
         assert torch.equal(grad, want)
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("deterministic", [False, True], ids=["default", "deterministic"])
-def test_no_memory_growth_over_many_calls(deterministic):
-    """MEMORY_CALLS training steps leave the allocated bytes where the first one left them:
-    the copies of misaligned inputs (head dim 64 one element into its rows), the padded
-    copies (head dim 59), the saved tensors, the backward's scratch buffers and the graph
-    are all freed. Both kinds of public function, and an inference call."""
-    seed = case_seed("memory", deterministic)
-    gen = torch.Generator("cuda").manual_seed(seed)
-    q, k, v = random_qkv(2, 300, 257, 8, 2, 64, torch.bfloat16, "cuda", seed, layout="offset")
+def training_step(device: str, deterministic: bool, seed: int) -> Callable[[], None]:
+    """One training step of both kinds of public function and an inference call, on fixed inputs:
+    head dim 64 one element into its rows (copied to align them), a packed qkv of head dim 59
+    (padded on CUDA), causal, GQA."""
+    gen = torch.Generator(device).manual_seed(seed)
+    q, k, v = random_qkv(2, 300, 257, 8, 2, 64, torch.bfloat16, device, seed, layout="offset")
     leaves = tuple(t.detach().requires_grad_() for t in (q, k, v))
-    qkv = torch.randn(2, 300, 3, 8, 59, generator=gen, dtype=torch.bfloat16, device="cuda", requires_grad=True)
-    dout = torch.randn(2, 300, 8, 64, generator=gen, dtype=torch.bfloat16, device="cuda")
+    qkv = torch.randn(2, 300, 3, 8, 59, generator=gen, dtype=torch.bfloat16, device=device, requires_grad=True)
+    dout = torch.randn(2, 300, 8, 64, generator=gen, dtype=torch.bfloat16, device=device)
 
     def step() -> None:
         out = flash_attn_func(*leaves, causal=True, deterministic=deterministic)
@@ -148,11 +146,77 @@ def test_no_memory_growth_over_many_calls(deterministic):
         with torch.no_grad():
             flash_attn_func(*leaves, causal=False)
 
+    return step
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("deterministic", [False, True], ids=["default", "deterministic"])
+def test_no_memory_growth_over_many_calls(deterministic):
+    """MEMORY_CALLS training steps leave the allocated bytes where the first one left them:
+    the copies of misaligned inputs, the padded copies, the saved tensors, the backward's
+    scratch buffers and the graph are all freed. Memory that only Python's cyclic collector
+    would free is not counted as growth here (it is collected before each reading, so the
+    reading does not depend on when the collector last ran); the test below requires a step
+    to leave none."""
+    step = training_step("cuda", deterministic, case_seed("memory", deterministic))
     step()
     gc.collect()  # earlier tests' garbage freed now, not inside the loop (it read as a change once)
     torch.cuda.synchronize()
     allocated = torch.cuda.memory_allocated()
     for _ in range(MEMORY_CALLS):
         step()
+    gc.collect()
     torch.cuda.synchronize()
     assert torch.cuda.memory_allocated() == allocated
+
+
+def cyclic_garbage_of_a_step(
+    step: Callable[[], None], allocated: Callable[[], int] = lambda: 0
+) -> tuple[int, list[str], int]:
+    """What one call of step() leaves to Python's cyclic collector (nothing when every object it
+    made was freed when its last reference went): the objects' count, their types, and the bytes
+    (as `allocated` reads them) that collecting them frees. One call first, so that lazily filled
+    caches and earlier garbage are out of the reading."""
+    step()
+    gc.collect()
+    gc.disable()
+    try:
+        step()
+        before = allocated()
+        gc.set_debug(gc.DEBUG_SAVEALL)  # the collected objects kept in gc.garbage, to name them
+        found = gc.collect()
+        kinds = sorted({type(obj).__name__ for obj in gc.garbage})
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.collect()  # now freed
+        freed = before - allocated()
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+    return found, kinds, freed
+
+
+@pytest.mark.parametrize("deterministic", [False, True], ids=["default", "deterministic"])
+def test_a_cpu_step_leaves_nothing_to_the_cyclic_collector(deterministic):
+    """A training step's objects are freed when their last reference goes, not at the next run
+    of the cyclic collector (whose timing would then decide how much memory a process holds)."""
+    step = training_step("cpu", deterministic, case_seed("cycles cpu", deterministic))
+    found, kinds, _ = cyclic_garbage_of_a_step(step)
+    assert found == 0, f"a step left {found} objects in reference cycles: {kinds}"
+
+
+def cuda_allocated() -> int:
+    torch.cuda.synchronize()
+    return torch.cuda.memory_allocated()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("deterministic", [False, True], ids=["default", "deterministic"])
+def test_a_cuda_step_leaves_nothing_to_the_cyclic_collector(deterministic):
+    """As on the CPU, and no device memory waits for the collector. Round 25 saw
+    test_no_memory_growth_over_many_calls (which did not collect after its loop then) read one
+    qkv-sized allocation above its baseline once, and round 4 one below it."""
+    step = training_step("cuda", deterministic, case_seed("cycles cuda", deterministic))
+    found, kinds, freed = cyclic_garbage_of_a_step(step, cuda_allocated)
+    assert (found, freed) == (0, 0), f"a step left {found} objects ({kinds}) and {freed} bytes to the collector"
