@@ -10,7 +10,8 @@
 // score unit of flash.h, and dS^T takes the cap's chain factor 1 - S^T^2, as
 // in the sm80 backward.
 //
-//   producer warpgroup: one warp stays. Lane 0 copies K and V once, then each
+//   producer warpgroup: one warp stays (two more as dQ writers where said
+//     below). Lane 0 copies K and V once, then each
 //     step's Q and dO tiles into kStages stages (TMA, 128-byte swizzle); the
 //     32 lanes load the step's LSE (in base 2) and D into the stage's row-stat
 //     slots. A stage's "full" mbarrier takes the copies' bytes, its
@@ -29,7 +30,9 @@
 //     d128's 80-query steps split dQ instead (BwdTraits::kDqSplit): each
 //     warpgroup computes dQ^T = K^T dS for its half of the head dim, in
 //     FlashAttention-3's order: dV; dS^T stored; the barrier; dQ^T, then dK,
-//     dQ^T staged and reduced while dK runs; the next S^T and dP^T together.
+//     dQ^T staged while dK runs and handed to a dQ writer warp of the
+//     producer warpgroup, one a warpgroup, which adds it (bwd_dq_half_writer);
+//     the next S^T and dP^T together.
 //
 // At head dims 192 and 256 the two consumer warpgroups share one tile of 64
 // keys instead, each taking part of a step's five GEMMs (kernel_traits.h:
