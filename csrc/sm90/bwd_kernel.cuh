@@ -1269,13 +1269,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                 bwd_dq_writer<Traits, Is_local>(params, layout, &tma_dq_accum, warp - 1);
                 return;
             }
-        } else if constexpr (!Traits::kSplit) {
-            if constexpr (Traits::kDqSplit) {  // the d128 80-query kernel: a dQ writer a consumer warpgroup
-                const int warp = __shfl_sync(0xffffffff, threadIdx.x / 32, 0);
-                if (warp == 1 || warp == 2) {
-                    bwd_dq_half_writer<Traits, Is_local>(params, layout, &tma_dq_accum, warp - 1);
-                    return;
-                }
+        } else if constexpr (Traits::kDqSplit) {  // the d128 80-query kernel: a dQ writer a consumer warpgroup
+            const int warp = __shfl_sync(0xffffffff, threadIdx.x / 32, 0);
+            if (warp == 1 || warp == 2) {
+                bwd_dq_half_writer<Traits, Is_local>(params, layout, &tma_dq_accum, warp - 1);
+                return;
             }
         }
         // Each role derives its work after setmaxnreg: a value live across it is kept in local memory.

@@ -471,6 +471,7 @@ template <int kHeadDim_, int kHeadDimV_, typename Element_>
 struct BwdSplitTraits {
     using Element = Element_;
     static constexpr bool kSplit = true;
+    static constexpr bool kDqSplit = false;  // BwdTraits' d128 80-query dQ^T halves (and their writers)
     static constexpr int kHeadDim = kHeadDim_;
     static constexpr int kHeadDimV = kHeadDimV_;
     static constexpr int kBlockM = 64;  // queries per step
