@@ -357,6 +357,22 @@ __device__ __forceinline__ bool dq_box_issued(int b, int head_dim) {
     return b * Traits::kDqBoxCols < Traits::kMinHeadDim || b * Traits::kDqBoxCols < head_dim;
 }
 
+// Adds the staged dQ boxes [first, end) (those dq_box_issued takes) of the
+// query rows from `row` (dq_accum's row, of sequence `batch`, head `head`) to
+// dq_accum with bulk tensor reduce-adds from `staged` (the dQ stage), and
+// commits them as one bulk group; the caller waits for the group's reads of
+// the stage (bulk_wait_group_read) before the stage is written again.
+template <typename Traits>
+__device__ __forceinline__ void reduce_dq_boxes(const CUtensorMap* map, uint32_t staged, int first, int end,
+                                                int head_dim, int row, int head, int batch) {
+#pragma unroll
+    for (int b = first; b < end; ++b) {
+        if (!dq_box_issued<Traits>(b, head_dim)) break;
+        tma_reduce_add_4d(map, staged + b * Traits::kDqBoxBytes, b * Traits::kDqBoxCols, row, head, batch);
+    }
+    bulk_commit_group();
+}
+
 // Named barriers of the dQ hand-off between the threads that stage a tile and
 // the dQ writer warp that adds it (0 is __syncthreads', 1, 2, 5 and 6 are
 // bwd_consumer's and bwd_split_consumer's), two pairs: dq_full_barrier(i),
@@ -437,13 +453,8 @@ __device__ __forceinline__ void bwd_dq_writer(const BwdParams& params, const Bwd
             }
             named_barrier_sync(dq_full_barrier(t), dq_handoff_threads<Traits>());
             if (issuer) {
-#pragma unroll
-                for (int b = 0; b < Traits::kDqBoxes; ++b) {
-                    if (!dq_box_issued<Traits>(b, params.head_dim)) break;
-                    tma_reduce_add_4d(tma_dq_accum, layout.dq() + b * Traits::kDqBoxBytes, b * Traits::kDqBoxCols,
-                                      work.seq.q_start + m_block * kBlockM, head, work.q_batch(params));
-                }
-                bulk_commit_group();
+                reduce_dq_boxes<Traits>(tma_dq_accum, layout.dq(), 0, Traits::kDqBoxes, params.head_dim,
+                                        work.seq.q_start + m_block * kBlockM, head, work.q_batch(params));
                 bulk_wait_group_read<0>();
             }
             // No arrival after the last step: the owner stages no tile after it.
@@ -480,12 +491,9 @@ __device__ __forceinline__ void bwd_dq_half_writer(const BwdParams& params, cons
     for (int t = 0; t < work.steps; ++t) {
         named_barrier_sync(dq_full_barrier(half), dq_handoff_threads<Traits>());
         if (issuer) {
-            for (int b = first_box; b < first_box + Traits::kDqBoxesPerWarpgroup; ++b) {
-                if (!dq_box_issued<Traits>(b, params.head_dim)) break;
-                tma_reduce_add_4d(tma_dq_accum, layout.dq() + b * Traits::kDqBoxBytes, b * Traits::kDqBoxCols,
-                                  work.seq.q_start + work.m0_of(t), work.head_of(params, t), work.q_batch(params));
-            }
-            bulk_commit_group();
+            reduce_dq_boxes<Traits>(tma_dq_accum, layout.dq(), first_box, first_box + Traits::kDqBoxesPerWarpgroup,
+                                    params.head_dim, work.seq.q_start + work.m0_of(t), work.head_of(params, t),
+                                    work.q_batch(params));
             bulk_wait_group_read<0>();
         }
         // No arrival after the last step: the warpgroup stages no tile after it.
@@ -848,13 +856,8 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& params, const BwdS
         }
         named_barrier_sync(kDqBarrier, 128);
         if (thread_in_group == 0) {
-#pragma unroll
-            for (int b = 0; b < Traits::kDqBoxesPerWarpgroup; ++b) {
-                if (!dq_box_issued<Traits>(b, params.head_dim)) break;
-                tma_reduce_add_4d(tma_dq_accum, layout.dq() + b * Traits::kDqBoxBytes, b * Traits::kDqBoxCols,
-                                  work.seq.q_start + work.m0_of(t), work.head_of(params, t), work.q_batch(params));
-            }
-            bulk_commit_group();
+            reduce_dq_boxes<Traits>(tma_dq_accum, layout.dq(), 0, Traits::kDqBoxesPerWarpgroup, params.head_dim,
+                                    work.seq.q_start + work.m0_of(t), work.head_of(params, t), work.q_batch(params));
         }
     };
 
@@ -1172,13 +1175,9 @@ __device__ __forceinline__ void bwd_split_consumer(const BwdParams& params, cons
         }
         named_barrier_sync(kDqStagedBarrier, 128);
         if (thread_in_group == 0) {
-#pragma unroll
-            for (int b = kDqCol0 / Traits::kDqBoxCols; b < (kDqCol0 + kDqCols) / Traits::kDqBoxCols; ++b) {
-                if (!dq_box_issued<Traits>(b, params.head_dim)) break;
-                tma_reduce_add_4d(tma_dq_accum, layout.dq() + b * Traits::kDqBoxBytes, b * Traits::kDqBoxCols,
-                                  work.seq.q_start + m0, work.head_of(params, t), work.q_batch(params));
-            }
-            bulk_commit_group();
+            reduce_dq_boxes<Traits>(tma_dq_accum, layout.dq(), kDqCol0 / Traits::kDqBoxCols,
+                                    (kDqCol0 + kDqCols) / Traits::kDqBoxCols, params.head_dim, work.seq.q_start + m0,
+                                    work.head_of(params, t), work.q_batch(params));
         }
     };
 
