@@ -30,6 +30,7 @@ for page, mode in ((256, "tma"), (256, "gather"), (16, "gather")):
     torch.cuda.synchronize()
     print("done", page, mode, flush=True)
 PYEOF
+export PYTHONPATH="$PWD"  # the driver runs from /tmp and imports benchmarks/
 timeout 360 "$ncu" --clock-control none --cache-control none -k "regex:^fwd_kernel$" --launch-count 3 \
     --section SpeedOfLight --section WarpStateStats --section SourceCounters --section InstructionStats \
     --section SchedulerStats --section MemoryWorkloadAnalysis_Tables --section LaunchStats \
