@@ -149,6 +149,15 @@ def training_step(device: str, deterministic: bool, seed: int) -> Callable[[], N
     return step
 
 
+def cuda_allocated() -> int:
+    """torch.cuda.memory_allocated() without garbage of its own: up to torch 2.13, memory_allocated
+    reads memory_stats, which flattens the nested stats with a recursive closure, a function and its
+    cell in a cycle with the list and tuples it builds (127 objects a reading on the H200's torch
+    2.11, round 26: all that the first GPU run of the test below found)."""
+    torch.cuda.synchronize()
+    return torch.cuda.memory_stats_as_nested_dict()["allocated_bytes"]["all"]["current"]
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("deterministic", [False, True], ids=["default", "deterministic"])
 def test_no_memory_growth_over_many_calls(deterministic):
@@ -202,15 +211,6 @@ def test_a_cpu_step_leaves_nothing_to_the_cyclic_collector(deterministic):
     step = training_step("cpu", deterministic, case_seed("cycles cpu", deterministic))
     found, kinds, _ = cyclic_garbage_of_a_step(step)
     assert found == 0, f"a step left {found} objects in reference cycles: {kinds}"
-
-
-def cuda_allocated() -> int:
-    """torch.cuda.memory_allocated() without garbage of its own: up to torch 2.13, memory_allocated
-    reads memory_stats, which flattens the nested stats with a recursive closure, a function and its
-    cell in a cycle with the list and tuples it builds (127 objects a reading on the H200's torch
-    2.11, round 26: all that the first GPU run of the test below found)."""
-    torch.cuda.synchronize()
-    return torch.cuda.memory_stats_as_nested_dict()["allocated_bytes"]["all"]["current"]
 
 
 @pytest.mark.gpu
