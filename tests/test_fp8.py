@@ -648,6 +648,33 @@ def test_fp8_kernel_varlen(head_dim, out_dtype, causal):
 
 
 @needs_fp8_kernel
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", [128, 256], ids=lambda d: f"d{d}")
+def test_fp8_kernel_a_nan_in_one_sequences_values_stays_there(head_dim, causal):
+    """A packed batch whose second sequence's first value rows are e4m3 NaN bytes: the first
+    sequence's last key tile reaches into them (91 keys, tiles of 128 or 192), where its P is 0, and
+    0 * NaN would be NaN. Its out stays within the bound of its own values. (The second sequence's
+    out is NaN by its own values and is not checked.)"""
+    lengths_q, lengths_k, heads, heads_k = [37, 20], [91, 150], 4, 2
+    gen = torch.Generator().manual_seed(case_seed("fp8 kernel nan in values", head_dim, causal))
+    sequences = [quantised_inputs(1, n_q, n_k, heads, heads_k, head_dim, head_dim, gen, "cuda")
+                 for n_q, n_k in zip(lengths_q, lengths_k)]  # fmt: skip
+    q, k, v = (cat_fp8([s[0][i][0] for s in sequences]) for i in range(3))
+    v.view(torch.uint8)[lengths_k[0] : lengths_k[0] + 3] = 0x7F  # e4m3's NaN
+    scales = [torch.cat([s[1][i] for s in sequences]) for i in range(3)]
+    cu_q, cu_k = (torch.tensor([0, *itertools.accumulate(n)], dtype=torch.int32, device="cuda")
+                  for n in (lengths_q, lengths_k))  # fmt: skip
+    with poisoned_allocations():
+        out, lse, _ = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lengths_q), max(lengths_k), causal=causal,
+                                             return_attn_probs=True, **dict(zip(DESCALE_NAMES, scales)))
+    assert out[lengths_q[0] :].isnan().any(), "the NaN values were not read where they belong"
+    stored, seq_scales = sequences[0]
+    real = dequantised_fp32(stored, seq_scales, heads)
+    assert_within_fp8_bound(out[: lengths_q[0]][None], lse[:, : lengths_q[0]][None], *real, head_dim**-0.5, causal,
+                            what=f"d{head_dim} the sequence before the NaN values, causal={causal}")
+
+
+@needs_fp8_kernel
 @pytest.mark.parametrize("layout", ["qkv-packed", "q-head-slice"])
 def test_fp8_kernel_strided_views(layout):
     """q, k, v as views of larger tensors, read in place: slices of one packed (B, S, 3, H, D) FP8 qkv,

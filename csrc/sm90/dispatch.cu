@@ -267,10 +267,17 @@ bool serves_fp8(const FwdParams& params) {
     return smem <= params.max_smem_per_block;
 }
 
-int64_t fwd_fp8_workspace(const FwdParams& params) { return value_bytes(params); }
+// v transposed before the kernel, into the workspace, where the kernel does not transpose its tiles.
+int64_t fwd_fp8_workspace(const FwdParams& params) {
+    const bool in_kernel = fp8_head_dim(params.head_dim) == 128 ? Fp8FwdTraitsFor<128, __half, false>::kValuesInKernel
+                                                                : Fp8FwdTraitsFor<256, __half, false>::kValuesInKernel;
+    return in_kernel ? 0 : value_bytes(params);
+}
 
 cudaError_t run_fwd_fp8(const FwdParams& params, cudaStream_t stream) {
-    if (!params.fp8 || !serves_fp8(params) || params.vt_ptr == nullptr) return cudaErrorInvalidValue;
+    if (!params.fp8 || !serves_fp8(params) || (params.vt_ptr == nullptr && fwd_fp8_workspace(params) > 0)) {
+        return cudaErrorInvalidValue;
+    }
     if (const cudaError_t err = sm80::run_fwd_unwritten_rows(params, stream); err != cudaSuccess) return err;
     return FLASH_DTYPE_SWITCH(params.dtype, Out, [&] {
         return FLASH_BOOL_SWITCH(params.is_local, Is_local, [&] {

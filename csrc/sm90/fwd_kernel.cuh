@@ -81,6 +81,16 @@ struct SmemLayout {
         return barrier(2 + 4 * Traits::kStages + Traits::kWorkSlots + slot);
     }
     __device__ __forceinline__ uint32_t o_free() const { return barrier(2 + 4 * Traits::kStages + 2 * Traits::kWorkSlots); }
+    // FP8's v as copied, before its transpose (Traits::kValuesInKernel), and its barriers.
+    __device__ __forceinline__ uint32_t raw_value(int stage) const {
+        return base + Traits::kSmemRawValueOffset + stage * Traits::kRawValueBytes;
+    }
+    __device__ __forceinline__ uint32_t raw_value_full(int stage) const {
+        return barrier(3 + 4 * Traits::kStages + 2 * Traits::kWorkSlots + stage);
+    }
+    __device__ __forceinline__ uint32_t raw_value_empty(int stage) const {
+        return barrier(3 + 4 * Traits::kStages + 2 * Traits::kWorkSlots + Traits::kRawValueStages + stage);
+    }
     __device__ __forceinline__ uint32_t work(int slot) const { return base + Traits::kSmemWorkOffset + 4 * slot; }
     __device__ __forceinline__ uint32_t gather_rows() const { return base + Traits::kSmemGatherOffset; }
 };
@@ -167,6 +177,61 @@ __device__ __forceinline__ void load_values_transposed(const FwdParams& params, 
 #pragma unroll
     for (int cb = 0; cb < Traits::kColBlocksV; ++cb) {
         tma_load_4d(dst + cb * Traits::kVBlockBytes, map, full, column + cb * Traits::kValueSwizzleBytes, 0, head_k, 0);
+    }
+}
+
+// FP8 with the values transposed in the kernel (Traits::kValuesInKernel): the
+// producer warps that write a V^T stage from a tile of v as copied (keys as
+// rows, in K's layout: raw), and the tile's keys from keys_left on as zeros (the
+// next sequence's values, or whatever follows the tensor, may hold NaN bit
+// patterns, and 0 * NaN would reach O). The V^T stage is what the transposing
+// kernel's copy delivers (fp8_values.cuh): head-dim rows, the keys of each
+// block of 32 in value_key's order, column blocks of kValueSwizzleBytes keys in
+// that swizzle.
+constexpr int kValueTransposeWarps = 3;  // producer warps 1-3
+constexpr int kValueTransposeThreads = 32 * kValueTransposeWarps;
+
+// A warp (0 .. kValueTransposeWarps - 1 of them) moves units of 16 keys x 32
+// head-dim bytes, in turn. ldmatrix.trans reads the unit as four 8 x 8 matrices
+// of byte pairs (keys 0-7 and 8-15 of head-dim bytes 0-15, then of bytes
+// 16-31): lane (r, c) = (lane / 4, lane % 4) receives keys 2c and 2c + 1 of
+// bytes 2r and 2r + 1 from each. Two byte permutes per pair of matrices give it
+// the words of V^T rows 2r and 2r + 1 at k indices 4c .. 4c + 3, which hold
+// keys 2c, 2c + 1, 8 + 2c, 9 + 2c: value_key's order, so no lane exchanges a
+// byte. stmatrix writes them as four matrices of 8 V^T rows; the lanes of the
+// upper 8 rows swap their even and odd row words, so that a matrix's rows are
+// 2i (i < 4) and 2i + 1 (i >= 4): eight rows of distinct swizzle phases, no
+// bank conflict in either swizzle.
+template <typename Traits>
+__device__ __forceinline__ void transpose_value_tile(uint32_t raw, uint32_t vt, int keys_left, int warp, int lane) {
+    constexpr int kKeyGroups = Traits::kBlockN / 16;
+    constexpr int kUnits = kKeyGroups * (Traits::kTileColsV / 32);
+    constexpr int kSwizzle = Traits::kValueSwizzleBytes;
+    static_assert(Traits::kTileCols == Traits::kTileColsV && Traits::kBlockN % 32 == 0, "whole units");
+    const int m = lane / 8, i = lane % 8;  // the row lane gives the address of: matrix m, row i
+    const int c = lane % 4;                // and its keys in the matrices it receives: 2c, 2c + 1
+    const bool swap = lane >= 16;          // it holds rows 2r, 2r + 1 with r = lane / 4 >= 4
+    for (int u = warp; u < kUnits; u += kValueTransposeWarps) {
+        const int g = u % kKeyGroups, h = u / kKeyGroups;  // keys 16g .., head-dim bytes 32h ..
+        const int key = 16 * g + 8 * (m % 2) + i;
+        const int byte = 32 * h + 16 * (m / 2);
+        const uint32_t src = raw + (byte / kSwizzleBytes) * Traits::kKVBlockBytes + key * kSwizzleBytes +
+                             ((((byte % kSwizzleBytes) / 16) ^ (key % 8)) << 4);
+        uint32_t x0, x1, x2, x3;
+        ldmatrix_x4_trans(src, x0, x1, x2, x3);
+        uint32_t even_lo = __byte_perm(x0, x1, 0x6420), odd_lo = __byte_perm(x0, x1, 0x7531);
+        uint32_t even_hi = __byte_perm(x2, x3, 0x6420), odd_hi = __byte_perm(x2, x3, 0x7531);
+        if (keys_left < 16 * (g + 1)) {  // the tile's keys past the sequence, as zeros
+            const int left = keys_left - 16 * g;
+            const uint32_t keep = (2 * c < left ? 0xffu : 0u) | (2 * c + 1 < left ? 0xff00u : 0u) |
+                                  (8 + 2 * c < left ? 0xff0000u : 0u) | (9 + 2 * c < left ? 0xff000000u : 0u);
+            even_lo &= keep, odd_lo &= keep, even_hi &= keep, odd_hi &= keep;
+        }
+        const int row = 32 * h + 16 * (m / 2) + 2 * i + ((m % 2) ^ (i / 4));  // of V^T
+        const int col = 16 * g;                                               // its first k index here
+        const uint32_t offset = (col / kSwizzle) * Traits::kVBlockBytes + row * kSwizzle + col % kSwizzle;
+        stmatrix_x4(vt + (offset ^ (((offset >> 7) & (kSwizzle / 16 - 1)) << 4)), swap ? odd_lo : even_lo,
+                    swap ? even_lo : odd_lo, swap ? odd_hi : even_hi, swap ? even_hi : odd_hi);
     }
 }
 
@@ -503,6 +568,41 @@ __device__ __forceinline__ void gather_tiles(const FwdParams& params, const Smem
     cp_async_wait_all();  // no copy outlives its thread
 }
 
+// Producer warps 1-3 with FP8's values transposed in the kernel
+// (Traits::kValuesInKernel): they take each work tile as the consumers do and
+// walk its key tiles as the copying thread does; for each, once its V^T stage
+// is free (and, kOInValues, the previous output tile read) and its v has
+// landed, they write the stage (transpose_value_tile), make their writes
+// visible to wgmma's reads and arrive on the stage's full barrier and on the
+// raw stage's empty one: every thread for its own writes and reads.
+template <typename Traits, bool Is_local>
+__device__ __forceinline__ void transpose_value_tiles(const FwdParams& params, const SmemLayout<Traits>& layout,
+                                                      const WorkQueue<Traits>& queue, int num_m_blocks,
+                                                      int num_work, int section) {
+    constexpr int kRawStages = Traits::kRawValueStages;
+    const int lane = threadIdx.x % 32;
+    const int warp = __shfl_sync(0xffffffffu, threadIdx.x / 32, 0) - 1;
+    int q_count = 0, tile_count = 0;
+    for (int k = 0, t = queue.take(0); t < num_work; t = queue.take(++k)) {
+        const WorkTile<Traits, Is_local> work(params, t, num_m_blocks, section);
+        if (work.num_tiles == 0) continue;  // as the copying thread
+        ++q_count;
+        for (int i = 0; i < work.num_tiles; ++i, ++tile_count) {
+            const StageOf<Traits> s(tile_count);
+            const int raw = tile_count % kRawStages;
+            const uint32_t raw_phase = (tile_count / kRawStages) & 1;
+            const int n0 = (work.key_tiles.n_end - 1 - i) * Traits::kBlockN;
+            if (tile_count >= Traits::kStages) mbarrier_wait(layout.v_empty(s.stage), s.phase ^ 1);
+            if (Traits::kOInValues && i == 0 && q_count > 1) mbarrier_wait(layout.o_free(), (q_count - 2) & 1);
+            mbarrier_wait(layout.raw_value_full(raw), raw_phase);
+            transpose_value_tile<Traits>(layout.raw_value(raw), layout.v(s.stage), work.seq.seqlen_k - n0, warp, lane);
+            fence_proxy_async_shared();
+            mbarrier_arrive(layout.v_full(s.stage));
+            mbarrier_arrive(layout.raw_value_empty(raw));
+        }
+    }
+}
+
 // Persistent blocks (at most one per tile) of one producer and
 // kConsumerWarpgroups consumer warpgroups, drawing their query tiles from
 // WorkQueue: statically when work_counter is nullptr, else dynamically.
@@ -537,22 +637,28 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         mbarrier_init(layout.q_empty(), Traits::kConsumerWarpgroups * 4);
         // A stage's arrival: the producer thread's arrive.expect_tx (TMA), or
         // each producer thread's, made once its copies are complete (gathered).
+        // FP8's V^T stages written in the kernel: each transposing thread's.
         const int full_arrivals = gather ? KeyTileGather<Traits, 4>::kThreads : 1;
         for (int stage = 0; stage < kStages; ++stage) {
             mbarrier_init(layout.k_full(stage), full_arrivals);
-            mbarrier_init(layout.v_full(stage), full_arrivals);
+            mbarrier_init(layout.v_full(stage), Traits::kValuesInKernel ? kValueTransposeThreads : full_arrivals);
             // One arrival per consumer warp: each warp releases a stage once its
             // own wgmma reads of it are complete.
             mbarrier_init(layout.k_empty(stage), Traits::kConsumerWarpgroups * 4);
             mbarrier_init(layout.v_empty(stage), Traits::kConsumerWarpgroups * 4);
         }
-        // Each consumer thread's take (and producer warps 1-3's, gathering).
-        const int takers = Traits::kConsumerWarpgroups * 128 + (gather ? KeyTileGather<Traits, 4>::kThreads - 32 : 0);
+        // Each consumer thread's take (and producer warps 1-3's, gathering or transposing values).
+        const int takers = Traits::kConsumerWarpgroups * 128 + (gather ? KeyTileGather<Traits, 4>::kThreads - 32 : 0) +
+                           (Traits::kValuesInKernel ? kValueTransposeThreads : 0);
         for (int slot = 0; slot < Traits::kWorkSlots; ++slot) {
             mbarrier_init(layout.work_full(slot), 1);  // the producer's draw
             mbarrier_init(layout.work_empty(slot), takers);
         }
         mbarrier_init(layout.o_free(), Traits::kConsumerWarpgroups);  // each warpgroup's O issuer
+        for (int stage = 0; stage < Traits::kRawValueStages; ++stage) {
+            mbarrier_init(layout.raw_value_full(stage), 1);  // the copying thread's arrive.expect_tx
+            mbarrier_init(layout.raw_value_empty(stage), kValueTransposeThreads);
+        }
         fence_barrier_init();
     }
     __syncthreads();  // the barriers exist before anyone waits on them; the last block-wide barrier
@@ -580,6 +686,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                 return;
             }
         }
+        if constexpr (Traits::kValuesInKernel) {
+            if (threadIdx.x >= 32) {
+                transpose_value_tiles<Traits, Is_local>(params, layout, queue, num_m_blocks, num_work, section);
+                return;
+            }
+        }
         if (threadIdx.x >= 32) return;  // warp 0 draws the work; its lane 0 alone copies but for pages
         const int lane = threadIdx.x;
         if (lane == 0) {
@@ -601,6 +713,15 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                 // A stage's first use needs no release; its u-th waits for release u - 1.
                 if (tile_count >= kStages) mbarrier_wait(layout.k_empty(s.stage), s.phase ^ 1);
                 source.load(layout.k(s.stage), &tma_k, layout.k_full(s.stage), box, Traits::kColBlocks);
+                if constexpr (Traits::kValuesInKernel) {  // v as K is, for transpose_value_tiles
+                    const int raw = tile_count % Traits::kRawValueStages;
+                    const uint32_t raw_phase = (tile_count / Traits::kRawValueStages) & 1;
+                    if (tile_count >= Traits::kRawValueStages) {
+                        mbarrier_wait(layout.raw_value_empty(raw), raw_phase ^ 1);
+                    }
+                    source.load(layout.raw_value(raw), &tma_v, layout.raw_value_full(raw), box, Traits::kColBlocks);
+                    continue;
+                }
                 if (tile_count >= kStages) mbarrier_wait(layout.v_empty(s.stage), s.phase ^ 1);
                 // The previous query tile's output tile, in the V stages, has been read.
                 if (Traits::kOInValues && i == 0 && q_count > 1) mbarrier_wait(layout.o_free(), (q_count - 2) & 1);

@@ -80,26 +80,35 @@ cudaError_t run_fwd_(const FwdParams& params, KeyCopy key_copy, cudaStream_t str
     return launch_fwd<Traits, Is_local, Has_softcap>(params, tma_q, tma_k, tma_v, key_copy, stream);
 }
 
-// FP8 (params.fp8; e4m3 q, k, v, out of type Out): v transposed into the
-// family's workspace (params.vt_ptr, fp8_values.cuh), then the kernel.
+// FP8 (params.fp8; e4m3 q, k, v, out of type Out): the kernel, with v as k
+// where it transposes its tiles itself (Traits::kValuesInKernel), else after
+// v transposed into the family's workspace (params.vt_ptr, fp8_values.cuh).
 template <typename Out, int kHeadDim, bool Is_local>
 cudaError_t run_fwd_fp8_(const FwdParams& params, cudaStream_t stream) {
     using Traits = Fp8FwdTraitsFor<kHeadDim, Out, Is_local>;
-    static_assert(Traits::kBlockN <= kFp8KeyTile && Traits::kBlockN % kTransposeKeys == 0,
-                  "a sequence's columns are written up to a multiple of the key tile, inside its gap");
-    const int64_t columns = value_columns(params);
-    const int blocks_k = (params.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN * (Traits::kBlockN / kTransposeKeys);
-    if (blocks_k > 0 && params.batch > 0) {
-        const dim3 grid(blocks_k, params.num_heads_k, params.batch);
-        const int smem = kTransposeKeys * (params.head_dim_v / 4 + 1) * 4;
-        transpose_values<<<grid, kTransposeThreads, smem, stream>>>(params, columns, Traits::kBlockN);
-        if (const cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
+    CUtensorMap tma_q{}, tma_k{}, tma_v{};
+    if constexpr (Traits::kValuesInKernel) {
+        const cudaError_t err = make_fwd_fp8_tensor_maps(params, Traits::kBlockM, Traits::kBlockN, &tma_q, &tma_k, &tma_v);
+        if (err != cudaSuccess) return err;
+    } else {
+        static_assert(Traits::kBlockN <= kFp8KeyTile && Traits::kBlockN % kTransposeKeys == 0,
+                      "a sequence's columns are written up to a multiple of the key tile, inside its gap");
+        const int64_t columns = value_columns(params);
+        const int blocks_k =
+            (params.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN * (Traits::kBlockN / kTransposeKeys);
+        if (blocks_k > 0 && params.batch > 0) {
+            const dim3 grid(blocks_k, params.num_heads_k, params.batch);
+            const int smem = kTransposeKeys * (params.head_dim_v / 4 + 1) * 4;
+            transpose_values<<<grid, kTransposeThreads, smem, stream>>>(params, columns, Traits::kBlockN);
+            if (const cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
+        }
+        cudaError_t err = make_fwd_fp8_tensor_maps(params, Traits::kBlockM, Traits::kBlockN, &tma_q, &tma_k, nullptr);
+        if (err == cudaSuccess) {
+            err = make_fwd_fp8_value_map(params, Traits::kTileColsV, Traits::kValueSwizzleBytes, columns, &tma_v);
+        }
+        if (err != cudaSuccess) return err;
     }
-    CUtensorMap tma_q{}, tma_k{}, tma_vt{};
-    const cudaError_t err = make_fwd_fp8_tensor_maps(params, Traits::kBlockM, Traits::kBlockN, Traits::kTileColsV,
-                                                     Traits::kValueSwizzleBytes, columns, &tma_q, &tma_k, &tma_vt);
-    if (err != cudaSuccess) return err;
-    return launch_fwd<Traits, Is_local, /*Has_softcap=*/false>(params, tma_q, tma_k, tma_vt, KeyCopy::kTma, stream);
+    return launch_fwd<Traits, Is_local, /*Has_softcap=*/false>(params, tma_q, tma_k, tma_v, KeyCopy::kTma, stream);
 }
 
 }  // namespace flash::sm90

@@ -101,6 +101,14 @@ struct FwdTraits {
     static constexpr int kQBytes = kColBlocks * kQBlockBytes;
     static constexpr int kKVBytes = kColBlocks * kKVBlockBytes;  // a K tile
     static constexpr int kVBytes = kColBlocksV * kVBlockBytes;
+    // FP8 at d128 (kValuesInKernel): v arrives as K does, keys as rows (by the bulk tensor copy,
+    // into kRawValueStages stages of K's layout), and producer warps 1-3 write each tile
+    // transposed into its V^T stage (fwd_kernel.cuh: transpose_value_tiles). Elsewhere (d256,
+    // whose producer has 24 registers) a kernel of its own transposes v before the call
+    // (fp8_values.cuh).
+    static constexpr bool kValuesInKernel = kFp8 && kHeadDim == 128;
+    static constexpr int kRawValueStages = kValuesInKernel ? 1 : 0;
+    static constexpr int kRawValueBytes = kKVBytes;  // a tile of v as copied, in K's layout
 
     // O's way out of the block (issue 18). Where the output tile, [kBlockM, kTileCols] in Q's
     // layout, fits beside Q and the stages (kOStaged), each consumer warpgroup writes its
@@ -120,11 +128,12 @@ struct FwdTraits {
     static constexpr int kSmemQOffset = 0;
     static constexpr int kSmemKOffset = kSmemQOffset + kQBytes;
     static constexpr int kSmemVOffset = kSmemKOffset + kStages * kKVBytes;
-    static constexpr int kSmemOOffset = kSmemVOffset + kStages * kVBytes;
+    static constexpr int kSmemRawValueOffset = kSmemVOffset + kStages * kVBytes;
+    static constexpr int kSmemOOffset = kSmemRawValueOffset + kRawValueStages * kRawValueBytes;
     // Q full and empty; K, V full and empty per stage; the work exchange's full and empty per
-    // slot; O's reads of the V stages done (kOInValues).
+    // slot; O's reads of the V stages done (kOInValues); full and empty per raw value stage.
     static constexpr int kWorkSlots = 2;  // query tiles handed from the producer to the consumers
-    static constexpr int kBarriers = 2 + 4 * kStages + 2 * kWorkSlots + 1;
+    static constexpr int kBarriers = 2 + 4 * kStages + 2 * kWorkSlots + 1 + 2 * kRawValueStages;
     static constexpr int kSmemAlign = kSwizzleAtomBytes;
     static constexpr int kGatherRowBytes = 16;  // a key row's K and V addresses
     // Past the tiles: the barriers, the work slots (rounded up to 16 bytes), the gathered rows'

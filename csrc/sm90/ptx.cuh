@@ -328,6 +328,19 @@ __device__ __forceinline__ float4 load_shared_f32x4(uint32_t addr) {
     return v;
 }
 
+// ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16: the warp loads four 8 x 8
+// matrices of 16-bit elements, each transposed: lanes 8j .. 8j + 7 give the
+// shared addresses of matrix j's rows (16 bytes each), and lane i receives in rj
+// elements i / 4 of rows 2 (i % 4) and 2 (i % 4) + 1 of matrix j (low half, high
+// half).
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2,
+                                                  uint32_t& r3) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(addr)
+                 : "memory");
+}
+
 // stmatrix.sync.aligned.m8n8.x4.shared.b16: the warp stores four 8 x 8 matrices
 // of 16-bit elements. In matrix j (register rj) lane i holds row i / 4, elements
 // 2 (i % 4) and 2 (i % 4) + 1 (an mma.m16n8 accumulator's pairs, packed);

@@ -160,17 +160,21 @@ cudaError_t make_fwd_tensor_maps(const FwdParams& params, int box_rows_q, int bo
     return err;
 }
 
-cudaError_t make_fwd_fp8_tensor_maps(const FwdParams& params, int box_rows_q, int box_rows_k, int box_rows_vt,
-                                     int box_cols_vt, int64_t vt_columns, CUtensorMap* q, CUtensorMap* k,
-                                     CUtensorMap* vt) {
+cudaError_t make_fwd_fp8_tensor_maps(const FwdParams& params, int box_rows_q, int box_rows_kv, CUtensorMap* q,
+                                     CUtensorMap* k, CUtensorMap* v) {
     cudaError_t err = encode_fp8(q, params, q_view(params), box_rows_q);
-    if (err == cudaSuccess) err = encode_fp8(k, params, k_view(params), box_rows_k);
+    if (err == cudaSuccess) err = encode_fp8(k, params, k_view(params), box_rows_kv);
+    if (err == cudaSuccess && v != nullptr) err = encode_fp8(v, params, v_view(params), box_rows_kv);
+    return err;
+}
+
+cudaError_t make_fwd_fp8_value_map(const FwdParams& params, int box_rows_vt, int box_cols_vt, int64_t vt_columns,
+                                   CUtensorMap* vt) {
     // V^T (fp8_values.cuh): [KV head][head_dim_v rows][vt_columns], as (columns, rows, heads, one batch),
     // boxes of box_cols_vt columns (keys) by box_rows_vt head-dim rows, in the swizzle of that many bytes.
     const View vt_view{params.vt_ptr, params.head_dim_v, params.num_heads_k, 1, vt_columns,
                        params.head_dim_v * vt_columns, 0, vt_columns};
-    if (err == cudaSuccess) err = encode_fp8(vt, params, vt_view, box_rows_vt, box_cols_vt);
-    return err;
+    return encode_fp8(vt, params, vt_view, box_rows_vt, box_cols_vt);
 }
 
 cudaError_t make_fwd_o_tensor_map(const FwdParams& params, int box_rows, CUtensorMap* o) {

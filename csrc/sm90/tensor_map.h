@@ -21,14 +21,16 @@ namespace flash::sm90 {
 cudaError_t make_fwd_tensor_maps(const FwdParams& params, int box_rows_q, int box_rows_kv, CUtensorMap* q,
                                  CUtensorMap* k, CUtensorMap* v);
 
-// FP8 (params.fp8): q and k as above in 8 bits (boxes of 128 columns, still
-// 128 bytes, x box_rows_q or box_rows_k rows), and V^T in the family's
-// workspace (params.vt_ptr; fp8_values.cuh) of vt_columns columns: boxes of
-// box_cols_vt columns (keys, 128 or 64) x box_rows_vt head-dim rows in the
-// swizzle of that many bytes.
-cudaError_t make_fwd_fp8_tensor_maps(const FwdParams& params, int box_rows_q, int box_rows_k, int box_rows_vt,
-                                     int box_cols_vt, int64_t vt_columns, CUtensorMap* q, CUtensorMap* k,
-                                     CUtensorMap* vt);
+// FP8 (params.fp8): q, k and (v not null) v as above in 8 bits, boxes of 128
+// columns (still 128 bytes) x box_rows_q or box_rows_kv rows.
+cudaError_t make_fwd_fp8_tensor_maps(const FwdParams& params, int box_rows_q, int box_rows_kv, CUtensorMap* q,
+                                     CUtensorMap* k, CUtensorMap* v);
+
+// FP8's V^T in the family's workspace (params.vt_ptr; fp8_values.cuh) of
+// vt_columns columns: boxes of box_cols_vt columns (keys, 128 or 64) x
+// box_rows_vt head-dim rows in the swizzle of that many bytes.
+cudaError_t make_fwd_fp8_value_map(const FwdParams& params, int box_rows_vt, int box_cols_vt, int64_t vt_columns,
+                                   CUtensorMap* vt);
 
 // The map of out for the forward's bulk stores of O: out's [head dim, rows,
 // heads, batch] as q's, boxes of 64 columns x box_rows rows in the 128-byte
