@@ -19,9 +19,9 @@ extras or not) and the varlen addressing run under every tool. Then KVCACHE_CASE
 run flash_attn_with_kvcache (contiguous and paged caches, appends, rotary,
 split-KV, leftpad), its kernels included: the append, the decoding kernel, the tiled
 KV-cache forward and the combine; PAGED_CASES run flash_attn_varlen_func over
-paged k and v (block_table, seqused_k), forward and backward; and model_feature_calls
+paged k and v (block_table, seqused_k), forward and backward; model_feature_calls
 runs learnable sinks (forward, backward with dsink and dlse, a split-KV decode) and
-flash_attn_combine.
+flash_attn_combine; and fp8_calls the FP8 forward (e4m3 q, k, v).
 
   full   both dtypes; every compiled head dim (32, 64, 96, 128, 192, 256, 512) and
          one head dim below each that runs on it with a partial tile (8, 40, 72, 104,
@@ -290,6 +290,38 @@ def model_feature_calls(dtype) -> int:
     return calls
 
 
+def fp8_calls(out_dtype) -> int:
+    """flash_attn_func and flash_attn_varlen_func on e4m3 q, k, v (the sm90 FP8 kernel where the family
+    has it, else the dequantising path): head dims 64 and 128 (its d128 kernel, whose producer warps
+    transpose v), 192 and 256 (its d256 one, after the transposing kernel), causal and not, a window,
+    GQA, key counts that end inside a tile and walk several (stages written again after they were
+    read), and a packed batch with a sequence without keys; returns the number of calls."""
+    from flashattn import flash_attn_func, flash_attn_varlen_func
+
+    fp8 = torch.float8_e4m3fn
+    calls = 0
+    for head_dim, (seqlen_q, seqlen_k), causal in itertools.product((64, 128, 192, 256), ((130, 1000), (333, 301)),
+                                                                    (False, True)):
+        q = torch.randn(2, seqlen_q, 4, head_dim, device="cuda").to(fp8)
+        k, v = (torch.randn(2, seqlen_k, 2, head_dim, device="cuda").to(fp8) for _ in range(2))
+        descale = torch.rand(2, 2, device="cuda") + 0.5
+        flash_attn_func(q, k, v, causal=causal, q_descale=descale, k_descale=descale, v_descale=descale,
+                        out_dtype=out_dtype)
+        flash_attn_func(q, k, v, window_size=(77, 20), out_dtype=out_dtype)
+        calls += 2
+    for head_dim in (128, 256):
+        lengths_q, lengths_k = [37, 5, 129], [91, 0, 403]
+        q = torch.randn(sum(lengths_q), 4, head_dim, device="cuda").to(fp8)
+        k, v = (torch.randn(sum(lengths_k), 2, head_dim, device="cuda").to(fp8) for _ in range(2))
+        cu_q, cu_k = (torch.tensor([0, *itertools.accumulate(n)], device="cuda", dtype=torch.int32)
+                      for n in (lengths_q, lengths_k))
+        for causal in (False, True):
+            flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lengths_q), max(lengths_k), causal=causal,
+                                   out_dtype=out_dtype)
+            calls += 1
+    return calls
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sweep", choices=["full", "small"], default="full")
@@ -308,11 +340,12 @@ def main() -> None:
     kvcache = sum(kvcache_calls(dtype) for dtype in DTYPES)
     paged = sum(paged_calls(dtype) for dtype in DTYPES)
     features = sum(model_feature_calls(dtype) for dtype in DTYPES)
+    fp8 = sum(fp8_calls(dtype) for dtype in DTYPES)
     torch.cuda.synchronize()
     flashattn.check_faults()  # the block tables' out-of-range entries past each sequence were never read
     print(f"sanitize driver: {forward_calls} forward and {backward_calls} backward calls completed "
-          f"(sweep {args.sweep}), {kvcache} KV-cache calls, {paged} paged varlen calls and {features} "
-          "calls of sinks, combine and narrower v")
+          f"(sweep {args.sweep}), {kvcache} KV-cache calls, {paged} paged varlen calls, {features} "
+          f"calls of sinks, combine and narrower v and {fp8} FP8 calls")
 
 
 if __name__ == "__main__":

@@ -18,8 +18,11 @@
 // keys from column value_key_start(b) (16-byte aligned), its columns up to the
 // next multiple of kFp8KeyTile written (zeros past its keys), so that a key tile
 // that reaches past a sequence's end reads zeros (no NaN bit pattern of the
-// next sequence's values can meet a P of 0). Written by transpose_values once
-// per call, read by the kernel's bulk tensor copies (tensor_map.cu).
+// next sequence's values can meet a P of 0). Where the kernel does not write
+// its V^T tiles itself (d256; kernel_traits.h: kValuesInKernel), written by
+// transpose_values once per call and read by the kernel's bulk tensor copies
+// (tensor_map.cu); at d128 the kernel's producer warps write each tile in the
+// same order and swizzle (fwd_kernel.cuh: transpose_value_tile).
 #pragma once
 
 #include <cstdint>

@@ -191,47 +191,91 @@ __device__ __forceinline__ void load_values_transposed(const FwdParams& params, 
 constexpr int kValueTransposeWarps = 3;  // producer warps 1-3
 constexpr int kValueTransposeThreads = 32 * kValueTransposeWarps;
 
-// A warp (0 .. kValueTransposeWarps - 1 of them) moves units of 16 keys x 32
-// head-dim bytes, in turn. ldmatrix.trans reads the unit as four 8 x 8 matrices
-// of byte pairs (keys 0-7 and 8-15 of head-dim bytes 0-15, then of bytes
-// 16-31): lane (r, c) = (lane / 4, lane % 4) receives keys 2c and 2c + 1 of
-// bytes 2r and 2r + 1 from each. Two byte permutes per pair of matrices give it
-// the words of V^T rows 2r and 2r + 1 at k indices 4c .. 4c + 3, which hold
-// keys 2c, 2c + 1, 8 + 2c, 9 + 2c: value_key's order, so no lane exchanges a
-// byte. stmatrix writes them as four matrices of 8 V^T rows; the lanes of the
-// upper 8 rows swap their even and odd row words, so that a matrix's rows are
-// 2i (i < 4) and 2i + 1 (i >= 4): eight rows of distinct swizzle phases, no
-// bank conflict in either swizzle.
-template <typename Traits>
-__device__ __forceinline__ void transpose_value_tile(uint32_t raw, uint32_t vt, int keys_left, int warp, int lane) {
+// A warp (0 .. kValueTransposeWarps - 1 of them) moves its share of the tile's
+// units of 16 keys x 32 head-dim bytes: key groups g = kGroupsPerWarp w .. (so
+// that the addresses of a unit are a lane's base plus what the unrolled loop
+// knows at compile time). ldmatrix.trans reads a unit as four 8 x 8 matrices of
+// byte pairs (keys 0-7 and 8-15 of head-dim bytes 0-15, then of bytes 16-31):
+// lane (r, c) = (lane / 4, lane % 4) receives keys 2c and 2c + 1 of bytes 2r and
+// 2r + 1 from each. Two byte permutes per pair of matrices give it the words of
+// V^T rows 2r and 2r + 1 at k indices 4c .. 4c + 3, which hold keys 2c, 2c + 1,
+// 8 + 2c, 9 + 2c: value_key's order, so no lane exchanges a byte. stmatrix
+// writes them as four matrices of 8 V^T rows; the lanes of the upper 8 rows
+// take their odd row's word first (the permutes' selectors are the lane's), so
+// that a matrix's rows are 2i (i < 4) and 2i + 1 (i >= 4): eight rows of
+// distinct swizzle phases, no bank conflict in either swizzle. kMasked: the
+// tile reaches past the sequence, whose keys from keys_left on are written as
+// zeros.
+template <typename Traits, bool kMasked>
+__device__ __forceinline__ void transpose_value_units(uint32_t raw, uint32_t vt, int keys_left, int warp) {
     constexpr int kKeyGroups = Traits::kBlockN / 16;
-    constexpr int kUnits = kKeyGroups * (Traits::kTileColsV / 32);
+    constexpr int kGroupsPerWarp = (kKeyGroups + kValueTransposeWarps - 1) / kValueTransposeWarps;
+    constexpr int kByteGroups = Traits::kTileColsV / 32;
     constexpr int kSwizzle = Traits::kValueSwizzleBytes;
+    constexpr int kPhases = kSwizzle / 16;  // 16-byte chunks of a swizzled row
+    constexpr int kUnitsInFlight = 4;       // loads issued together (their registers: 4 each)
     static_assert(Traits::kTileCols == Traits::kTileColsV && Traits::kBlockN % 32 == 0, "whole units");
+    static_assert(kByteGroups % kUnitsInFlight == 0 && kSwizzle % 64 == 0, "whole rounds; 64 or 128 keys a block");
+    // Derived from the lane here, each tile (opaque), not held across the producer's waits.
+    const int lane = opaque(static_cast<int>(threadIdx.x % 32));
     const int m = lane / 8, i = lane % 8;  // the row lane gives the address of: matrix m, row i
     const int c = lane % 4;                // and its keys in the matrices it receives: 2c, 2c + 1
-    const bool swap = lane >= 16;          // it holds rows 2r, 2r + 1 with r = lane / 4 >= 4
-    for (int u = warp; u < kUnits; u += kValueTransposeWarps) {
-        const int g = u % kKeyGroups, h = u / kKeyGroups;  // keys 16g .., head-dim bytes 32h ..
-        const int key = 16 * g + 8 * (m % 2) + i;
-        const int byte = 32 * h + 16 * (m / 2);
-        const uint32_t src = raw + (byte / kSwizzleBytes) * Traits::kKVBlockBytes + key * kSwizzleBytes +
-                             ((((byte % kSwizzleBytes) / 16) ^ (key % 8)) << 4);
-        uint32_t x0, x1, x2, x3;
-        ldmatrix_x4_trans(src, x0, x1, x2, x3);
-        uint32_t even_lo = __byte_perm(x0, x1, 0x6420), odd_lo = __byte_perm(x0, x1, 0x7531);
-        uint32_t even_hi = __byte_perm(x2, x3, 0x6420), odd_hi = __byte_perm(x2, x3, 0x7531);
-        if (keys_left < 16 * (g + 1)) {  // the tile's keys past the sequence, as zeros
-            const int left = keys_left - 16 * g;
-            const uint32_t keep = (2 * c < left ? 0xffu : 0u) | (2 * c + 1 < left ? 0xff00u : 0u) |
-                                  (8 + 2 * c < left ? 0xff0000u : 0u) | (9 + 2 * c < left ? 0xff000000u : 0u);
-            even_lo &= keep, odd_lo &= keep, even_hi &= keep, odd_hi &= keep;
+    const uint32_t first = lane >= 16 ? 0x7531u : 0x6420u, second = first ^ 0x1111u;  // its rows' selectors
+    const int g0 = warp * kGroupsPerWarp;
+    // Of the raw tile: key 16 g0 + 8 (m % 2) + i, chunk (2h + m / 2) ^ (key % 8) = 2h ^ t.
+    const uint32_t src = raw + (16 * g0 + 8 * (m % 2) + i) * kSwizzleBytes;
+    const int t = (m / 2) ^ i;
+    // Of V^T: row 32h + 16 (m / 2) + 2i + ((m % 2) ^ (i / 4)), whose swizzle phase is i % kPhases (64-byte
+    // rows: (row / 2) % 4; 128-byte rows: row % 8).
+    const int row = 16 * (m / 2) + 2 * i + ((m % 2) ^ (i / 4));
+    const uint32_t dst = vt + row * kSwizzle;
+    const int phase = kSwizzle == 64 ? (row / 2) % kPhases : row % kPhases;
+#pragma unroll
+    for (int j = 0; j < kGroupsPerWarp; ++j) {
+        const int g = g0 + j;  // keys 16g ..
+        if (kKeyGroups % kValueTransposeWarps != 0 && g >= kKeyGroups) break;
+        const int col = 16 * g;  // V^T's first k index of the unit
+        uint32_t keep = 0xffffffffu;
+        if constexpr (kMasked) {
+            const int left = keys_left - col;
+            keep = (2 * c < left ? 0xffu : 0u) | (2 * c + 1 < left ? 0xff00u : 0u) |
+                   (8 + 2 * c < left ? 0xff0000u : 0u) | (9 + 2 * c < left ? 0xff000000u : 0u);
         }
-        const int row = 32 * h + 16 * (m / 2) + 2 * i + ((m % 2) ^ (i / 4));  // of V^T
-        const int col = 16 * g;                                               // its first k index here
-        const uint32_t offset = (col / kSwizzle) * Traits::kVBlockBytes + row * kSwizzle + col % kSwizzle;
-        stmatrix_x4(vt + (offset ^ (((offset >> 7) & (kSwizzle / 16 - 1)) << 4)), swap ? odd_lo : even_lo,
-                    swap ? even_lo : odd_lo, swap ? odd_hi : even_hi, swap ? even_hi : odd_hi);
+        const uint32_t dst_g = dst + (col / kSwizzle) * Traits::kVBlockBytes + ((((col % kSwizzle) / 16) ^ phase) << 4);
+#pragma unroll
+        for (int h0 = 0; h0 < kByteGroups; h0 += kUnitsInFlight) {  // head-dim bytes 32h .. of units h0 ..
+            // The loads first, then the stores: asm statements keep their order, so the loads'
+            // latencies overlap only where they are issued together.
+            uint32_t x[kUnitsInFlight][4];
+#pragma unroll
+            for (int e = 0; e < kUnitsInFlight; ++e) {
+                const int h = h0 + e;
+                ldmatrix_x4_trans(src + j * 16 * kSwizzleBytes + (h / 4) * Traits::kKVBlockBytes +
+                                      (((2 * h) % 8 ^ t) << 4),
+                                  x[e][0], x[e][1], x[e][2], x[e][3]);
+            }
+#pragma unroll
+            for (int e = 0; e < kUnitsInFlight; ++e) {
+                const int h = h0 + e;
+                uint32_t w[4] = {__byte_perm(x[e][0], x[e][1], first), __byte_perm(x[e][0], x[e][1], second),
+                                 __byte_perm(x[e][2], x[e][3], first), __byte_perm(x[e][2], x[e][3], second)};
+                if constexpr (kMasked) {
+#pragma unroll
+                    for (int r = 0; r < 4; ++r) w[r] &= keep;
+                }
+                stmatrix_x4(dst_g + 32 * h * kSwizzle, w[0], w[1], w[2], w[3]);
+            }
+        }
+    }
+}
+
+// The tile of keys_left keys of the sequence (all of it, or the last one walked, masked).
+template <typename Traits>
+__device__ __forceinline__ void transpose_value_tile(uint32_t raw, uint32_t vt, int keys_left, int warp) {
+    if (keys_left >= Traits::kBlockN) {
+        transpose_value_units<Traits, false>(raw, vt, keys_left, warp);
+    } else {
+        transpose_value_units<Traits, true>(raw, vt, keys_left, warp);
     }
 }
 
@@ -580,7 +624,6 @@ __device__ __forceinline__ void transpose_value_tiles(const FwdParams& params, c
                                                       const WorkQueue<Traits>& queue, int num_m_blocks,
                                                       int num_work, int section) {
     constexpr int kRawStages = Traits::kRawValueStages;
-    const int lane = threadIdx.x % 32;
     const int warp = __shfl_sync(0xffffffffu, threadIdx.x / 32, 0) - 1;
     int q_count = 0, tile_count = 0;
     for (int k = 0, t = queue.take(0); t < num_work; t = queue.take(++k)) {
@@ -595,7 +638,7 @@ __device__ __forceinline__ void transpose_value_tiles(const FwdParams& params, c
             if (tile_count >= Traits::kStages) mbarrier_wait(layout.v_empty(s.stage), s.phase ^ 1);
             if (Traits::kOInValues && i == 0 && q_count > 1) mbarrier_wait(layout.o_free(), (q_count - 2) & 1);
             mbarrier_wait(layout.raw_value_full(raw), raw_phase);
-            transpose_value_tile<Traits>(layout.raw_value(raw), layout.v(s.stage), work.seq.seqlen_k - n0, warp, lane);
+            transpose_value_tile<Traits>(layout.raw_value(raw), layout.v(s.stage), work.seq.seqlen_k - n0, warp);
             fence_proxy_async_shared();
             mbarrier_arrive(layout.v_full(s.stage));
             mbarrier_arrive(layout.raw_value_empty(raw));

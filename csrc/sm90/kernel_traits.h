@@ -66,7 +66,10 @@ struct FwdTraits {
     // 172 B in the key loop; at 24 the producer's bookkeeping spills 40 B
     // (NOTES.md), outside the consumers' loop, and with a mask (Is_local) each
     // masked step still stores 2 and loads 5 words (the unmasked steps none).
-    static constexpr int kProducerRegs = kFp8 && kHeadDim > 128 ? 24 : kConsumerWarpgroups == 3 ? 32 : 40;
+    // FP8 at d128 64: its warps 1-3 transpose the value tiles (kValuesInKernel),
+    // four units' loads in flight; at 40 and 56 they spilled 8-124 B, and its
+    // consumers run 216 without a spill or a serialised wgmma (NOTES.md).
+    static constexpr int kProducerRegs = kFp8 ? (kHeadDim > 128 ? 24 : 64) : kConsumerWarpgroups == 3 ? 32 : 40;
     static constexpr int kConsumerRegs =
         (kNThreads * registers_at_entry(kNThreads) - 128 * kProducerRegs) / (128 * kConsumerWarpgroups) / 8 * 8;
 
@@ -107,6 +110,7 @@ struct FwdTraits {
     // whose producer has 24 registers) a kernel of its own transposes v before the call
     // (fp8_values.cuh).
     static constexpr bool kValuesInKernel = kFp8 && kHeadDim == 128;
+    // One: two (the output tile then in the V^T stages) ran no faster (NOTES.md).
     static constexpr int kRawValueStages = kValuesInKernel ? 1 : 0;
     static constexpr int kRawValueBytes = kKVBytes;  // a tile of v as copied, in K's layout
 
