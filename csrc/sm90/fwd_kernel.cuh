@@ -225,8 +225,8 @@ __device__ __forceinline__ void transpose_value_units(uint32_t raw, uint32_t vt,
     // Of the raw tile: key 16 g0 + 8 (m % 2) + i, chunk (2h + m / 2) ^ (key % 8) = 2h ^ t.
     const uint32_t src = raw + (16 * g0 + 8 * (m % 2) + i) * kSwizzleBytes;
     const int t = (m / 2) ^ i;
-    // Of V^T: row 32h + 16 (m / 2) + 2i + ((m % 2) ^ (i / 4)), whose swizzle phase is i % kPhases (64-byte
-    // rows: (row / 2) % 4; 128-byte rows: row % 8).
+    // Of V^T: row 32h + 16 (m / 2) + 2i + ((m % 2) ^ (i / 4)), whose swizzle phase (64-byte rows:
+    // (row / 2) % 4; 128-byte rows: row % 8) is the same for every h.
     const int row = 16 * (m / 2) + 2 * i + ((m % 2) ^ (i / 4));
     const uint32_t dst = vt + row * kSwizzle;
     const int phase = kSwizzle == 64 ? (row / 2) % kPhases : row % kPhases;

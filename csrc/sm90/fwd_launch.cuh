@@ -88,7 +88,8 @@ cudaError_t run_fwd_fp8_(const FwdParams& params, cudaStream_t stream) {
     using Traits = Fp8FwdTraitsFor<kHeadDim, Out, Is_local>;
     CUtensorMap tma_q{}, tma_k{}, tma_v{};
     if constexpr (Traits::kValuesInKernel) {
-        const cudaError_t err = make_fwd_fp8_tensor_maps(params, Traits::kBlockM, Traits::kBlockN, &tma_q, &tma_k, &tma_v);
+        const cudaError_t err =
+            make_fwd_fp8_tensor_maps(params, Traits::kBlockM, Traits::kBlockN, &tma_q, &tma_k, &tma_v);
         if (err != cudaSuccess) return err;
     } else {
         static_assert(Traits::kBlockN <= kFp8KeyTile && Traits::kBlockN % kTransposeKeys == 0,
