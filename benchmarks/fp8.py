@@ -10,12 +10,16 @@ counts the same FLOPs as the 16-bit ones):
   amax / 448 per sequence and head, as FP8 recipes quantise), out bf16; the whole call timed. On the
   sm90 family it runs the FP8 kernel (flashattn/fp8.py: runs_kernel); the "FP8 path" column says
   which path ran (elsewhere, "dequantised": 16-bit attention on the dequantised values);
+- FP8 dequantised: the same call as the dequantising route runs it (flashattn.fp8.dequantize, then
+  flash_attn_func in bf16), timed whole: what the FP8 row would read if its call took that route
+  (where the kernel runs the FP8 row, the two say which route is faster for the shape);
 - ours bf16: flash_attn_func on the same values dequantised to bf16 (this GPU's default family);
 - cuDNN bf16: SDPA's cuDNN backend on those bf16 values;
 - FA4 bf16: FlashAttention-4 (flash_attn.cute) on them, when it imports (benchmarks/backends.py:
   flash_attention_4, FLASHATTN_FA4_DIR);
-and the ratios FP8 / ours bf16, FP8 / cuDNN (and FP8 / FA4), and max |FP8 - ours bf16|: a sanity
-check of the FP8 row (tests/test_fp8.py bounds the FP8 kernel's error).
+and the ratios FP8 / FP8 dequantised, FP8 / ours bf16, FP8 / cuDNN (and FP8 / FA4), and
+max |FP8 - ours bf16|: a sanity check of the FP8 row (tests/test_fp8.py bounds the FP8 kernel's
+error).
 
 The backends of a row are timed in turn (FP8, ours, cuDNN, FA4, FP8, ...), each keeping its best median
 (benchmarks/timing.py: best_of_rounds, which says why). results.csv and fp8.md go to the output folder.
@@ -93,6 +97,8 @@ def run(args):
                 scale = head_dim**-0.5
                 fns = {
                     "FP8": lambda: flash_attn_func(q8, k8, v8, causal=causal, **scales),
+                    "FP8 dequantised": lambda: flash_attn_func(*fp8.dequantize(q8, k8, v8, scales, torch.bfloat16),
+                                                               causal=causal),
                     "ours bf16": lambda: flash_attn_func(q, k, v, causal=causal),
                 }
                 if device == "cuda":
@@ -107,7 +113,7 @@ def run(args):
                         fns["FA4 bf16"] = fa4_fn(fa4, q, k, v, causal, scale)
                 diff = (fns["FP8"]().float() - fns["ours bf16"]().float()).abs().max().item()
                 best, failed = best_of_rounds({name: (lambda fn=fn: timer(fn)) for name, fn in fns.items()})
-                for name in ("FP8", "ours bf16"):
+                for name in ("FP8", "FP8 dequantised", "ours bf16"):
                     if name in failed:
                         raise RuntimeError(f"{name} at d{head_dim} S {seqlen} causal={causal}: {failed[name]}")
                 for name, why in failed.items():
@@ -116,16 +122,19 @@ def run(args):
                 tflops = {name: flops / best[name] / 1e9 if name in best else float("nan") for name in fns}
                 row = {"head_dim": head_dim, "S": seqlen, "B": tokens // seqlen, "H": WIDTH // head_dim,
                        "causal": causal, "fp8_path": "kernel" if fp8.runs_kernel(q8, k8, v8) else "dequantised",
-                       "fp8_tflops": tflops["FP8"], "ours_bf16_tflops": tflops["ours bf16"],
+                       "fp8_tflops": tflops["FP8"], "fp8_dequantised_tflops": tflops["FP8 dequantised"],
+                       "ours_bf16_tflops": tflops["ours bf16"],
                        "cudnn_bf16_tflops": tflops.get("cuDNN bf16", float("nan")),
                        "fa4_bf16_tflops": tflops.get("FA4 bf16", float("nan")),
+                       "fp8_over_fp8_dequantised": tflops["FP8"] / tflops["FP8 dequantised"],
                        "fp8_over_ours_bf16": tflops["FP8"] / tflops["ours bf16"],
                        "fp8_over_cudnn": tflops["FP8"] / tflops.get("cuDNN bf16", float("nan")),
                        "fp8_over_fa4": tflops["FP8"] / tflops.get("FA4 bf16", float("nan")),
                        "max_abs_fp8_minus_ours_bf16": diff}  # fmt: skip
                 rows.append(row)
                 print(f"d{head_dim} S {seqlen:5d} causal={causal!s:5}: FP8 ({row['fp8_path']}) "
-                      f"{row['fp8_tflops']:.1f}, ours bf16 {row['ours_bf16_tflops']:.1f}, cuDNN bf16 "
+                      f"{row['fp8_tflops']:.1f}, FP8 dequantised {row['fp8_dequantised_tflops']:.1f}, "
+                      f"ours bf16 {row['ours_bf16_tflops']:.1f}, cuDNN bf16 "
                       f"{row['cudnn_bf16_tflops']:.1f}, FA4 bf16 {row['fa4_bf16_tflops']:.1f} TFLOP/s "
                       f"(FP8 / ours {row['fp8_over_ours_bf16']:.2f}); max |FP8 - bf16| {diff:.3g}", flush=True)
 
@@ -136,9 +145,10 @@ def run(args):
         writer.writeheader()
         writer.writerows({k: f"{v:.4g}" if isinstance(v, float) else v for k, v in r.items()} for r in rows)
     with_fa4 = fa4 is not None
-    head = ["D", "S", "B x H", "causal", "FP8 path", "FP8", "ours bf16", "cuDNN bf16"]
+    head = ["D", "S", "B x H", "causal", "FP8 path", "FP8", "FP8 dequantised", "ours bf16", "cuDNN bf16"]
     head += ["FA4 bf16"] if with_fa4 else []
-    head += ["FP8 / ours bf16", "FP8 / cuDNN"] + (["FP8 / FA4"] if with_fa4 else []) + ["max abs(FP8 - bf16)"]
+    head += ["FP8 / FP8 dequantised", "FP8 / ours bf16", "FP8 / cuDNN"] + (["FP8 / FA4"] if with_fa4 else [])
+    head += ["max abs(FP8 - bf16)"]
     unit = "GFLOP/s" if args.dry_run else "TFLOP/s"
     scale_unit = 1e3 if args.dry_run else 1.0
 
@@ -150,9 +160,10 @@ def run(args):
              *table_lines(head)]  # fmt: skip
     for r in rows:
         cells = [str(r["head_dim"]), str(r["S"]), f"{r['B']} x {r['H']}", str(r["causal"]).lower(), r["fp8_path"]]
-        cells += [cell(r[key] * scale_unit, 1) for key in ("fp8_tflops", "ours_bf16_tflops", "cudnn_bf16_tflops")]
+        cells += [cell(r[key] * scale_unit, 1) for key in ("fp8_tflops", "fp8_dequantised_tflops", "ours_bf16_tflops",
+                                                            "cudnn_bf16_tflops")]
         cells += [cell(r["fa4_bf16_tflops"], 1)] if with_fa4 else []
-        cells += [cell(r[key], 2) for key in ("fp8_over_ours_bf16", "fp8_over_cudnn")]
+        cells += [cell(r[key], 2) for key in ("fp8_over_fp8_dequantised", "fp8_over_ours_bf16", "fp8_over_cudnn")]
         cells += [cell(r["fp8_over_fa4"], 2)] if with_fa4 else []
         cells.append(f"{r['max_abs_fp8_minus_ours_bf16']:.3g}")
         lines.append("| " + " | ".join(cells) + " |")

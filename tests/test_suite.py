@@ -204,8 +204,9 @@ def test_paged_benchmark_dry_run(tmp_path) -> None:
 
 def test_fp8_benchmark_dry_run(tmp_path) -> None:
     """benchmarks/fp8.py's plumbing on CPU (--dry-run, tiny shapes): a row per head dim, length and
-    causal flag, the FP8 call (dequantised on the CPU) and ours bf16 timed in rounds, the same values
-    (FP8 there is bf16 on the dequantised values: no difference), the CSV and the Markdown table."""
+    causal flag, the FP8 call (dequantised on the CPU), the dequantising route's call and ours bf16
+    timed in rounds, the same values (FP8 there is bf16 on the dequantised values: no difference), the
+    CSV and the Markdown table."""
     root = Path(__file__).resolve().parents[1]
     run = subprocess.run([sys.executable, "-m", "benchmarks", "fp8", "--dry-run", "--head-dims", "64,128",
                           "--seqlens", "2048,4096", "--out", str(tmp_path)],
@@ -215,7 +216,9 @@ def test_fp8_benchmark_dry_run(tmp_path) -> None:
     assert [(int(r["head_dim"]), int(r["S"]), r["causal"]) for r in rows] == [
         (d, s, c) for d in (64, 128) for s in (32, 64) for c in ("False", "True")]
     assert all(r["fp8_path"] == "dequantised" and float(r["fp8_tflops"]) > 0 and float(r["ours_bf16_tflops"]) > 0
-               and float(r["max_abs_fp8_minus_ours_bf16"]) == 0 for r in rows)
+               and float(r["fp8_dequantised_tflops"]) > 0 and float(r["max_abs_fp8_minus_ours_bf16"]) == 0
+               for r in rows)
     assert int(rows[0]["B"]) * int(rows[0]["S"]) == 256 and int(rows[0]["H"]) * 64 == 2048
     table = (tmp_path / "fp8.md").read_text()
     assert "| 64 | 32 | 8 x 32 | false | dequantised |" in table and "FP8 / cuDNN" in table
+    assert "FP8 / FP8 dequantised" in table
