@@ -623,7 +623,6 @@ template <typename Traits, bool Is_local>
 __device__ __forceinline__ void transpose_value_tiles(const FwdParams& params, const SmemLayout<Traits>& layout,
                                                       const WorkQueue<Traits>& queue, int num_m_blocks,
                                                       int num_work, int section) {
-    constexpr int kRawStages = Traits::kRawValueStages;
     const int warp = __shfl_sync(0xffffffffu, threadIdx.x / 32, 0) - 1;
     int q_count = 0, tile_count = 0;
     for (int k = 0, t = queue.take(0); t < num_work; t = queue.take(++k)) {
@@ -632,16 +631,16 @@ __device__ __forceinline__ void transpose_value_tiles(const FwdParams& params, c
         ++q_count;
         for (int i = 0; i < work.num_tiles; ++i, ++tile_count) {
             const StageOf<Traits> s(tile_count);
-            const int raw = tile_count % kRawStages;
-            const uint32_t raw_phase = (tile_count / kRawStages) & 1;
+            const StageOf<Traits, Traits::kRawValueStages> raw(tile_count);
             const int n0 = (work.key_tiles.n_end - 1 - i) * Traits::kBlockN;
             if (tile_count >= Traits::kStages) mbarrier_wait(layout.v_empty(s.stage), s.phase ^ 1);
             if (Traits::kOInValues && i == 0 && q_count > 1) mbarrier_wait(layout.o_free(), (q_count - 2) & 1);
-            mbarrier_wait(layout.raw_value_full(raw), raw_phase);
-            transpose_value_tile<Traits>(layout.raw_value(raw), layout.v(s.stage), work.seq.seqlen_k - n0, warp);
+            mbarrier_wait(layout.raw_value_full(raw.stage), raw.phase);
+            transpose_value_tile<Traits>(layout.raw_value(raw.stage), layout.v(s.stage), work.seq.seqlen_k - n0,
+                                         warp);
             fence_proxy_async_shared();
             mbarrier_arrive(layout.v_full(s.stage));
-            mbarrier_arrive(layout.raw_value_empty(raw));
+            mbarrier_arrive(layout.raw_value_empty(raw.stage));
         }
     }
 }
@@ -757,12 +756,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                 if (tile_count >= kStages) mbarrier_wait(layout.k_empty(s.stage), s.phase ^ 1);
                 source.load(layout.k(s.stage), &tma_k, layout.k_full(s.stage), box, Traits::kColBlocks);
                 if constexpr (Traits::kValuesInKernel) {  // v as K is, for transpose_value_tiles
-                    const int raw = tile_count % Traits::kRawValueStages;
-                    const uint32_t raw_phase = (tile_count / Traits::kRawValueStages) & 1;
+                    const StageOf<Traits, Traits::kRawValueStages> raw(tile_count);
                     if (tile_count >= Traits::kRawValueStages) {
-                        mbarrier_wait(layout.raw_value_empty(raw), raw_phase ^ 1);
+                        mbarrier_wait(layout.raw_value_empty(raw.stage), raw.phase ^ 1);
                     }
-                    source.load(layout.raw_value(raw), &tma_v, layout.raw_value_full(raw), box, Traits::kColBlocks);
+                    source.load(layout.raw_value(raw.stage), &tma_v, layout.raw_value_full(raw.stage), box,
+                                Traits::kColBlocks);
                     continue;
                 }
                 if (tile_count >= kStages) mbarrier_wait(layout.v_empty(s.stage), s.phase ^ 1);

@@ -19,14 +19,14 @@ __device__ __forceinline__ uint32_t aligned_smem_base(const char* smem) {
     return (smem_addr(smem) + kAlign - 1) & ~static_cast<uint32_t>(kAlign - 1);
 }
 
-// The i-th use (0, 1, ...) of a ring of Traits::kStages buffers takes stage
-// i % kStages for the (i / kStages)-th time: the phase of that stage's
-// barriers to wait for.
-template <typename Traits>
+// The i-th use (0, 1, ...) of a ring of kStages buffers (by default
+// Traits::kStages) takes stage i % kStages for the (i / kStages)-th time: the
+// phase of that stage's barriers to wait for.
+template <typename Traits, int kStages = Traits::kStages>
 struct StageOf {
     int stage;
     uint32_t phase;
-    __device__ __forceinline__ explicit StageOf(int i) : stage(i % Traits::kStages), phase((i / Traits::kStages) & 1) {}
+    __device__ __forceinline__ explicit StageOf(int i) : stage(i % kStages), phase((i / kStages) & 1) {}
 };
 
 // Copies a tile of rows `row`.. of a [head dim, rows, heads, batch] tensor
