@@ -245,7 +245,17 @@ def dequantize(
             ends = seqused_k.long() if seqused_k is not None else (cu_seqlens_k[1:] - cu_seqlens_k[:-1]).long()
             k_scale, v_scale = (cache_row_factors(factors[name], k, batch, ends, None, block_table)[:, None, :, None]
                                 for name in ("k_descale", "v_descale"))
-    return tuple((t.float() * s).to(out_dtype) for t, s in ((q, q_scale), (k, k_scale), (v, v_scale)))
+    return tuple(times(t, s, out_dtype) for t, s in ((q, q_scale), (k, k_scale), (v, v_scale)))
+
+
+def times(t: Tensor, scale: Tensor | None, dtype: torch.dtype) -> Tensor:
+    """FP8 t times scale (fp32, broadcast to t; None: 1), rounded once to the 16-bit dtype: t converted
+    to dtype (exact: every e4m3 value is a bf16 and an fp16 value), then multiplied in place, which
+    PyTorch computes in fp32 (bf16/fp16 x fp32) and rounds to dtype. The same result as
+    (t.float() * scale).to(dtype), in two passes over 7 bytes an element instead of three over 19, with
+    no fp32 copy."""
+    out = t.to(dtype)
+    return out if scale is None else torch.mul(out, scale, out=out)
 
 
 def cache_row_factors(descale: Tensor | None, cache: Tensor, batch: int, ends: Tensor,

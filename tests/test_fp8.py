@@ -68,6 +68,30 @@ def dequantised(stored, factor, heads_of, dtype):
     return (stored.float() * factor[:, heads_of][:, None, :, None]).to(dtype)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("out_dtype", OUT_DTYPES, ids=["bf16", "fp16"])
+def test_fp8_times_rounds_the_fp32_product_once(device, out_dtype):
+    """fp8.times (the dequantising path's stored x descale) is bit for bit the fp32 product rounded to
+    out_dtype (NaN where it is NaN), for every e4m3 byte (zeros and subnormals included), per-head factors broadcast
+    and none: factors of typical e4m3 scaling, tiny ones (16-bit subnormal results) and huge ones (fp16
+    overflow to inf)."""
+    gen = torch.Generator().manual_seed(case_seed("fp8 times", out_dtype))
+    every_byte = torch.arange(256, dtype=torch.uint8).view(FP8)
+    stored = every_byte[torch.randint(0, 256, (3, 40, 4, 16), generator=gen)]
+    stored[0, :8, 0] = every_byte.view(8, 1, 32)[:, 0, :16]  # a run of bytes in order, all 256 over the rows
+    stored = stored.to(device)
+    factors = torch.rand(3, 4, generator=gen) * 0.4375 + 0.0625
+    factors[1] = torch.tensor([2.0**-30, 1e-3, 300.0, 7e3])
+    for factor in (factors.to(device)[:, None, :, None], None):
+        got = fp8.times(stored, factor, out_dtype)
+        want = (stored.float() if factor is None else stored.float() * factor).to(out_dtype)
+        what = f"factor {'none' if factor is None else 'per head'}"
+        assert got.dtype == out_dtype and got.shape == stored.shape
+        assert torch.equal(got.isnan(), want.isnan()), what  # NaN's sign and payload may differ
+        numbers = ~want.isnan()
+        assert torch.equal(got[numbers].view(torch.int16), want[numbers].view(torch.int16)), what
+
+
 @pytest.mark.usefixtures("dequantising_path")
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("out_dtype", OUT_DTYPES, ids=["bf16", "fp16"])
