@@ -72,13 +72,13 @@ def dequantised(stored, factor, heads_of, dtype):
 @pytest.mark.parametrize("out_dtype", OUT_DTYPES, ids=["bf16", "fp16"])
 def test_fp8_times_rounds_the_fp32_product_once(device, out_dtype):
     """fp8.times (the dequantising path's stored x descale) is bit for bit the fp32 product rounded to
-    out_dtype (NaN where it is NaN), for every e4m3 byte (zeros and subnormals included), per-head factors broadcast
-    and none: factors of typical e4m3 scaling, tiny ones (16-bit subnormal results) and huge ones (fp16
-    overflow to inf)."""
+    out_dtype (NaN where it is NaN), for every e4m3 byte (zeros and subnormals included), per-head
+    factors broadcast and none: factors of typical e4m3 scaling, tiny ones (16-bit subnormal results)
+    and huge ones (fp16 overflow to inf)."""
     gen = torch.Generator().manual_seed(case_seed("fp8 times", out_dtype))
     every_byte = torch.arange(256, dtype=torch.uint8).view(FP8)
     stored = every_byte[torch.randint(0, 256, (3, 40, 4, 16), generator=gen)]
-    stored[0, :8, 0] = every_byte.view(8, 1, 32)[:, 0, :16]  # a run of bytes in order, all 256 over the rows
+    stored[0, :16, 0] = every_byte.view(16, 16)  # every byte, in order, under every factor of row 0
     stored = stored.to(device)
     factors = torch.rand(3, 4, generator=gen) * 0.4375 + 0.0625
     factors[1] = torch.tensor([2.0**-30, 1e-3, 300.0, 7e3])
