@@ -78,7 +78,7 @@ def test_fp8_times_rounds_the_fp32_product_once(device, out_dtype):
     gen = torch.Generator().manual_seed(case_seed("fp8 times", out_dtype))
     every_byte = torch.arange(256, dtype=torch.uint8).view(FP8)
     stored = every_byte[torch.randint(0, 256, (3, 40, 4, 16), generator=gen)]
-    stored[0, :16, 0] = every_byte.view(16, 16)  # every byte, in order, under every factor of row 0
+    stored[:, :16] = every_byte.view(1, 16, 1, 16)  # every byte, in order, under every factor
     stored = stored.to(device)
     factors = torch.rand(3, 4, generator=gen) * 0.4375 + 0.0625
     factors[1] = torch.tensor([2.0**-30, 1e-3, 300.0, 7e3])
