@@ -232,31 +232,50 @@ def dequantize(
     factors = {name: torch.ones(batch, heads_k, device=q.device) if value is None else value
                for name, value in descales.items()}  # fmt: skip
     q_factor = query_factors(factors["q_descale"], heads, heads_k)  # (batch, nheads)
+    # A factor per (row of t, head): a sequence's, a packed row's (its sequence's) or a page's.
     if sequences is None:
-        q_scale, k_scale, v_scale = (f[:, None, :, None] for f in (q_factor, factors["k_descale"],
-                                                                    factors["v_descale"]))
+        q_scale, k_scale, v_scale = q_factor, factors["k_descale"], factors["v_descale"]
     else:
-        q_scale = _with_unit_row(q_factor)[_sequence_of_rows("cu_seqlens_q", cu_seqlens_q, q, batch)][:, :, None]
+        q_scale = _with_unit_row(q_factor)[_sequence_of_rows("cu_seqlens_q", cu_seqlens_q, q, batch)]
         if block_table is None:
             k_rows = _sequence_of_rows("cu_seqlens_k", cu_seqlens_k, k, batch)
-            k_scale, v_scale = (_with_unit_row(factors[name])[k_rows][:, :, None] for name in ("k_descale",
-                                                                                               "v_descale"))
+            k_scale, v_scale = (_with_unit_row(factors[name])[k_rows] for name in ("k_descale", "v_descale"))
         else:  # pages: a page's rows take the descales of the sequence that holds keys there
             _check_offsets("cu_seqlens_k", cu_seqlens_k, batch, q.device)
             ends = seqused_k.long() if seqused_k is not None else (cu_seqlens_k[1:] - cu_seqlens_k[:-1]).long()
-            k_scale, v_scale = (cache_row_factors(factors[name], k, batch, ends, None, block_table)[:, None, :, None]
+            k_scale, v_scale = (cache_row_factors(factors[name], k, batch, ends, None, block_table)
                                 for name in ("k_descale", "v_descale"))
     return tuple(times(t, s, out_dtype) for t, s in ((q, q_scale), (k, k_scale), (v, v_scale)))
 
 
-def times(t: Tensor, scale: Tensor | None, dtype: torch.dtype) -> Tensor:
-    """FP8 t times scale (fp32, broadcast to t; None: 1), rounded once to the 16-bit dtype: t converted
-    to dtype (exact: every e4m3 value is a bf16 and an fp16 value), then multiplied in place, which
-    PyTorch computes in fp32 (bf16/fp16 x fp32) and rounds to dtype. The same result as
-    (t.float() * scale).to(dtype), in two passes over 7 bytes an element instead of three over 19, with
-    no fp32 copy."""
-    out = t.to(dtype)
-    return out if scale is None else torch.mul(out, scale, out=out)
+def times(t: Tensor, factor: Tensor | None, dtype: torch.dtype) -> Tensor:
+    """FP8 t, (rows, seqlen, nheads, headdim) or packed (rows, nheads, headdim), times factor (fp32
+    (rows, nheads); None: 1), each product rounded once to the 16-bit dtype: what
+    (t.float() * factor).to(dtype) gives, in one pass (torch.ops.flashattn.dequantize_fp8; without
+    a factor, t.to(dtype), which is exact: every e4m3 value is a bf16 and an fp16 value)."""
+    if factor is None:
+        return t.to(dtype)
+    packed = t.dim() == 3
+    out = torch.ops.flashattn.dequantize_fp8(t.unsqueeze(1) if packed else t, factor, dtype)
+    return out.squeeze(1) if packed else out
+
+
+def check_times(t: Tensor, scale: Tensor, out_dtype: torch.dtype) -> None:
+    """dequantize_fp8's arguments (the same messages as csrc/api/checks.h's check_dequantize_fp8)."""
+    if t.dim() != 4:
+        raise ValueError(f"flashattn: t must be 4-D (rows, seqlen, nheads, headdim), got shape {tuple(t.shape)}")
+    if t.dtype != FP8_DTYPE:
+        raise TypeError(f"flashattn: t must be float8_e4m3fn, got {t.dtype}")
+    if scale.dim() != 2 or tuple(scale.shape) != (t.shape[0], t.shape[2]):
+        raise ValueError(f"flashattn: scale must have shape (rows, nheads) = {(t.shape[0], t.shape[2])}, "
+                         f"got {tuple(scale.shape)}")
+    if scale.dtype != torch.float32:
+        raise TypeError(f"flashattn: scale must be float32, got {scale.dtype}")
+    if scale.device != t.device:
+        raise RuntimeError(f"flashattn: scale is on {scale.device} but t is on {t.device}; they must be on "
+                           f"one device")
+    if out_dtype not in OUT_DTYPES:
+        raise TypeError(f"flashattn: out_dtype must be torch.float16 or torch.bfloat16, got {out_dtype}")
 
 
 def cache_row_factors(descale: Tensor | None, cache: Tensor, batch: int, ends: Tensor,

@@ -227,7 +227,7 @@ def _fp8_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Tensor | None, 
 
 def _times(t: Tensor, factor: Tensor | None, dtype: torch.dtype) -> Tensor:
     """t (rows, seqlen, heads, headdim) x factor (rows, heads), or t itself where None, as dtype."""
-    return fp8.times(t, None if factor is None else factor[:, None, :, None], dtype)
+    return fp8.times(t, factor, dtype)
 
 
 def _fwd_kvcache_padded(arguments: list, padding: _Padding) -> tuple[Tensor, Tensor]:

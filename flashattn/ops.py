@@ -90,6 +90,12 @@ max_seqlen_k=0, out_dtype=None) -> (out, softmax_lse)`` (FP8_SCHEMA)
   takes D and Dv multiples of 16 with Dv <= D <= 256, and raises on a device whose family has no
   FP8 kernel; flashattn.fp8.runs_kernel says which calls of the public functions it serves.
 
+``torch.ops.flashattn.dequantize_fp8(t, scale, out_dtype) -> Tensor`` (DEQUANTIZE_SCHEMA)
+  The FP8 values of the dequantising route (flashattn.fp8.times): t float8_e4m3fn (rows, seqlen,
+  nheads, headdim) times scale fp32 (rows, nheads), each product rounded once to out_dtype (float16
+  or bfloat16), contiguous: bit for bit (t.float() * scale[:, None, :, None]).to(out_dtype). CPU: in
+  PyTorch operations; CUDA: one pass (csrc/sm80/dequantize.cu; t's last dimension contiguous).
+
 ``torch.ops.flashattn.combine(out_partial, lse_partial, out_dtype=None) -> (out, softmax_lse)``
   flashattn.flash_attn_combine's operator (FlashAttention-3's semantics): fp32
   partial results over disjoint sets of keys, out_partial [splits, B, S, H, D]
@@ -154,8 +160,10 @@ FP8_SCHEMA = (
     "-> (Tensor out, Tensor softmax_lse)"
 )
 
+DEQUANTIZE_SCHEMA = "dequantize_fp8(Tensor t, Tensor scale, ScalarType out_dtype) -> Tensor"
+
 _lib = torch.library.Library("flashattn", "DEF")
-for _schema in (FWD_SCHEMA, BWD_SCHEMA, KVCACHE_SCHEMA, COMBINE_SCHEMA, FP8_SCHEMA):
+for _schema in (FWD_SCHEMA, BWD_SCHEMA, KVCACHE_SCHEMA, COMBINE_SCHEMA, FP8_SCHEMA, DEQUANTIZE_SCHEMA):
     _lib.define(_schema)
 
 
@@ -306,6 +314,18 @@ def _fwd_fp8_cpu(q: Tensor, k: Tensor, v: Tensor, q_descale: Tensor | None, k_de
     return out.contiguous(), softmax_lse.contiguous()
 
 
+def _dequantize_fp8_fake(t: Tensor, scale: Tensor, out_dtype: torch.dtype) -> Tensor:
+    fp8.check_times(t, scale, out_dtype)
+    return t.new_empty(t.shape, dtype=out_dtype)
+
+
+def _dequantize_fp8_cpu(t: Tensor, scale: Tensor, out_dtype: torch.dtype) -> Tensor:
+    fp8.check_times(t, scale, out_dtype)
+    out = t.to(out_dtype).contiguous()  # exact: every e4m3 value is a bf16 and an fp16 value
+    # bf16/fp16 x fp32 is computed in fp32 and rounded once to out_dtype.
+    return torch.mul(out, scale[:, None, :, None], out=out)
+
+
 def _combine_setup_context(ctx, inputs: tuple, output: tuple[Tensor, Tensor]) -> None:
     out_partial, lse_partial, _ = inputs
     ctx.save_for_backward(out_partial, lse_partial, output[1])
@@ -453,4 +473,6 @@ torch.library.register_fake("flashattn::combine", _combine_fake)
 torch.library.impl("flashattn::combine", "cpu", _combine_cpu)
 torch.library.register_fake("flashattn::fwd_fp8", _fwd_fp8_fake)
 torch.library.impl("flashattn::fwd_fp8", "cpu", _fwd_fp8_cpu)
+torch.library.register_fake("flashattn::dequantize_fp8", _dequantize_fp8_fake)
+torch.library.impl("flashattn::dequantize_fp8", "cpu", _dequantize_fp8_cpu)
 torch.library.register_autograd("flashattn::combine", _combine_backward, setup_context=_combine_setup_context)

@@ -295,7 +295,8 @@ def fp8_calls(out_dtype) -> int:
     has it, else the dequantising path): head dims 64 and 128 (its d128 kernel, whose producer warps
     transpose v), 192 and 256 (its d256 one, after the transposing kernel), causal and not, a window,
     GQA, key counts that end inside a tile and walk several (stages written again after they were
-    read), and a packed batch with a sequence without keys; returns the number of calls."""
+    read), and a packed batch with a sequence without keys; then the dequantising route's kernel on
+    aligned, unaligned and strided values; returns the number of calls."""
     from flashattn import flash_attn_func, flash_attn_varlen_func
 
     fp8 = torch.float8_e4m3fn
@@ -319,6 +320,17 @@ def fp8_calls(out_dtype) -> int:
             flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lengths_q), max(lengths_k), causal=causal,
                                    out_dtype=out_dtype)
             calls += 1
+    # The dequantising route's kernel (dequantize_fp8): 16 values a thread (head dims 64, 128), one
+    # (head dim 40, a strided view), packed rows, a tensor of fewer values than a block.
+    for shape, view in (((2, 33, 3, 64), False), ((3, 17, 2, 40), False), ((2, 9, 4, 128), True),
+                        ((1, 1, 1, 16), False)):
+        t = torch.randn(shape, device="cuda").to(fp8)
+        if view:
+            t = t[:, :, :, 8:72]
+        factor = torch.rand(shape[0], shape[2], device="cuda")
+        torch.ops.flashattn.dequantize_fp8(t, factor, out_dtype)
+        torch.ops.flashattn.dequantize_fp8(t[:, 0].unsqueeze(1), factor, out_dtype)
+        calls += 2
     return calls
 
 

@@ -70,26 +70,74 @@ def dequantised(stored, factor, heads_of, dtype):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("out_dtype", OUT_DTYPES, ids=["bf16", "fp16"])
-def test_fp8_times_rounds_the_fp32_product_once(device, out_dtype):
-    """fp8.times (the dequantising path's stored x descale) is bit for bit the fp32 product rounded to
-    out_dtype (NaN where it is NaN), for every e4m3 byte (zeros and subnormals included), per-head
-    factors broadcast and none: factors of typical e4m3 scaling, tiny ones (16-bit subnormal results)
-    and huge ones (fp16 overflow to inf)."""
-    gen = torch.Generator().manual_seed(case_seed("fp8 times", out_dtype))
+@pytest.mark.parametrize("layout", ["padded-d16", "packed-d64", "d40", "strided-d32"])
+def test_fp8_times_rounds_the_fp32_product_once(device, out_dtype, layout):
+    """fp8.times (the dequantising path's stored x descale; CUDA: dequantize_fp8's kernel, 16 values a
+    thread where the layout allows, one where it does not) is bit for bit the fp32 product rounded to
+    out_dtype (NaN where it is NaN), for every e4m3 byte (zeros and subnormals included), per (row,
+    head) factors and none: factors of typical e4m3 scaling, tiny ones (16-bit subnormal results) and
+    huge ones (fp16 overflow to inf); padded (rows, seqlen, heads, dim) and packed (rows, heads, dim),
+    head dims a multiple of 16 and not, a view with strides that are not."""
+    gen = torch.Generator().manual_seed(case_seed("fp8 times", out_dtype, layout))
     every_byte = torch.arange(256, dtype=torch.uint8).view(FP8)
-    stored = every_byte[torch.randint(0, 256, (3, 40, 4, 16), generator=gen)]
-    stored[:, :16] = every_byte.view(1, 16, 1, 16)  # every byte, in order, under every factor
+    head_dim = {"padded-d16": 16, "packed-d64": 64, "d40": 40, "strided-d32": 32}[layout]
+    stored = every_byte[torch.randint(0, 256, (3, 40, 4, head_dim), generator=gen)]
+    stored[:, :16, :, :16] = every_byte.view(1, 16, 1, 16)  # every byte, in order, under every factor
+    if layout == "packed-d64":
+        stored = stored[:, 0]  # (rows, heads, dim)
+    elif layout == "strided-d32":
+        stored = stored.transpose(1, 2).contiguous().transpose(1, 2)[:, :, :, 3:29]  # strides of 1040, 26, ...
     stored = stored.to(device)
     factors = torch.rand(3, 4, generator=gen) * 0.4375 + 0.0625
     factors[1] = torch.tensor([2.0**-30, 1e-3, 300.0, 7e3])
-    for factor in (factors.to(device)[:, None, :, None], None):
+    for factor in (factors.to(device), None):
         got = fp8.times(stored, factor, out_dtype)
-        want = (stored.float() if factor is None else stored.float() * factor).to(out_dtype)
+        if factor is None:
+            want = stored.float().to(out_dtype)
+        else:
+            want = (stored.float() * (factor[:, :, None] if stored.dim() == 3 else factor[:, None, :, None])).to(out_dtype)
         what = f"factor {'none' if factor is None else 'per head'}"
         assert got.dtype == out_dtype and got.shape == stored.shape
+        assert got.is_contiguous() or factor is None  # dequantize_fp8's output; t.to(dtype) keeps t's strides
         assert torch.equal(got.isnan(), want.isnan()), what  # NaN's sign and payload may differ
         numbers = ~want.isnan()
         assert torch.equal(got[numbers].view(torch.int16), want[numbers].view(torch.int16)), what
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_dequantize_fp8_bad_arguments_raise_errors_that_name_them(device):
+    """dequantize_fp8's checks (the CUDA binding's and the CPU implementation's, one set of
+    messages), then a good call in the same process."""
+    t = torch.zeros(2, 3, 4, 16, device=device).to(FP8)
+    scale = torch.ones(2, 4, device=device)
+    op = torch.ops.flashattn.dequantize_fp8
+    for call, error, text in [
+        (lambda: op(t[0], scale, torch.bfloat16), ValueError, "t must be 4-D"),
+        (lambda: op(t.to(torch.bfloat16), scale, torch.bfloat16), TypeError, "t must be float8_e4m3fn"),
+        (lambda: op(t, scale[:, :3], torch.bfloat16), ValueError, "scale must have shape (rows, nheads)"),
+        (lambda: op(t, scale.double(), torch.bfloat16), TypeError, "scale must be float32"),
+        (lambda: op(t, scale, torch.float32), TypeError, "out_dtype must be torch.float16 or torch.bfloat16"),
+    ]:
+        with pytest.raises(error, match=re.escape(text)):
+            call()
+    assert torch.equal(op(t, scale * 2, torch.float16), torch.zeros(2, 3, 4, 16, device=device, dtype=torch.float16))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_dequantize_fp8_opcheck(device):
+    """dequantize_fp8's fake implementation, dispatch and AOT tracing agree with the device's
+    implementation (opcheck; test_schema as fwd_fp8's test says), its input is left as it was and
+    its output is fresh."""
+    gen = torch.Generator().manual_seed(case_seed("dequantize opcheck"))
+    t = (torch.randn(2, 5, 3, 32, generator=gen) * 8).to(FP8).to(device)
+    scale = torch.rand(2, 3, generator=gen).to(device)
+    results = opcheck(torch.ops.flashattn.dequantize_fp8.default, (t, scale, torch.bfloat16),
+                      test_utils=FP8_OPCHECK_UTILS)
+    assert results == dict.fromkeys(FP8_OPCHECK_UTILS, "SUCCESS")
+    before = t.view(torch.uint8).clone()
+    out = torch.ops.flashattn.dequantize_fp8(t, scale, torch.bfloat16)
+    assert torch.equal(t.view(torch.uint8), before)
+    assert out.untyped_storage().data_ptr() != t.untyped_storage().data_ptr()
 
 
 @pytest.mark.usefixtures("dequantising_path")

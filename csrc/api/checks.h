@@ -354,6 +354,28 @@ void check_combine(const at::Tensor& out_partial, const at::Tensor& lse_partial,
                       "got ", str(out_partial.sizes()));
 }
 
+// The dequantising route's values (flashattn/fp8.py: times): t float8_e4m3fn
+// (rows, seqlen, nheads, headdim), headdim contiguous, on a CUDA device; scale
+// fp32 (rows, nheads) on t's device; out_dtype float16 or bfloat16 (the same
+// messages as flashattn/ops.py's check for the CPU).
+void check_dequantize_fp8(const at::Tensor& t, const at::Tensor& scale, at::ScalarType out_dtype) {
+    TORCH_CHECK_VALUE(t.dim() == 4, "flashattn: t must be 4-D (rows, seqlen, nheads, headdim), got shape ",
+                      str(t.sizes()));
+    TORCH_CHECK_TYPE(t.scalar_type() == at::kFloat8_e4m3fn, "flashattn: t must be float8_e4m3fn, got ",
+                     str(t.scalar_type()));
+    TORCH_CHECK(t.is_cuda(), "flashattn: t must be a CUDA tensor (got device ", t.device().str(), ")");
+    TORCH_CHECK_VALUE(scale.dim() == 2 && scale.size(0) == t.size(0) && scale.size(1) == t.size(2),
+                      "flashattn: scale must have shape (rows, nheads) = (", t.size(0), ", ", t.size(2), "), got ",
+                      str(scale.sizes()));
+    TORCH_CHECK_TYPE(scale.scalar_type() == at::kFloat, "flashattn: scale must be float32, got ",
+                     str(scale.scalar_type()));
+    TORCH_CHECK(scale.device() == t.device(), "flashattn: scale is on ", scale.device().str(), " but t is on ",
+                t.device().str(), "; they must be on one device");
+    TORCH_CHECK_TYPE(out_dtype == at::kHalf || out_dtype == at::kBFloat16,
+                     "flashattn: out_dtype must be torch.float16 or torch.bfloat16, got ", str(out_dtype));
+    check_last_dim_contiguous(t, "t");
+}
+
 // An optional int32 [rows] (or with `matrix` [rows, cols]) tensor on q's
 // device, contiguous.
 void check_index_tensor(const std::optional<at::Tensor>& t, const char* name, const at::Tensor& q, int64_t rows,

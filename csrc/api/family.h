@@ -41,6 +41,7 @@ struct Family {
     int (*fwd_counters)(const flash::FwdParams&);  // FwdParams::fwd_counters' length, 0: none
     flash::BwdWorkspace (*bwd_workspace)(const flash::BwdParams&);  // the scratch a backward asks for
     cudaError_t (*run_combine)(const flash::CombineParams&, cudaStream_t);
+    cudaError_t (*run_dequantize_fp8)(const flash::DequantizeParams&, cudaStream_t);
     int max_major = INT_MAX;  // the newest compute capability (major) it runs on (sm_90a code runs on 9.x only)
     // What is wrong with the family's own switches (environment variables), or nullptr;
     // checked at every call, before anything runs (nullptr: the family has none).
@@ -63,7 +64,8 @@ inline constexpr Family kSm80{"sm80",
                               &flash::sm80::kernel_head_dim,
                               &flash::sm80::fwd_counters,
                               &flash::sm80::bwd_workspace,
-                              &flash::sm80::run_combine};
+                              &flash::sm80::run_combine,
+                              &flash::sm80::run_dequantize_fp8};
 
 #ifdef FLASHATTN_HAS_SM90
 inline constexpr Family kSm90{"sm90",
@@ -77,6 +79,7 @@ inline constexpr Family kSm90{"sm90",
                               &flash::sm90::fwd_counters,
                               &flash::sm90::bwd_workspace,
                               &flash::sm90::run_combine,
+                              &flash::sm90::run_dequantize_fp8,
                               9,
                               &flash::sm90::switch_error,
                               &flash::sm90::serves_fp8,

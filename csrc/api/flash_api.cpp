@@ -578,6 +578,34 @@ std::tuple<at::Tensor, at::Tensor> mha_combine(const at::Tensor& out_partial,  /
     return {out, lse};
 }
 
+// The dequantising route of FP8 attention: t (rows, seqlen, nheads, headdim)
+// e4m3 times scale (rows, nheads) fp32, rounded to out_dtype, contiguous.
+at::Tensor mha_dequantize_fp8(const at::Tensor& t, const at::Tensor& scale, at::ScalarType out_dtype) {
+    check_dequantize_fp8(t, scale, out_dtype);
+    const DeviceKernels kernels = device_kernels(t.get_device());
+    const c10::cuda::CUDAGuard device_guard(t.device());
+    at::Tensor out = at::empty(t.sizes(), t.options().dtype(out_dtype));
+    flash::DequantizeParams params{};
+    params.in_ptr = reinterpret_cast<const uint8_t*>(t.data_ptr());
+    params.scale_ptr = scale.data_ptr<float>();
+    params.out_ptr = out.data_ptr();
+    params.in_row_stride = t.stride(0), params.in_seq_stride = t.stride(1), params.in_head_stride = t.stride(2);
+    params.scale_row_stride = scale.stride(0), params.scale_head_stride = scale.stride(1);
+    params.rows = t.size(0), params.seqlen = t.size(1), params.heads = t.size(2);
+    params.head_dim = static_cast<int>(t.size(3));
+    params.out_type = out_dtype == at::kBFloat16 ? flash::DequantizeParams::OutType::kBFloat16
+                                                 : flash::DequantizeParams::OutType::kFloat16;
+    // 16 values per 16-byte load: the head dim and every stride above it multiples of 16, the start
+    // 16-byte aligned (out is fresh and contiguous: 32-byte aligned rows of 16-value chunks).
+    bool vectorized = t.size(3) % 16 == 0 && reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
+    for (int64_t d = 0; d + 1 < t.dim(); ++d) vectorized &= t.stride(d) % 16 == 0;
+    params.vectorized = vectorized;
+    const cudaError_t err =
+        kernels.family->run_dequantize_fp8(params, c10::cuda::getCurrentCUDAStream().stream());
+    TORCH_CHECK(err == cudaSuccess, "flashattn: the dequantize kernel failed to launch: ", cudaGetErrorString(err));
+    return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(flashattn, CUDA, m) {
@@ -586,6 +614,7 @@ TORCH_LIBRARY_IMPL(flashattn, CUDA, m) {
     m.impl("fwd_kvcache", &mha_fwd_kvcache);
     m.impl("combine", &mha_combine);
     m.impl("fwd_fp8", &mha_fwd_fp8);
+    m.impl("dequantize_fp8", &mha_dequantize_fp8);
 }
 
 // flashattn._C.kernel_family(device_index) -> str: the family that serves

@@ -301,6 +301,25 @@ struct CombineParams {
     bool vectorized;
 };
 
+// FP8 values dequantised (the 16-bit route of FP8 attention, flashattn/fp8.py):
+// out[n, s, h, :] = in[n, s, h, :] x scale[n, h], e4m3 to fp32 exactly, the
+// product rounded once to out's 16-bit type. in: e4m3 bytes, head dim
+// contiguous; out: contiguous (rows, seqlen, heads, head_dim). vectorized: 16
+// elements a thread (head_dim a multiple of 16, in's start and strides 16-byte
+// aligned), else one.
+struct DequantizeParams {
+    enum class OutType : int { kFloat16 = 0, kBFloat16 = 1 };
+    const uint8_t* __restrict__ in_ptr;
+    const float* __restrict__ scale_ptr;
+    void* __restrict__ out_ptr;
+    int64_t in_row_stride, in_seq_stride, in_head_stride;  // in elements (bytes)
+    int64_t scale_row_stride, scale_head_stride;
+    int64_t rows, seqlen, heads;
+    int head_dim;
+    OutType out_type;
+    bool vectorized;
+};
+
 // Head dims the kernels serve: q/k/v head dims up to kMaxHeadDim (the families
 // pad smaller ones up to a compiled head dim); flash_attn_with_kvcache's
 // kernels (sm80/kvcache/) up to kMaxKvcacheHeadDim.

@@ -42,6 +42,8 @@ cudaError_t run_fwd_kvcache(const FwdParams& params, cudaStream_t stream);
 
 // flash_attn_combine (flash.h: CombineParams): one warp per (b, s, h) row.
 cudaError_t run_combine(const CombineParams& params, cudaStream_t stream);
+// FP8 values dequantised to 16 bits (dequantize.cu).
+cudaError_t run_dequantize_fp8(const DequantizeParams& params, cudaStream_t stream);
 
 // The compiled head dim that serves `head_dim` (for error messages).
 int kernel_head_dim(int head_dim);

@@ -291,5 +291,8 @@ cudaError_t run_fwd_fp8(const FwdParams& params, cudaStream_t stream) {
 int kernel_head_dim(int head_dim) { return sm80::kernel_head_dim(head_dim); }
 
 cudaError_t run_combine(const CombineParams& params, cudaStream_t stream) { return sm80::run_combine(params, stream); }
+cudaError_t run_dequantize_fp8(const DequantizeParams& params, cudaStream_t stream) {
+    return sm80::run_dequantize_fp8(params, stream);
+}
 
 }  // namespace flash::sm90

@@ -41,6 +41,7 @@ cudaError_t run_fwd_kvcache(const FwdParams& params, cudaStream_t stream);
 int kernel_head_dim(int head_dim);
 // flash_attn_combine: sm80's kernel (a memory-bound merge, nothing Hopper-specific).
 cudaError_t run_combine(const CombineParams& params, cudaStream_t stream);
+cudaError_t run_dequantize_fp8(const DequantizeParams& params, cudaStream_t stream);
 // The zeroed counters a forward call needs (FwdParams::fwd_counters): the tile
 // counter of a causal or windowed forward (its blocks draw tiles dynamically).
 int fwd_counters(const FwdParams& params);
