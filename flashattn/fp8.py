@@ -255,6 +255,8 @@ def times(t: Tensor, factor: Tensor | None, dtype: torch.dtype) -> Tensor:
     a factor, t.to(dtype), which is exact: every e4m3 value is a bf16 and an fp16 value)."""
     if factor is None:
         return t.to(dtype)
+    if t.stride(-1) != 1:  # the kernel reads rows of head dim whole (a copy of one byte an element)
+        t = t.contiguous()
     packed = t.dim() == 3
     out = torch.ops.flashattn.dequantize_fp8(t.unsqueeze(1) if packed else t, factor, dtype)
     return out.squeeze(1) if packed else out

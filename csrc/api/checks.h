@@ -365,8 +365,8 @@ void check_dequantize_fp8(const at::Tensor& t, const at::Tensor& scale, at::Scal
                      str(t.scalar_type()));
     TORCH_CHECK(t.is_cuda(), "flashattn: t must be a CUDA tensor (got device ", t.device().str(), ")");
     TORCH_CHECK_VALUE(scale.dim() == 2 && scale.size(0) == t.size(0) && scale.size(1) == t.size(2),
-                      "flashattn: scale must have shape (rows, nheads) = (", t.size(0), ", ", t.size(2), "), got ",
-                      str(scale.sizes()));
+                      "flashattn: scale must have shape (rows, nheads) = (", str(t.size(0)), ", ",
+                      str(t.size(2)), "), got ", str(scale.sizes()));
     TORCH_CHECK_TYPE(scale.scalar_type() == at::kFloat, "flashattn: scale must be float32, got ",
                      str(scale.scalar_type()));
     TORCH_CHECK(scale.device() == t.device(), "flashattn: scale is on ", scale.device().str(), " but t is on ",
