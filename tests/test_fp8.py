@@ -776,6 +776,37 @@ def test_fp8_kernel_outliers_in_k(head_dim, causal):
     check_fp8_kernel(stored, scales, causal, torch.bfloat16, what=f"d{head_dim} outliers causal={causal}")
 
 
+# Row maxima that rise at chosen keys, per block of 96 keys (half of the d128 kernel's 192-key tile),
+# listed in key order; the kernels walk keys from the last. Each level is 2.5 (base 2) above the last,
+# past the softmax's slack of 2 (OnlineSoftmax's kSlack), so every rise moves the rows' offsets, and
+# P, taken in e4m3 up to 2^8, would saturate at a rise the kernel missed. In the walk, 192-key tiles
+# see: the first tile (blocks 8, 9) at level 0; then rises in both halves of one tile (blocks 6, 7), in
+# the first half only (4, 5; the second half below it), in the second half only (2, 3), and in the
+# first half with the second half at the same level (0, 1).
+RISING_LEVELS = [5, 5, 3, 4, 3, 2, 1, 2, 0, 0]
+
+
+@needs_fp8_kernel
+@pytest.mark.parametrize("head_dim", [128, 256], ids=lambda d: f"d{d}")
+def test_fp8_kernel_row_max_rising_inside_key_tiles(head_dim):
+    """The online softmax when the row max rises past its slack inside a key tile, in either half or
+    both (RISING_LEVELS): out and LSE within the FP8 bound. Every query row has the same pattern
+    (q near 1 in every channel, each key's channels near its level), so that all 16 rows of a warp
+    take the same path."""
+    gen = torch.Generator().manual_seed(case_seed("fp8 kernel rising maxima", head_dim))
+    block = 96
+    seqlen_q, seqlen_k, heads = 130, block * len(RISING_LEVELS), 2
+    levels = torch.tensor(RISING_LEVELS, dtype=torch.float32).repeat_interleave(block)  # [Sk]
+    q = 1 + 0.05 * torch.randn(1, seqlen_q, heads, head_dim, generator=gen)
+    k = 0.25 * levels[None, :, None, None] + 0.01 * torch.randn(1, seqlen_k, heads, head_dim, generator=gen)
+    v = torch.randn(1, seqlen_k, heads, head_dim, generator=gen)
+    stored, scales = zip(*(quantise(x, heads) for x in (q, k, v)))
+    # One level, 0.25 in every channel of k against q ~ 1: 0.25 * head_dim * scale * log2(e) = 2.5.
+    softmax_scale = 2.5 / (0.25 * head_dim * math.log2(math.e))
+    check_fp8_kernel(tuple(t.cuda() for t in stored), [s.cuda() for s in scales], False, torch.bfloat16,
+                     softmax_scale=softmax_scale, what=f"d{head_dim} rising maxima")
+
+
 @needs_fp8_kernel
 @pytest.mark.parametrize("out_dtype", OUT_DTYPES, ids=["bf16", "fp16"])
 def test_fp8_kernel_without_descales(out_dtype):
