@@ -405,9 +405,12 @@ E4M3_SUBNORMAL_ERROR = 2.0**-10
 # e4m3's range (448). The bound takes the smallest, 2^6: subnormals weigh most against it.
 P_OFFSET = 2.0**6
 # The tensor cores' FP8 MMA adds its products in fewer bits than fp32 (about 13-14, DeepSeek-V3's
-# measurement): error <= 2^-13 of the sum of the products' magnitudes. The bound takes 16x that:
-# the seventh session's FP8 kernel (benchmarks/NOTES.md) measured up to 8.4x it with outliers in K.
-FP8_MMA_ERROR = 2.0**-9
+# measurement): error <= 2^-13 of the sum of the products' magnitudes. The bound takes 32x that:
+# the seventh session's FP8 kernel (benchmarks/NOTES.md) measured up to 8.4x it with outliers in K,
+# and round 29 up to 2^-8.6 (21x) at head dim 256 with products all of one sign and near e4m3's
+# largest values (the rising-maxima test's scores: sums past 2^25 in stored units), where cuBLAS's
+# FP8 product with fast accumulation is off by as much and at head dim 128 both are within 2^-16.
+FP8_MMA_ERROR = 2.0**-8
 # The LSE's fp32 steps (exp2 / log2 approximations, the row sum): relative to |lse|, taken as at least 1.
 LSE_FP32_ERROR = 1e-5
 
@@ -424,7 +427,7 @@ def fp8_error_bound(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causa
     O = v_descale x (P' V) / l in fp32, rounded to out_dtype. With A = attn(q, k, |v|) (the
     reference attention on |v|), per query row i, head h and column d:
 
-    1. Scores: the FP8 MMA's sums are off by |dS_ij| <= 2^-9 softmax_scale sum_d |q_id k_jd|
+    1. Scores: the FP8 MMA's sums are off by |dS_ij| <= 2^-8 softmax_scale sum_d |q_id k_jd|
        (FP8_MMA_ERROR); d_i = max_j |dS_ij| over the keys row i sees. A probability exp(s_ij) /
        sum_k exp(s_ik) then moves by a factor within e^(+-2 d_i) (its numerator and the
        normaliser each by e^(+-d_i)), the LSE by at most d_i.
@@ -432,13 +435,13 @@ def fp8_error_bound(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causa
        which is 2^-16 of P once divided by l >= 2^6 (the row max's own term is 2^6 at least; a running
        max that grows later scales the error down with P'). So sum_j round(P~_ij) v_jd is within
        ((1 + 2^-4) e^(2 d_i) - 1) A_id + 2^-16 sum_{j seen} |v_jd| of sum_j P_ij v_jd.
-    3. P V's FP8 MMA: 2^-9 of the sum of its products' magnitudes, a factor (1 + 2^-9) on step 2.
+    3. P V's FP8 MMA: 2^-8 of the sum of its products' magnitudes, a factor (1 + 2^-8) on step 2.
     4. out rounded to out_dtype: within eps(out_dtype) (|ref| + steps 1-3), one unit in the last
        place (rounding to nearest, and the fp32 steps before it that may tip it), plus out_dtype's
        subnormal spacing for results below its normal range.
     The LSE: d_i + 1e-5 max(|lse_ref|, 1) (LSE_FP32_ERROR: the fp32 exp2/log2 and the row sum).
 
-    So |out - out_ref| <= ((1 + 2^-4)(1 + 2^-9) e^(2 d_i) - 1) A + (1 + 2^-9) 2^-16 sum_j |v_jd|,
+    So |out - out_ref| <= ((1 + 2^-4)(1 + 2^-8) e^(2 d_i) - 1) A + (1 + 2^-8) 2^-16 sum_j |v_jd|,
     plus the rounding: about 2^-4 A + 2 d_i A + Sk 2^-16 max|v| + eps |ref| for small d_i. Rows
     that see no key have out 0 and LSE -inf in both."""
     batch, seqlen_q, heads, _ = q.shape
@@ -778,21 +781,21 @@ def test_fp8_kernel_outliers_in_k(head_dim, causal):
 
 # Row maxima that rise at chosen keys, per block of 96 keys (half of the d128 kernel's 192-key tile),
 # listed in key order; the kernels walk keys from the last. Each level is 2.5 (base 2) above the last,
-# past the softmax's slack of 2 (OnlineSoftmax's kSlack), so every rise moves the rows' offsets, and
-# P, taken in e4m3 up to 2^8, would saturate at a rise the kernel missed. In the walk, 192-key tiles
-# see: the first tile (blocks 8, 9) at level 0; then rises in both halves of one tile (blocks 6, 7), in
-# the first half only (4, 5; the second half below it), in the second half only (2, 3), and in the
-# first half with the second half at the same level (0, 1).
-RISING_LEVELS = [5, 5, 3, 4, 3, 2, 1, 2, 0, 0]
+# past the softmax's slack of 2 (OnlineSoftmax's kSlack), so every rise must move the rows' offsets,
+# and three rises (7.5) stay below 8, e4m3's range of P above its bias: a kernel that missed them
+# would take the top keys' p up to 2^13.5 and saturate them at 448. In the walk, 192-key tiles see:
+# level 0 (blocks 8, 9), a rise in the first half of a tile (6, 7), in the second half (4, 5), in the
+# first half again with the second half below it (2, 3), and none (0, 1).
+RISING_LEVELS = [3, 3, 3, 2, 1, 2, 1, 0, 0, 0]
 
 
 @needs_fp8_kernel
 @pytest.mark.parametrize("head_dim", [128, 256], ids=lambda d: f"d{d}")
 def test_fp8_kernel_row_max_rising_inside_key_tiles(head_dim):
-    """The online softmax when the row max rises past its slack inside a key tile, in either half or
-    both (RISING_LEVELS): out and LSE within the FP8 bound. Every query row has the same pattern
-    (q near 1 in every channel, each key's channels near its level), so that all 16 rows of a warp
-    take the same path."""
+    """The online softmax when the row max rises past its slack at several key tiles, in either half
+    of one (RISING_LEVELS): out and LSE within the FP8 bound. Every query row has the same pattern (q
+    near 1 in every channel, each key's channels near its level), so that all 16 rows of a warp take
+    the same path. (A kernel whose slack is 8 fails here: round 29, NOTES.md.)"""
     gen = torch.Generator().manual_seed(case_seed("fp8 kernel rising maxima", head_dim))
     block = 96
     seqlen_q, seqlen_k, heads = 130, block * len(RISING_LEVELS), 2
