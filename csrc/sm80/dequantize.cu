@@ -14,6 +14,7 @@
 #include <cstdint>
 
 #include "common/flash.h"
+#include "common/ptx.cuh"
 #include "sm80/sm80.h"
 
 namespace flash::sm80 {
@@ -26,35 +27,6 @@ constexpr int kChunk = 16;  // e4m3 values a thread converts per 16-byte load (v
 __device__ __forceinline__ float2 e4m3x2_to_float2(uint16_t pair) {
     const __half2_raw raw = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair), __NV_E4M3);
     return __half22float2(__half2(raw));
-}
-
-// Two fp32 values rounded to the output type, packed (the first in the low half).
-template <typename Out>
-__device__ __forceinline__ uint32_t round2(float2 v);
-
-template <>
-__device__ __forceinline__ uint32_t round2<__half>(float2 v) {
-    const __half2 h = __float22half2_rn(v);
-    return *reinterpret_cast<const uint32_t*>(&h);
-}
-
-template <>
-__device__ __forceinline__ uint32_t round2<__nv_bfloat16>(float2 v) {
-    const __nv_bfloat162 h = __float22bfloat162_rn(v);
-    return *reinterpret_cast<const uint32_t*>(&h);
-}
-
-template <typename Out>
-__device__ __forceinline__ Out round1(float v);
-
-template <>
-__device__ __forceinline__ __half round1<__half>(float v) {
-    return __float2half_rn(v);
-}
-
-template <>
-__device__ __forceinline__ __nv_bfloat16 round1<__nv_bfloat16>(float v) {
-    return __float2bfloat16_rn(v);
 }
 
 // Units of work: kVec values of one (row, seq, head) position's head dim each.
@@ -83,14 +55,14 @@ __global__ void __launch_bounds__(kDequantizeThreads)
 #pragma unroll
             for (int i = 0; i < 8; ++i) {
                 const float2 v = e4m3x2_to_float2(static_cast<uint16_t>(words[i / 2] >> (16 * (i % 2))));
-                packed[i] = round2<Out>(make_float2(__fmul_rn(v.x, scale), __fmul_rn(v.y, scale)));
+                packed[i] = pack2<Out>(__fmul_rn(v.x, scale), __fmul_rn(v.y, scale));
             }
             uint4* dst = reinterpret_cast<uint4*>(out);
             dst[0] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
             dst[1] = make_uint4(packed[4], packed[5], packed[6], packed[7]);
         } else {
             const __half_raw raw = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(*in), __NV_E4M3);
-            *out = round1<Out>(__fmul_rn(__half2float(__half(raw)), scale));
+            *out = from_float<Out>(__fmul_rn(__half2float(__half(raw)), scale));
         }
     }
 }
