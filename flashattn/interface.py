@@ -123,7 +123,7 @@ def flash_attn_func(
             kernel (e4m3 products on the tensor cores, P rounded to e4m3: FP8 arithmetic's error,
             larger than 16-bit attention's); every other call and device (other GPUs, the sm80
             family, CPU) computes 16-bit attention on the dequantised values, stored x descale
-            rounded to out_dtype, slower than a 16-bit call (the dequantisation's passes). Given
+            rounded to out_dtype, slower than a 16-bit call (the dequantisation's pass). Given
             with 16-bit inputs, they raise ValueError.
 
     Bad option values raise ValueError or TypeError (RuntimeError for a tensor

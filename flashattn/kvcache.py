@@ -198,7 +198,7 @@ def _fp8_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Tensor | None, 
     q_descale, k_descale, v_descale = (descales[name] for name in ("q_descale", "k_descale", "v_descale"))
     if q.dtype == fp8.FP8_DTYPE:
         factor = None if q_descale is None else fp8.query_factors(q_descale, q.shape[2], k_cache.shape[2])
-        q = _times(q, factor, out_dtype)
+        q = fp8.times(q, factor, out_dtype)
     seqlen_new = 0 if k is None else k.shape[1]
     cache_seqlens, cache_batch_idx, block_table = (arguments[name] for name in ("cache_seqlens", "cache_batch_idx",
                                                                                  "block_table"))
@@ -207,9 +207,10 @@ def _fp8_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Tensor | None, 
                            cache_batch_idx, arguments["cache_leftpad"], block_table, arguments["alibi_slopes"],
                            arguments["learnable_sink"], dtypes=False)
     ends = seqlens.long() + seqlen_new
-    copies = [_times(cache, fp8.cache_row_factors(descale, cache, batch, ends, cache_batch_idx, block_table), out_dtype)
+    copies = [fp8.times(cache, fp8.cache_row_factors(descale, cache, batch, ends, cache_batch_idx, block_table),
+                        out_dtype)
               for cache, descale in ((k_cache, k_descale), (v_cache, v_descale))]  # fmt: skip
-    new = [None if t is None else _times(t, d, out_dtype) for t, d in ((k, k_descale), (v, v_descale))]
+    new = [None if t is None else fp8.times(t, d, out_dtype) for t, d in ((k, k_descale), (v, v_descale))]
     result = flash_attn_with_kvcache(q, *copies, *new, **arguments)
     if k is not None:
         pages, rows, in_range = _appended_rows(k_cache, seqlen_new, seqlens, cache_batch_idx, block_table)
@@ -223,11 +224,6 @@ def _fp8_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Tensor | None, 
             stored = cache.view(torch.uint8)
             stored[index] = torch.where(valid, rows.view(torch.uint8), stored[index])
     return result
-
-
-def _times(t: Tensor, factor: Tensor | None, dtype: torch.dtype) -> Tensor:
-    """t (rows, seqlen, heads, headdim) x factor (rows, heads), or t itself where None, as dtype."""
-    return fp8.times(t, factor, dtype)
 
 
 def _fwd_kvcache_padded(arguments: list, padding: _Padding) -> tuple[Tensor, Tensor]:
