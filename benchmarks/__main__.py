@@ -4,7 +4,7 @@ import argparse
 import shlex
 import sys
 
-from benchmarks import decode, decode_layouts, decode_overhead, families, features, fp8, paged, parallel, sweep
+from benchmarks import decode, decode_fp8, decode_layouts, decode_overhead, families, features, fp8, paged, parallel, sweep
 from benchmarks.suite import cli as suite
 from benchmarks.suite import redraw
 
@@ -15,6 +15,7 @@ COMMANDS = {
     "families": families,
     "fp8": fp8,
     "decode": decode,
+    "decode-fp8": decode_fp8,
     "decode-layouts": decode_layouts,
     "decode-overhead": decode_overhead,
     "paged": paged,

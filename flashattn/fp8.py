@@ -19,10 +19,15 @@ One set of checks (`check`: dtypes, ranks, descales, out_dtype, no gradients), t
   The result is 16-bit attention's on those values, slower than a 16-bit call by the dequantisation
   (on CUDA one kernel pass, dequantize_fp8: 0.71-0.96x a bf16 call's speed on an H200, README).
 
-flash_attn_with_kvcache over FP8 caches (`check_kvcache`) and flash_attn_varlen_func over FP8 pages
-(block_table) always take the dequantising path (flashattn/kvcache.py: _fp8_kvcache; `dequantize`),
-a cache row or page taking the descales of the sequence that uses it (`cache_row_factors`): there is
-no FP8 kernel for paged keys.
+flash_attn_with_kvcache over FP8 caches (`check_kvcache`) decodes on the FP8 KV-cache kernel,
+torch.ops.flashattn.fwd_kvcache_fp8, where `runs_kvcache_kernel` says so: a CUDA tensor on any
+family, at most KVCACHE_KERNEL_MAX_ROWS query rows per (batch, KV head) block (decoding, GQA packed),
+head dims multiples of 16 up to 256, rows the kernel reads in place. It reads the cache's e4m3 bytes
+(half a 16-bit cache's memory traffic) and turns them into 16-bit operands exactly, q staying
+16-bit (an FP8 q is dequantised first: it is small), so its error is 16-bit attention's on the
+stored values. Other KV-cache calls (chunked prefill, CPU, ...) and flash_attn_varlen_func over FP8
+pages (block_table) take the dequantising path (flashattn/kvcache.py: _fp8_kvcache; `dequantize`),
+a cache row or page taking the descales of the sequence that uses it (`cache_row_factors`).
 
 Forward only: nothing here is differentiable.
 """
@@ -40,6 +45,10 @@ KERNEL_HEAD_DIM_MULTIPLE = 16
 KERNEL_MAX_HEAD_DIM = 256
 # The kernel family that has an FP8 forward kernel (flashattn.kernel_family's names).
 KERNEL_FAMILY = "sm90"
+# The FP8 KV-cache kernel (the decoding kernel, every family): its rows per (batch, KV head)
+# block (flash.h: kFp8KvcacheMaxRows) and the multiple its head dims take.
+KVCACHE_KERNEL_MAX_ROWS = 16
+KVCACHE_KERNEL_HEAD_DIM_MULTIPLE = 16
 
 
 def is_fp8(t: object) -> bool:
@@ -187,6 +196,42 @@ def runs_kernel(
         and all(t.stride(-1) == 1 for t in (q, k, v))
         and not any(size > 1 and stride == 0 for t in (q, k, v) for size, stride in zip(t.shape, t.stride()))
         and _kernel_family(q.device.index) == KERNEL_FAMILY
+    )  # fmt: skip
+
+
+def kvcache_block_rows(seqlen_q: int, heads_per_kv_head: int, alibi: bool) -> int:
+    """flash_attn_with_kvcache's query rows per (batch, head) block (flash.h: kvcache_block_rows):
+    decoding (seqlen_q 1) with GQA packs a KV head's query heads as one block's rows, except with
+    ALiBi (its slopes differ per query head)."""
+    return heads_per_kv_head if seqlen_q == 1 and heads_per_kv_head > 1 and not alibi else seqlen_q
+
+
+def runs_kvcache_kernel(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Tensor | None, v: Tensor | None,
+                        alibi_slopes: object = None) -> bool:
+    """Whether flash_attn_with_kvcache over FP8 caches (that `check_kvcache` accepted; q already
+    16-bit) runs the FP8 KV-cache kernel, torch.ops.flashattn.fwd_kvcache_fp8, rather than the
+    dequantising path: q on a CUDA device that a kernel family serves, at most
+    KVCACHE_KERNEL_MAX_ROWS rows per block (kvcache_block_rows), q's and k_cache's head dim D and
+    v_cache's Dv multiples of 16 with 0 < Dv <= D <= KERNEL_MAX_HEAD_DIM, and the caches (and k, v)
+    read in place: last dimension contiguous, the others' strides multiples of 16 elements (the
+    dequantising path takes any strides; a cache that does not start 16-byte aligned is refused as
+    the 16-bit caches are)."""
+    if not q.is_cuda or q.dim() != 4 or k_cache.dim() != 4 or k_cache.shape[2] == 0:
+        return False
+    _, seqlen_q, heads, head_dim = q.shape
+    heads_k, v_head_dim = k_cache.shape[2], v_cache.shape[-1]
+
+    def in_place(t: Tensor) -> bool:
+        return (t.stride(-1) == 1
+                and all(size <= 1 or stride % 16 == 0 for size, stride in zip(t.shape[:-1], t.stride()[:-1])))
+
+    return (
+        heads % heads_k == 0
+        and kvcache_block_rows(seqlen_q, heads // heads_k, alibi_slopes is not None) <= KVCACHE_KERNEL_MAX_ROWS
+        and k_cache.shape[-1] == head_dim and 0 < v_head_dim <= head_dim <= KERNEL_MAX_HEAD_DIM
+        and head_dim % KVCACHE_KERNEL_HEAD_DIM_MULTIPLE == 0 and v_head_dim % KVCACHE_KERNEL_HEAD_DIM_MULTIPLE == 0
+        and all(in_place(t) for t in (k_cache, v_cache, k, v) if t is not None and t.numel() > 0)
+        and _kernel_family(q.device.index) is not None
     )  # fmt: skip
 
 

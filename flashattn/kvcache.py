@@ -130,11 +130,18 @@ def flash_attn_with_kvcache(
             they are), q float8_e4m3fn or 16-bit; descales fp32 (batch, nheads_k) or None (1), real
             value = stored value x descale, a page or cache row taking the descale of the sequence that
             uses it (sequences that share one must share its descales); out_dtype bf16 (default) or
-            fp16 for FP8 q, q's dtype for a 16-bit q. Computed as 16-bit attention on dequantised
-            copies of q and of the whole caches (flashattn/fp8.py: the dequantising path; no FP8
-            KV-cache kernel yet): correct, and slower than a 16-bit cache by those copies on every
-            call. With rotary, the appended keys are rotated in 16 bits, stored re-quantised with
-            k_descale, and attended to before that rounding in the call that appends them.
+            fp16 for FP8 q, q's dtype for a 16-bit q. An FP8 q is dequantised first (it is small).
+            On CUDA, decoding calls (up to 16 query rows per KV head: seqlen_q, or with seqlen_q 1 the
+            query heads of a KV head) with head dims that are multiples of 16 run the FP8 KV-cache
+            kernel (torch.ops.flashattn.fwd_kvcache_fp8, fp8.runs_kvcache_kernel): it reads the
+            e4m3 cache (half a 16-bit cache's bytes) and converts it to q's dtype exactly, the
+            descales applied in fp32, so its error is 16-bit attention's on the real values. Other
+            calls (more query rows, other head dims, CPU) run 16-bit attention on dequantised
+            copies of the whole caches (flashattn/fp8.py: the dequantising path), which is correct
+            and slower than a 16-bit cache by those copies on every call. With rotary, the
+            appended keys are dequantised, rotated in q's dtype and stored re-quantised with
+            k_descale; the kernel attends to them as stored, the dequantising path to them before
+            that rounding in the call that appends them.
 
     Returns out (batch, seqlen_q, nheads, v_cache's headdim), or (out, softmax_lse). Not differentiable
     (inference). The cache tensors are modified in place when k and v are given. Runs on CUDA
@@ -157,7 +164,11 @@ def flash_attn_with_kvcache(
                    alibi_slopes=alibi_slopes, learnable_sink=learnable_sink)
     descales = {"q_descale": q_descale, "k_descale": k_descale, "v_descale": v_descale}
     fp8_out_dtype = fp8.check_kvcache(q, k_cache, v_cache, k, v, descales, out_dtype)
-    if fp8_out_dtype is not None:
+    if fp8_out_dtype is not None and q.dtype == fp8.FP8_DTYPE:  # a query is small: dequantised whichever way
+        factor = None if q_descale is None else fp8.query_factors(q_descale, q.shape[2], k_cache.shape[2])
+        q, descales = fp8.times(q, factor, fp8_out_dtype), {**descales, "q_descale": None}
+    fp8_kernel = fp8_out_dtype is not None and fp8.runs_kvcache_kernel(q, k_cache, v_cache, k, v, alibi_slopes)
+    if fp8_out_dtype is not None and not fp8_kernel:
         return _fp8_kvcache(
             q, k_cache, v_cache, k, v, descales, fp8_out_dtype, rotary_cos=rotary_cos, rotary_sin=rotary_sin,
             cache_seqlens=cache_seqlens, cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad,
@@ -177,6 +188,10 @@ def flash_attn_with_kvcache(
                  block_table, scale, bool(causal), window_left, window_right, float(softcap),
                  bool(rotary_interleaved), alibi_slopes, int(num_splits), learnable_sink]  # fmt: skip
 
+    if fp8_kernel:
+        out, lse = torch.ops.flashattn.fwd_kvcache_fp8(*arguments[:5], descales["k_descale"], descales["v_descale"],
+                                                       *arguments[5:])  # fmt: skip
+        return (out, lse) if return_softmax_lse else out
     padding = _kernel_padding(q, (k_cache, v_cache), (k, v), max_head_dim=MAX_KVCACHE_HEAD_DIM)
     if not any(padding):
         out, lse = torch.ops.flashattn.fwd_kvcache(*arguments)
@@ -187,18 +202,17 @@ def flash_attn_with_kvcache(
 
 def _fp8_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Tensor | None, v: Tensor | None,
                  descales: dict[str, Tensor | None], out_dtype: torch.dtype, **arguments: object):
-    """flash_attn_with_kvcache over FP8 caches (fp8.check_kvcache accepted them): the 16-bit function
-    on dequantised copies of q, the caches and k, v (each cache row or page times the descale of
-    the sequence that uses it), then the appended rows written into the FP8 caches: k and v as they
+    """flash_attn_with_kvcache over FP8 caches (fp8.check_kvcache accepted them; q 16-bit, an FP8 q
+    dequantised by the caller) where the FP8 KV-cache kernel does not serve the call
+    (fp8.runs_kvcache_kernel): the 16-bit function on dequantised copies of the caches and k, v
+    (each cache row or page times the descale of the sequence that uses it), then the appended
+    rows written into the FP8 caches: k and v as they
     are, or, with rotary, the rotated keys of the copy re-quantised. Index tensors are clamped
     wherever they are read here, so that a bad value reaches the 16-bit function's own checks (an
     error on CPU, a recorded fault on CUDA) rather than an indexing error; rows whose position or
     page is out of range are not written."""
     batch = q.shape[0]
-    q_descale, k_descale, v_descale = (descales[name] for name in ("q_descale", "k_descale", "v_descale"))
-    if q.dtype == fp8.FP8_DTYPE:
-        factor = None if q_descale is None else fp8.query_factors(q_descale, q.shape[2], k_cache.shape[2])
-        q = fp8.times(q, factor, out_dtype)
+    k_descale, v_descale = descales["k_descale"], descales["v_descale"]  # q: 16-bit already
     seqlen_new = 0 if k is None else k.shape[1]
     cache_seqlens, cache_batch_idx, block_table = (arguments[name] for name in ("cache_seqlens", "cache_batch_idx",
                                                                                  "block_table"))

@@ -73,6 +73,20 @@ block_table=None, learnable_sink=None) -> (out, softmax_lse)``
   flashattn.kvcache.flash_attn_with_kvcache's operator: appends k and v to the
   cache in place, then attends from q over it (see that function).
 
+``torch.ops.flashattn.fwd_kvcache_fp8(q, k_cache, v_cache, k, v, k_descale, v_descale, ...)`` (KVCACHE_FP8_SCHEMA)
+  fwd_kvcache over an FP8 cache: k_cache, v_cache (and k, v to append) float8_e4m3fn standing for
+  stored value x descale, k_descale and v_descale fp32 [B, Hk] or None for 1 (batch b's keys and
+  values take row b's, whichever cache rows or pages hold them); q float16 or bfloat16, out in
+  q's dtype; the other arguments fwd_kvcache's. The scores are softmax_scale * q . (k x
+  k_descale) in fp32, out = (P V) x v_descale with P rounded to q's dtype. Appended keys with
+  rotary are dequantised (x k_descale, rounded to q's dtype), rotated, and stored re-quantised
+  (/ k_descale, saturated at e4m3's largest). CUDA only, on the sm80 family's decoding kernel
+  (sm80/kvcache/fp8_cache.cuh: e4m3 tiles converted to 16-bit fragments in registers), every
+  family: head dims multiples of 16 up to 256, at most 16 query rows per (batch, KV head) block
+  (seqlen_q, or with seqlen_q 1 and GQA the query heads of a KV head); other calls raise.
+  flashattn.fp8.runs_kvcache_kernel says which calls of flash_attn_with_kvcache it serves; the
+  others (and CPU) run the dequantising route.
+
 ``torch.ops.flashattn.fwd_fp8(q, k, v, q_descale, k_descale, v_descale, softmax_scale, causal,
 window_left=-1, window_right=-1, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0,
 max_seqlen_k=0, out_dtype=None) -> (out, softmax_lse)`` (FP8_SCHEMA)
@@ -124,7 +138,7 @@ from torch import Tensor
 
 from . import cpu, fp8
 
-__all__ = ["BWD_SCHEMA", "COMBINE_SCHEMA", "FP8_SCHEMA", "FWD_SCHEMA", "KVCACHE_SCHEMA", "fwd"]
+__all__ = ["BWD_SCHEMA", "COMBINE_SCHEMA", "FP8_SCHEMA", "FWD_SCHEMA", "KVCACHE_FP8_SCHEMA", "KVCACHE_SCHEMA", "fwd"]
 
 FWD_SCHEMA = (
     "fwd(Tensor q, Tensor k, Tensor v, float softmax_scale, bool causal, bool deterministic=False, "
@@ -150,6 +164,14 @@ KVCACHE_SCHEMA = (
     "-> (Tensor out, Tensor softmax_lse)"
 )
 
+KVCACHE_FP8_SCHEMA = (
+    "fwd_kvcache_fp8(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor? k, Tensor? v, Tensor? k_descale, "
+    "Tensor? v_descale, Tensor? rotary_cos, Tensor? rotary_sin, Tensor cache_seqlens, Tensor? cache_batch_idx, "
+    "Tensor? cache_leftpad, Tensor? block_table, float softmax_scale, bool causal, int window_left, "
+    "int window_right, float softcap, bool rotary_interleaved, Tensor? alibi_slopes, int num_splits, "
+    "Tensor? learnable_sink=None) -> (Tensor out, Tensor softmax_lse)"
+)
+
 COMBINE_SCHEMA = (
     "combine(Tensor out_partial, Tensor lse_partial, ScalarType? out_dtype=None) -> (Tensor out, Tensor softmax_lse)"
 )
@@ -163,7 +185,8 @@ FP8_SCHEMA = (
 DEQUANTIZE_SCHEMA = "dequantize_fp8(Tensor t, Tensor scale, ScalarType out_dtype) -> Tensor"
 
 _lib = torch.library.Library("flashattn", "DEF")
-for _schema in (FWD_SCHEMA, BWD_SCHEMA, KVCACHE_SCHEMA, COMBINE_SCHEMA, FP8_SCHEMA, DEQUANTIZE_SCHEMA):
+for _schema in (FWD_SCHEMA, BWD_SCHEMA, KVCACHE_SCHEMA, KVCACHE_FP8_SCHEMA, COMBINE_SCHEMA, FP8_SCHEMA,
+                DEQUANTIZE_SCHEMA):
     _lib.define(_schema)
 
 
@@ -247,6 +270,15 @@ def _fwd_kvcache_fake(q: Tensor, k_cache: Tensor, v_cache: Tensor, k, v, rotary_
     cpu.check_learnable_sink(learnable_sink, q)
     batch, seqlen_q, num_heads, _ = q.shape
     return q.new_empty(cpu.out_shape(q, v_cache)), q.new_empty((batch, num_heads, seqlen_q), dtype=torch.float32)
+
+
+def _fwd_kvcache_fp8_fake(q: Tensor, k_cache: Tensor, v_cache: Tensor, k, v, k_descale, v_descale, rotary_cos,
+                          rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal,
+                          window_left, window_right, softcap, rotary_interleaved, alibi_slopes, num_splits,
+                          learnable_sink: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    return _fwd_kvcache_fake(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+                             cache_leftpad, block_table, softmax_scale, causal, window_left, window_right, softcap,
+                             rotary_interleaved, alibi_slopes, num_splits, learnable_sink)
 
 
 def _combine_fake(out_partial: Tensor, lse_partial: Tensor,
@@ -469,6 +501,7 @@ def fwd(*inputs) -> tuple[Tensor, Tensor]:
 torch.library.register_fake("flashattn::bwd", _bwd_fake)
 torch.library.impl("flashattn::bwd", "cpu", cpu.bwd)
 torch.library.register_fake("flashattn::fwd_kvcache", _fwd_kvcache_fake)
+torch.library.register_fake("flashattn::fwd_kvcache_fp8", _fwd_kvcache_fp8_fake)
 torch.library.register_fake("flashattn::combine", _combine_fake)
 torch.library.impl("flashattn::combine", "cpu", _combine_cpu)
 torch.library.register_fake("flashattn::fwd_fp8", _fwd_fp8_fake)

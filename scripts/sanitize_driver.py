@@ -18,7 +18,8 @@ sequence of length 0), so every compiled kernel variant (local or not, with
 extras or not) and the varlen addressing run under every tool. Then KVCACHE_CASES
 run flash_attn_with_kvcache (contiguous and paged caches, appends, rotary,
 split-KV, leftpad), its kernels included: the append, the decoding kernel, the tiled
-KV-cache forward and the combine; PAGED_CASES run flash_attn_varlen_func over
+KV-cache forward and the combine, and KVCACHE_FP8_CASES the same over FP8 caches
+(the FP8 KV-cache kernel; --kvcache-only runs just the KV-cache calls); PAGED_CASES run flash_attn_varlen_func over
 paged k and v (block_table, seqused_k), forward and backward; model_feature_calls
 runs learnable sinks (forward, backward with dsink and dlse, a split-KV decode) and
 flash_attn_combine; and fp8_calls the FP8 forward (e4m3 q, k, v).
@@ -210,6 +211,44 @@ def kvcache_calls(dtype) -> int:
     return len(KVCACHE_CASES) + 1
 
 
+# KV-cache calls over an FP8 (e4m3) cache, 16-bit q (the FP8 KV-cache kernel: the decoding kernel
+# on 8-bit tiles, and the FP8 append): (head_dim, v head dim, page size or None, seqlen_q, seqlen_new,
+# num_splits, rotary, causal). Caches of 203 rows, ragged lengths, GQA 4/2 (packed at Sq = 1).
+KVCACHE_FP8_CASES = [
+    (64, 64, None, 1, 1, 0, True, False),
+    (128, 128, 16, 1, 0, 3, False, True),
+    (80, 80, 64, 7, 3, 1, True, True),
+    (256, 256, 5, 2, 2, 0, False, False),
+    (192, 128, 32, 16, 0, 0, False, True),
+    (96, 96, None, 3, 2, 5, False, False),
+]
+
+
+def kvcache_fp8_calls(dtype) -> int:
+    """Runs every KVCACHE_FP8_CASES case with q in dtype; returns the number of calls."""
+    from flashattn import flash_attn_with_kvcache, fp8
+
+    e4m3 = torch.float8_e4m3fn
+    batch, capacity, heads, heads_k = 2, 203, 4, 2
+    for head_dim, v_head_dim, page, seqlen_q, seqlen_new, splits, rotary, causal in KVCACHE_FP8_CASES:
+        rows, per = (batch, capacity) if page is None else (batch * -(-capacity // page), page)
+        k_cache = torch.randn(rows, per, heads_k, head_dim, device="cuda").to(e4m3)
+        v_cache = torch.randn(rows, per, heads_k, v_head_dim, device="cuda").to(e4m3)
+        table = None if page is None else torch.randperm(rows, device="cuda").to(torch.int32).reshape(batch, -1)
+        seqlens = torch.tensor([capacity - seqlen_new, 17], device="cuda", dtype=torch.int32)
+        q = torch.randn(batch, seqlen_q, heads, head_dim, device="cuda", dtype=dtype)
+        new = [torch.randn(batch, seqlen_new, heads_k, d, device="cuda").to(e4m3) for d in (head_dim, v_head_dim)]
+        angles = torch.rand(capacity + seqlen_q, head_dim // 4, device="cuda")
+        descale = torch.rand(batch, heads_k, device="cuda") + 0.5
+        assert fp8.runs_kvcache_kernel(q, k_cache, v_cache, *new), "the FP8 KV-cache kernel takes these calls"
+        flash_attn_with_kvcache(q, k_cache, v_cache, *(new if seqlen_new else (None, None)),
+                                rotary_cos=angles.cos() if rotary else None,
+                                rotary_sin=angles.sin() if rotary else None, cache_seqlens=seqlens,
+                                block_table=table, causal=causal, num_splits=splits, k_descale=descale,
+                                v_descale=descale)
+    return len(KVCACHE_FP8_CASES)
+
+
 # Paged variable-length batches (the forward reading k and v through a block table, and the backward
 # on the gathered pages): (head_dim, page size), three sequences of ragged lengths, GQA 4/2, pages
 # shuffled, the block table's entries past each sequence out of range (never read).
@@ -337,8 +376,16 @@ def fp8_calls(out_dtype) -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sweep", choices=["full", "small"], default="full")
+    parser.add_argument("--kvcache-only", action="store_true",
+                        help="only the KV-cache calls, 16-bit and FP8 caches (kernel work on the KV-cache kernels)")
     args = parser.parse_args()
     torch.manual_seed(0)
+    if args.kvcache_only:
+        calls = sum(kvcache_calls(dtype) + kvcache_fp8_calls(dtype) for dtype in DTYPES)
+        torch.cuda.synchronize()
+        flashattn.check_faults()
+        print(f"sanitize driver: {calls} KV-cache calls completed (16-bit and FP8 caches)")
+        return
     forward_calls = backward_calls = 0
     for dtype, head_dim, seqlens, causal, heads, layout, batch, options in sweep(args.sweep):
         q, k, v, kwargs = operator_kwargs(options, *inputs(dtype, head_dim, seqlens, heads, layout, batch))
@@ -349,7 +396,7 @@ def main() -> None:
         for deterministic in (False, True):
             backward_calls += run_backward(head_dim, lambda: torch.ops.flashattn.bwd(
                 dout, q, k, v, out, lse, scale, causal, deterministic, **kwargs))
-    kvcache = sum(kvcache_calls(dtype) for dtype in DTYPES)
+    kvcache = sum(kvcache_calls(dtype) + kvcache_fp8_calls(dtype) for dtype in DTYPES)
     paged = sum(paged_calls(dtype) for dtype in DTYPES)
     features = sum(model_feature_calls(dtype) for dtype in DTYPES)
     fp8 = sum(fp8_calls(dtype) for dtype in DTYPES)

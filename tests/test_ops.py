@@ -13,7 +13,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from flashattn import flash_attn_func, flash_attn_varlen_func, ops
 from flashattn.interface import _flash_attn_forward
-from flashattn.ops import BWD_SCHEMA, COMBINE_SCHEMA, FP8_SCHEMA, FWD_SCHEMA, KVCACHE_SCHEMA
+from flashattn.ops import BWD_SCHEMA, COMBINE_SCHEMA, FP8_SCHEMA, FWD_SCHEMA, KVCACHE_FP8_SCHEMA, KVCACHE_SCHEMA
 
 CSRC = Path(__file__).resolve().parents[1] / "csrc"
 
@@ -264,6 +264,7 @@ def test_registered_schemas_are_python_s():
         (torch.ops.flashattn.fwd.default, FWD_SCHEMA),
         (torch.ops.flashattn.bwd.default, BWD_SCHEMA),
         (torch.ops.flashattn.fwd_kvcache.default, KVCACHE_SCHEMA),
+        (torch.ops.flashattn.fwd_kvcache_fp8.default, KVCACHE_FP8_SCHEMA),
         (torch.ops.flashattn.combine.default, COMBINE_SCHEMA),
         (torch.ops.flashattn.fwd_fp8.default, FP8_SCHEMA),
     ):

@@ -116,8 +116,9 @@ void check_same_device(const at::Tensor& t, const char* name, const at::Tensor& 
 
 // Rank, device and dtype: what every data tensor must have (q: a dtype of the
 // kernels, float8_e4m3fn for the FP8 operator (fp8); the others: q's).
+// own_dtype: the dtype t must have where it is not q's (an FP8 KV cache's tensors).
 void check_tensor(const at::Tensor& t, const char* name, const at::Tensor& q, const Layout& layout,
-                  bool fp8 = false) {
+                  bool fp8 = false, std::optional<at::ScalarType> own_dtype = std::nullopt) {
     TORCH_CHECK_VALUE(t.dim() == layout.rank(name), "flashattn: ", name, " must be ", str(layout.rank(name)), "-D ",
                       layout.shape(name), ", got shape ", str(t.sizes()));
     check_same_device(t, name, q);
@@ -128,6 +129,9 @@ void check_tensor(const at::Tensor& t, const char* name, const at::Tensor& q, co
     } else if (t.is_same(q)) {
         TORCH_CHECK_TYPE(q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16, "flashattn: q has dtype ",
                          str(q.scalar_type()), "; accepted on cuda: torch.float16, torch.bfloat16");
+    } else if (own_dtype.has_value()) {
+        TORCH_CHECK_TYPE(t.scalar_type() == *own_dtype, "flashattn: ", name, " has dtype ", str(t.scalar_type()),
+                         "; ", name, " must be a ", str(*own_dtype), " tensor");
     } else {
         TORCH_CHECK_TYPE(t.scalar_type() == q.scalar_type(), "flashattn: ", name, " has dtype ", str(t.scalar_type()),
                          " but q has ", str(q.scalar_type()), "; ", name, " must be a ", str(q.scalar_type()),
@@ -143,11 +147,13 @@ void check_last_dim_contiguous(const at::Tensor& t, const char* name) {
 
 // check_tensor, and rows the kernels read in place (tensors the binding does
 // not copy: the KV cache, which is written in place, and what it is read with).
-void check_input(const at::Tensor& t, const char* name, const at::Tensor& q, const Layout& layout) {
-    check_tensor(t, name, q, layout);
+void check_input(const at::Tensor& t, const char* name, const at::Tensor& q, const Layout& layout,
+                 std::optional<at::ScalarType> own_dtype = std::nullopt) {
+    check_tensor(t, name, q, layout, /*fp8=*/false, own_dtype);
     check_last_dim_contiguous(t, name);
     TORCH_CHECK_VALUE(strides_aligned(t), "flashattn: ", name, " stride ", str(t.strides()),
-                      " must be a multiple of ", str(kAlignElems), " elements in every dimension but the last");
+                      " must be a multiple of ", str(static_cast<int64_t>(16 / t.element_size())),
+                      " elements in every dimension but the last");
 }
 
 // cu_seqlens_q/k: both or neither; int32 [B + 1] on q's device, contiguous.
@@ -433,15 +439,19 @@ void check_kvcache(const at::Tensor& q, const at::Tensor& k_cache, const at::Ten
                    const std::optional<at::Tensor>& k_new, const std::optional<at::Tensor>& v_new,
                    const std::optional<at::Tensor>& rotary_cos, const std::optional<at::Tensor>& rotary_sin,
                    const at::Tensor& cache_seqlens, const std::optional<at::Tensor>& cache_batch_idx,
-                   const std::optional<at::Tensor>& cache_leftpad, const std::optional<at::Tensor>& block_table) {
+                   const std::optional<at::Tensor>& cache_leftpad, const std::optional<at::Tensor>& block_table,
+                   bool kv_fp8 = false) {
     const Layout layout{false};
+    // An FP8 cache: k_cache, v_cache, k and v float8_e4m3fn, q 16-bit.
+    const std::optional<at::ScalarType> kv_dtype =
+        kv_fp8 ? std::optional<at::ScalarType>(at::kFloat8_e4m3fn) : std::nullopt;
     check_input(q, "q", q, layout);
-    check_input(k_cache, "k_cache", q, layout);
+    check_input(k_cache, "k_cache", q, layout, kv_dtype);
     // v_cache's head dim before its strides: an empty one (dv 0) has no row to align.
     if (q.dim() == 4 && k_cache.dim() == 4 && v_cache.dim() == 4) {
         check_v_head_dim(q, k_cache, v_cache, {"q", "k_cache", "v_cache"});
     }
-    check_input(v_cache, "v_cache", q, layout);
+    check_input(v_cache, "v_cache", q, layout, kv_dtype);
     TORCH_CHECK_VALUE(readable_in_place(k_cache) && readable_in_place(v_cache),
                       "flashattn: k_cache and v_cache must start at 16-byte aligned addresses (they are written "
                       "in place)");
@@ -454,10 +464,11 @@ void check_kvcache(const at::Tensor& q, const at::Tensor& k_cache, const at::Ten
     TORCH_CHECK_VALUE(head_dim >= 1 && head_dim <= flash::kMaxKvcacheHeadDim,
                       "flashattn: headdim ", str(head_dim), " is not supported by flash_attn_with_kvcache; "
                       "accepted: 1 to ", str(flash::kMaxKvcacheHeadDim));
-    TORCH_CHECK_VALUE(head_dim % kAlignElems == 0 && v_cache.size(3) % kAlignElems == 0,
-                      "flashattn: the KV-cache kernels need head_dim to be a multiple of ", str(kAlignElems),
-                      " (got ", str(head_dim), v_cache.size(3) == head_dim ? "" : ", v_cache's " +
-                      str(v_cache.size(3)), ")");
+    const int64_t align = kv_fp8 ? 16 : kAlignElems;  // 16-byte chunks of the cache's rows
+    TORCH_CHECK_VALUE(head_dim % align == 0 && v_cache.size(3) % align == 0,
+                      "flashattn: the KV-cache kernels need head_dim to be a multiple of ", str(align),
+                      kv_fp8 ? " with an FP8 cache" : "", " (got ", str(head_dim),
+                      v_cache.size(3) == head_dim ? "" : ", v_cache's " + str(v_cache.size(3)), ")");
     TORCH_CHECK_VALUE(num_heads_k > 0 && num_heads % num_heads_k == 0, "flashattn: the number of query heads (",
                       str(num_heads), ") must be a multiple of the number of key/value heads in k_cache (",
                       str(num_heads_k), ")");
@@ -475,7 +486,7 @@ void check_kvcache(const at::Tensor& q, const at::Tensor& k_cache, const at::Ten
         for (const auto& [name, t, cache] :
              {std::tuple<const char*, const at::Tensor&, const at::Tensor&>{"k", *k_new, k_cache},
               std::tuple<const char*, const at::Tensor&, const at::Tensor&>{"v", *v_new, v_cache}}) {
-            check_input(t, name, q, layout);
+            check_input(t, name, q, layout, kv_dtype);
             TORCH_CHECK_VALUE(t.size(0) == batch && t.size(2) == num_heads_k && t.size(3) == cache.size(3),
                               "flashattn: ", name, " must have shape (", str(batch), ", seqlen_new, ",
                               str(num_heads_k), ", ", str(cache.size(3)), "), got ", str(t.sizes()));

@@ -424,7 +424,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> mha_bwd(
 
 // flash_attn_with_kvcache: append k/v (rotary applied) into the cache in place,
 // then attend from q (rotated) to each sequence's cached keys.
-std::tuple<at::Tensor, at::Tensor> mha_fwd_kvcache(
+// fwd_kvcache and, kv_fp8, fwd_kvcache_fp8 (an e4m3 cache with k_descale and
+// v_descale, q 16-bit; the decoding kernel only).
+std::tuple<at::Tensor, at::Tensor> kvcache_forward(
     const at::Tensor& q,        // [B, Sq, H, D]
     const at::Tensor& k_cache,  // [B_cache, S_cache, Hk, D] or [num_blocks, page_size, Hk, D]
     const at::Tensor& v_cache,  // like k_cache, with head dim Dv <= D
@@ -434,13 +436,25 @@ std::tuple<at::Tensor, at::Tensor> mha_fwd_kvcache(
     const std::optional<at::Tensor>& cache_leftpad, const std::optional<at::Tensor>& block_table,
     double softmax_scale, bool causal, int64_t window_left, int64_t window_right, double softcap,
     bool rotary_interleaved, const std::optional<at::Tensor>& alibi_slopes, int64_t num_splits,
-    const std::optional<at::Tensor>& learnable_sink) {
+    const std::optional<at::Tensor>& learnable_sink, bool kv_fp8, const std::optional<at::Tensor>& k_descale,
+    const std::optional<at::Tensor>& v_descale) {
     const Layout layout{false};
     check_kvcache(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
-                  cache_leftpad, block_table);
+                  cache_leftpad, block_table, kv_fp8);
     check_learnable_sink(learnable_sink, q);
     const int64_t batch = q.size(0), seqlen_q = q.size(1), num_heads = q.size(2), head_dim = q.size(3);
     const int64_t num_heads_k = k_cache.size(2);
+    std::optional<at::Tensor> k_descale_in, v_descale_in;
+    if (kv_fp8) {
+        check_descale(k_descale, "k_descale", q, batch, num_heads_k);
+        check_descale(v_descale, "v_descale", q, batch, num_heads_k);
+        const int64_t rows = flash::kvcache_block_rows(seqlen_q, num_heads / num_heads_k, alibi_slopes.has_value());
+        TORCH_CHECK_VALUE(rows <= flash::kFp8KvcacheMaxRows, "flashattn: the FP8 KV-cache kernel decodes up to ",
+                          str(flash::kFp8KvcacheMaxRows), " query rows per KV head (seqlen_q, or with seqlen_q 1 "
+                          "the query heads of a KV head); got ", str(rows));
+        k_descale_in = contiguous_if_given(k_descale);
+        v_descale_in = contiguous_if_given(v_descale);
+    }
     const bool paged = block_table.has_value();
     const int64_t page_size = paged ? k_cache.size(1) : 0;
     const int64_t cache_capacity = paged ? block_table->size(1) * page_size : k_cache.size(1);
@@ -495,6 +509,8 @@ std::tuple<at::Tensor, at::Tensor> mha_fwd_kvcache(
         ap.num_heads = static_cast<int>(num_heads), ap.num_heads_k = static_cast<int>(num_heads_k);
         ap.head_dim = static_cast<int>(head_dim), ap.head_dim_v = static_cast<int>(v_cache.size(3));
         ap.dtype = q.scalar_type() == at::kBFloat16 ? flash::DType::kBFloat16 : flash::DType::kFloat16;
+        ap.kv_fp8 = kv_fp8;
+        ap.k_descale = k_descale_in.has_value() ? k_descale_in->data_ptr<float>() : nullptr;
         if (seqlen_knew > 0 || rotary_dim > 0) {
             const cudaError_t err = kernels.family->run_kvcache_append(ap, stream);
             TORCH_CHECK(err == cudaSuccess, "flashattn: the KV-cache append kernel failed to launch: ",
@@ -522,6 +538,9 @@ std::tuple<at::Tensor, at::Tensor> mha_fwd_kvcache(
     params.kv_capacity = static_cast<int>(cache_capacity);
     params.kv_cache_batch = static_cast<int>(k_cache.size(0));
     params.faults = faults;
+    params.kv_fp8 = kv_fp8;
+    params.k_descale = k_descale_in.has_value() ? k_descale_in->data_ptr<float>() : nullptr;
+    params.v_descale = v_descale_in.has_value() ? v_descale_in->data_ptr<float>() : nullptr;
     const flash::KvcacheWorkspace workspace = kernels.family->plan_kvcache(params, num_splits);
     at::Tensor o_accum, lse_accum, counters;
     if (workspace.accum_floats > 0) {
@@ -536,6 +555,35 @@ std::tuple<at::Tensor, at::Tensor> mha_fwd_kvcache(
     }
     check_launch(kernels.family->run_fwd_kvcache(params, stream), "KV-cache forward", q, params, *kernels.family);
     return {out, lse};
+}
+
+std::tuple<at::Tensor, at::Tensor> mha_fwd_kvcache(
+    const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache, const std::optional<at::Tensor>& k_new,
+    const std::optional<at::Tensor>& v_new, const std::optional<at::Tensor>& rotary_cos,
+    const std::optional<at::Tensor>& rotary_sin, const at::Tensor& cache_seqlens,
+    const std::optional<at::Tensor>& cache_batch_idx, const std::optional<at::Tensor>& cache_leftpad,
+    const std::optional<at::Tensor>& block_table, double softmax_scale, bool causal, int64_t window_left,
+    int64_t window_right, double softcap, bool rotary_interleaved, const std::optional<at::Tensor>& alibi_slopes,
+    int64_t num_splits, const std::optional<at::Tensor>& learnable_sink) {
+    return kvcache_forward(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+                           cache_leftpad, block_table, softmax_scale, causal, window_left, window_right, softcap,
+                           rotary_interleaved, alibi_slopes, num_splits, learnable_sink, /*kv_fp8=*/false,
+                           std::nullopt, std::nullopt);
+}
+
+std::tuple<at::Tensor, at::Tensor> mha_fwd_kvcache_fp8(
+    const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache, const std::optional<at::Tensor>& k_new,
+    const std::optional<at::Tensor>& v_new, const std::optional<at::Tensor>& k_descale,
+    const std::optional<at::Tensor>& v_descale, const std::optional<at::Tensor>& rotary_cos,
+    const std::optional<at::Tensor>& rotary_sin, const at::Tensor& cache_seqlens,
+    const std::optional<at::Tensor>& cache_batch_idx, const std::optional<at::Tensor>& cache_leftpad,
+    const std::optional<at::Tensor>& block_table, double softmax_scale, bool causal, int64_t window_left,
+    int64_t window_right, double softcap, bool rotary_interleaved, const std::optional<at::Tensor>& alibi_slopes,
+    int64_t num_splits, const std::optional<at::Tensor>& learnable_sink) {
+    return kvcache_forward(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+                           cache_leftpad, block_table, softmax_scale, causal, window_left, window_right, softcap,
+                           rotary_interleaved, alibi_slopes, num_splits, learnable_sink, /*kv_fp8=*/true, k_descale,
+                           v_descale);
 }
 
 // flash_attn_combine (FlashAttention-3's): the partial results of attention
@@ -612,6 +660,7 @@ TORCH_LIBRARY_IMPL(flashattn, CUDA, m) {
     m.impl("fwd", &mha_fwd);
     m.impl("bwd", &mha_bwd);
     m.impl("fwd_kvcache", &mha_fwd_kvcache);
+    m.impl("fwd_kvcache_fp8", &mha_fwd_kvcache_fp8);
     m.impl("combine", &mha_combine);
     m.impl("fwd_fp8", &mha_fwd_fp8);
     m.impl("dequantize_fp8", &mha_dequantize_fp8);

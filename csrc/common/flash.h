@@ -194,6 +194,11 @@ struct FwdParams {
     // no extras, sinks, pages or seqused. vt_ptr: the family's workspace
     // (fwd_fp8_workspace bytes) for v in the layout its kernel reads.
     bool fp8;
+    // An FP8 KV cache (a family's run_fwd_kvcache, the decoding kernel): q
+    // 16-bit (`dtype`, also out's), k and v (the cache) float8_e4m3fn standing
+    // for stored value x k_descale / v_descale (fp32 [B, Hk] contiguous, or
+    // nullptr for 1), the descale of the sequence that reads the rows.
+    bool kv_fp8;
     const float* __restrict__ q_descale;
     const float* __restrict__ k_descale;
     const float* __restrict__ v_descale;
@@ -276,7 +281,13 @@ struct AppendParams {
     bool rotary_interleaved;  // rotate pairs (2i, 2i + 1); else (i, i + rotary_dim / 2)
     bool q_positions_per_row;  // causal/local: query i at position cache_seqlens + i; else all at cache_seqlens
     int batch, seqlen_q, seqlen_knew, num_heads, num_heads_k, head_dim, head_dim_v;
-    DType dtype;
+    DType dtype;  // of q (and of the cache, unless kv_fp8)
+    // An FP8 cache (FwdParams::kv_fp8): k_new and v_new are float8_e4m3fn too,
+    // copied as they are; with rotary, a key is dequantised (x k_descale[b,
+    // h], fp32 [B, Hk] or nullptr for 1), rotated, rounded to `dtype` and
+    // stored re-quantised (/ k_descale, saturated at e4m3's largest).
+    bool kv_fp8;
+    const float* __restrict__ k_descale;
 };
 
 // flash_attn_combine: attention computed over disjoint sets of keys, merged by
@@ -325,6 +336,19 @@ struct DequantizeParams {
 // kernels (sm80/kvcache/) up to kMaxKvcacheHeadDim.
 constexpr int kMaxHeadDim = 512;
 constexpr int kMaxKvcacheHeadDim = 256;
+
+// flash_attn_with_kvcache's query rows per (batch, head) block: decoding (one
+// query) with GQA packs the query heads of a KV head as the rows of one block
+// (FwdParams::pack_gqa; not with ALiBi, whose slopes differ per query head).
+constexpr bool kvcache_packs_gqa(int64_t seqlen_q, int64_t heads_per_kv_head, bool alibi) {
+    return seqlen_q == 1 && heads_per_kv_head > 1 && !alibi;
+}
+constexpr int64_t kvcache_block_rows(int64_t seqlen_q, int64_t heads_per_kv_head, bool alibi) {
+    return kvcache_packs_gqa(seqlen_q, heads_per_kv_head, alibi) ? heads_per_kv_head : seqlen_q;
+}
+// An FP8 cache (FwdParams::kv_fp8) is read by the decoding kernel only: up to
+// this many block rows; its head dims are multiples of 16.
+constexpr int kFp8KvcacheMaxRows = 16;
 
 // The partial sums per head of the sink's gradient (BwdParams::dsink_partial_ptr):
 // each head's rows are cut into this many ranges, one thread block each.

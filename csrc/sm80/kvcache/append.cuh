@@ -3,8 +3,11 @@
 // Plain CUDA (no family instructions).
 #pragma once
 
+#include <cuda_fp8.h>
+
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "common/flash.h"
 #include "common/index_check.cuh"
@@ -47,6 +50,35 @@ __device__ __forceinline__ void rotate_pair(const Element* src, Element* dst, co
     dst[pair.b] = from_float<Element>(__fadd_rn(__fmul_rn(x, s), __fmul_rn(y, c)));
 }
 
+// rotate_pair for an FP8 cache (AppendParams::kv_fp8): the key's e4m3 pair
+// dequantised (x descale, rounded to Element, as the 16-bit copy of the
+// cache that flashattn/fp8.py's route rotates), rotated as rotate_pair does,
+// and stored re-quantised (/ descale, saturated at e4m3's largest, rounded to
+// nearest even). Pairs that do not rotate are copied as they are.
+template <typename Element>
+__device__ __forceinline__ void rotate_pair_fp8(const uint8_t* src, uint8_t* dst, const RotaryPair& pair,
+                                                const float* cos, const float* sin, int position, int rotary_dim,
+                                                float descale) {
+    if (pair.freq < 0) {
+        dst[pair.a] = src[pair.a];
+        dst[pair.b] = src[pair.b];
+        return;
+    }
+    auto dequantised = [&](uint8_t stored) {
+        const __half_raw raw = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(stored), __NV_E4M3);
+        return to_float(from_float<Element>(__fmul_rn(__half2float(__half(raw)), descale)));
+    };
+    const float x = dequantised(src[pair.a]), y = dequantised(src[pair.b]);
+    const int at = position * (rotary_dim / 2) + pair.freq;
+    const float c = cos[at], s = sin[at];
+    auto requantised = [&](float rotated) {
+        const float value = __fdiv_rn(to_float(from_float<Element>(rotated)), descale);
+        return static_cast<uint8_t>(__nv_cvt_float_to_fp8(value, __NV_SATFINITE, __NV_E4M3));
+    };
+    dst[pair.a] = requantised(__fsub_rn(__fmul_rn(x, c), __fmul_rn(y, s)));
+    dst[pair.b] = requantised(__fadd_rn(__fmul_rn(x, s), __fmul_rn(y, c)));
+}
+
 // Batch b's cache_seqlens and a rotary position, each checked before it is
 // used (index_check.cuh): the new rows must fit the cache, and the tables hold
 // the position.
@@ -60,9 +92,12 @@ __device__ __forceinline__ int rotary_position(const AppendParams& p, int b, int
 }
 
 // One thread per pair of elements: first the new keys and values (written into
-// the cache), then the queries (written into q_rot when they rotate).
-template <typename Element>
+// the cache), then the queries (written into q_rot when they rotate). kFp8Cache:
+// the cache and the new keys and values are e4m3 (AppendParams::kv_fp8), q is
+// Element.
+template <typename Element, bool kFp8Cache>
 __global__ void __launch_bounds__(256) kvcache_append_kernel(const AppendParams p) {
+    using Stored = std::conditional_t<kFp8Cache, uint8_t, Element>;
     const int pairs = p.head_dim / 2;
     const int64_t kv_threads = static_cast<int64_t>(p.batch) * p.seqlen_knew * p.num_heads_k * pairs;
     const int64_t q_threads =
@@ -94,15 +129,21 @@ __global__ void __launch_bounds__(256) kvcache_append_kernel(const AppendParams 
             kc = cache_b * p.kc_batch_stride + static_cast<int64_t>(cache_row) * p.kc_row_stride;
             vc = cache_b * p.vc_batch_stride + static_cast<int64_t>(cache_row) * p.vc_row_stride;
         }
-        const Element* k_src = static_cast<const Element*>(p.k_new_ptr) + b * p.knew_batch_stride +
-                               j * p.knew_row_stride + h * p.knew_head_stride;
-        const Element* v_src = static_cast<const Element*>(p.v_new_ptr) + b * p.vnew_batch_stride +
-                               j * p.vnew_row_stride + h * p.vnew_head_stride;
-        Element* k_dst = static_cast<Element*>(p.k_cache_ptr) + kc + h * p.kc_head_stride;
-        Element* v_dst = static_cast<Element*>(p.v_cache_ptr) + vc + h * p.vc_head_stride;
+        const Stored* k_src = static_cast<const Stored*>(p.k_new_ptr) + b * p.knew_batch_stride +
+                              j * p.knew_row_stride + h * p.knew_head_stride;
+        const Stored* v_src = static_cast<const Stored*>(p.v_new_ptr) + b * p.vnew_batch_stride +
+                              j * p.vnew_row_stride + h * p.vnew_head_stride;
+        Stored* k_dst = static_cast<Stored*>(p.k_cache_ptr) + kc + h * p.kc_head_stride;
+        Stored* v_dst = static_cast<Stored*>(p.v_cache_ptr) + vc + h * p.vc_head_stride;
         const RotaryPair pair = rotary_pair(t, rotary ? p.rotary_dim : 0, p.rotary_interleaved);
-        rotate_pair(k_src, k_dst, pair, p.rotary_cos, p.rotary_sin, rotary_position(p, b, cache_row),
-                    p.rotary_dim);
+        if constexpr (kFp8Cache) {
+            const float descale = p.k_descale == nullptr ? 1.f : p.k_descale[b * p.num_heads_k + h];
+            rotate_pair_fp8<Element>(k_src, k_dst, pair, p.rotary_cos, p.rotary_sin, rotary_position(p, b, cache_row),
+                                     p.rotary_dim, descale);
+        } else {
+            rotate_pair(k_src, k_dst, pair, p.rotary_cos, p.rotary_sin, rotary_position(p, b, cache_row),
+                        p.rotary_dim);
+        }
         if (2 * t < p.head_dim_v) {  // v's head dim may be below k's (a multiple of 8 too)
             v_dst[2 * t] = v_src[2 * t];
             v_dst[2 * t + 1] = v_src[2 * t + 1];

@@ -22,6 +22,7 @@
 #include "common/sink.cuh"
 #include "common/softmax.cuh"
 #include "sm80/gemm.cuh"
+#include "sm80/kvcache/fp8_cache.cuh"
 #include "sm80/kvcache/kvcache_traits.h"
 #include "sm80/kvcache/merge.cuh"
 #include "sm80/ptx.cuh"
@@ -131,11 +132,12 @@ struct PageLookup {
 // returned pointer the merged rows for the caller to sum over the warps.
 // with_sink: the block's rows are final (one split), so the learnable sink
 // of each row of `head` joins the merge (a split's part leaves it to the
-// merge of the splits).
+// merge of the splits). out_scale multiplies every row (an FP8 cache's
+// v_descale); o's columns are in fp8_cache.cuh's order where Traits::kFp8Kv.
 template <typename Traits>
 __device__ __forceinline__ const float* merge_warps(char* smem, const float (&o)[1][Traits::kNTilesO][4],
                                                     const float (&lse)[2], int tid, const FwdParams& params,
-                                                    int head, bool with_sink) {
+                                                    int head, bool with_sink, float out_scale) {
     constexpr int kRows = Traits::kRows;
     const int lane = tid % 32, warp = tid / 32;
     float* warp_lse = reinterpret_cast<float*>(smem);                              // [warp][row]
@@ -161,12 +163,16 @@ __device__ __forceinline__ const float* merge_warps(char* smem, const float (&o)
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
         const int row = lane / 4 + half * 8;
-        const float weight = LseMerge::share(lse[half], row_lse[row]);
-        float* dst = warp_out + (warp * kRows + row) * Traits::kHeadDim + (lane % 4) * 2;
+        const float weight = LseMerge::share(lse[half], row_lse[row]) * out_scale;
+        float* row_out = warp_out + (warp * kRows + row) * Traits::kHeadDim;
+        if constexpr (Traits::kFp8Kv) {
+            store_o_row(row_out, o, half, weight, lane);
+        } else {
 #pragma unroll
-        for (int j = 0; j < Traits::kNTilesO; ++j) {
-            *reinterpret_cast<float2*>(dst + j * 8) = make_float2(o[0][j][2 * half] * weight,
-                                                                  o[0][j][2 * half + 1] * weight);
+            for (int j = 0; j < Traits::kNTilesO; ++j) {
+                *reinterpret_cast<float2*>(row_out + j * 8 + (lane % 4) * 2) =
+                    make_float2(o[0][j][2 * half] * weight, o[0][j][2 * half + 1] * weight);
+            }
         }
     }
     __syncthreads();
@@ -207,12 +213,15 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) de
     const int head_k = head / params.heads_per_kv_head;
 
     // Q first: its copy needs no index, so it is in flight while cache_seqlens is read.
-    if (tid < Traits::kQCopyThreads) {
+    const Element* q = static_cast<const Element*>(params.q_ptr) + batch * params.q_batch_stride +
+                       head * params.q_head_stride;
+    if constexpr (Traits::kFp8Kv) {
+        // In the K fragments' k order; stored before the main loop's first barrier.
+        load_q_deinterleaved<typename Traits::QTile, Traits::kNThreads>(smem, q, params.q_row_stride,
+                                                                         params.seqlen_q, params.head_dim, tid);
+    } else if (tid < Traits::kQCopyThreads) {
         const TileCopy<typename Traits::QTile, Traits::kQCopyThreads> q_copy(tid);
-        q_copy.load_async(q_smem,
-                          static_cast<const Element*>(params.q_ptr) + batch * params.q_batch_stride +
-                              head * params.q_head_stride,
-                          params.q_row_stride, params.seqlen_q, params.head_dim);
+        q_copy.load_async(q_smem, q, params.q_row_stride, params.seqlen_q, params.head_dim);
     }
     Sequence seq = sequence_of</*Is_kvcache=*/true>(params, batch);
     const Window window = kvcache_window(params, seq);
@@ -222,10 +231,18 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) de
     const int n_tiles = tiles.n_end - tiles.n_begin;
 
     const bool paged = params.block_table != nullptr;
-    const Element* k = static_cast<const Element*>(params.k_ptr) + head_k * params.k_head_stride +
-                       (paged ? 0 : seq.kv_batch * params.k_batch_stride + seq.k_start * params.k_row_stride);
-    const Element* v = static_cast<const Element*>(params.v_ptr) + head_k * params.v_head_stride +
-                       (paged ? 0 : seq.kv_batch * params.v_batch_stride + seq.k_start * params.v_row_stride);
+    // The cache as 16-bit units (byte pairs of an FP8 cache): offsets and
+    // strides in elements, times the element's bytes, over 2.
+    auto units = [](int64_t elements) { return elements * Traits::kKvBytes / 2; };
+    const uint16_t* k = static_cast<const uint16_t*>(params.k_ptr) +
+                        units(head_k * params.k_head_stride +
+                              (paged ? 0 : seq.kv_batch * params.k_batch_stride + seq.k_start * params.k_row_stride));
+    const uint16_t* v = static_cast<const uint16_t*>(params.v_ptr) +
+                        units(head_k * params.v_head_stride +
+                              (paged ? 0 : seq.kv_batch * params.v_batch_stride + seq.k_start * params.v_row_stride));
+    const int64_t k_row_stride = units(params.k_row_stride), v_row_stride = units(params.v_row_stride);
+    const int64_t k_page_stride = units(params.k_batch_stride), v_page_stride = units(params.v_batch_stride);
+    const int k_cols = static_cast<int>(units(params.head_dim)), v_cols = static_cast<int>(units(params.head_dim_v));
     // Stage s holds K then V of one tile.
     auto k_stage = [&](int s) { return stages_smem + s * Traits::kStageBytes; };
     auto v_stage = [&](int s) { return stages_smem + s * Traits::kStageBytes + KVTile::kBytes; };
@@ -236,15 +253,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) de
         const int n0 = n_block * kBlockN;
         if (paged) {
             pages.check(n0, kv_copy.row0);
-            kv_copy.load_async_pages(k_stage(stage), k, params.k_batch_stride, params.k_row_stride, pages.pages,
-                                     pages.in_page, seqlen_k - n0, params.head_dim);
-            kv_copy.load_async_pages(v_stage(stage), v, params.v_batch_stride, params.v_row_stride, pages.pages,
-                                     pages.in_page, seqlen_k - n0, params.head_dim_v);
+            kv_copy.load_async_pages(k_stage(stage), k, k_page_stride, k_row_stride, pages.pages, pages.in_page,
+                                     seqlen_k - n0, k_cols);
+            kv_copy.load_async_pages(v_stage(stage), v, v_page_stride, v_row_stride, pages.pages, pages.in_page,
+                                     seqlen_k - n0, v_cols);
         } else {
-            kv_copy.load_async(k_stage(stage), k + n0 * params.k_row_stride, params.k_row_stride, seqlen_k - n0,
-                               params.head_dim);
-            kv_copy.load_async(v_stage(stage), v + n0 * params.v_row_stride, params.v_row_stride, seqlen_k - n0,
-                               params.head_dim_v);
+            kv_copy.load_async(k_stage(stage), k + n0 * k_row_stride, k_row_stride, seqlen_k - n0, k_cols);
+            kv_copy.load_async(v_stage(stage), v + n0 * v_row_stride, v_row_stride, seqlen_k - n0, v_cols);
         }
     };
 
@@ -273,6 +288,14 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) de
     OnlineSoftmax<1> softmax;
     const ScoreExtras extras(params, batch, head, window.diagonal);
     const bool has_extras = extras.softcap || extras.alibi_slope != 0.f;
+    // An FP8 cache's descales: k's scales the scores (before softcap, ALiBi and
+    // the mask, which see q . k of the real values), v's the output.
+    float k_scale = 1.f, v_scale = 1.f;
+    if constexpr (Traits::kFp8Kv) {
+        const int64_t descale = static_cast<int64_t>(batch) * params.num_heads_k + head_k;
+        if (params.k_descale != nullptr) k_scale = params.k_descale[descale];
+        if (params.v_descale != nullptr) v_scale = params.v_descale[descale];
+    }
 
     for (int t = 0; t < n_tiles; ++t) {
         // Tile t has landed for every thread, and every warp is done with tile
@@ -290,15 +313,25 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) de
         const int warp_n0 = n_block * kBlockN + warp * 16;  // this warp's first key
         float s[1][2][4];
         clear(s);
-        gemm_smem_smem<Element, 1, 2, Traits::kKSteps, typename Traits::QTile, KVTile>(s, q_smem, 0, k_stage(stage),
-                                                                                      warp * 16, lane);
+        if constexpr (Traits::kFp8Kv) {
+            gemm_q_k8<Element, Traits::kKSteps, typename Traits::QTile, KVTile>(s, q_smem, k_stage(stage), warp * 16,
+                                                                               lane);
+            scale(s, k_scale);
+        } else {
+            gemm_smem_smem<Element, 1, 2, Traits::kKSteps, typename Traits::QTile, KVTile>(s, q_smem, 0, k_stage(stage),
+                                                                                          warp * 16, lane);
+        }
         if (has_extras) apply_score_extras<false>(s, extras, 0, warp_n0, lane);
         if (n_block < tiles.full_begin || n_block >= tiles.full_end) apply_mask<true>(s, 0, warp_n0, window, lane);
         softmax.update(s, o, params.softmax_scale_log2);
         // O += P V over the warp's 16 keys: V rows warp * 16 .. + 16 (a whole
         // number of swizzle periods, so only the base moves).
-        gemm_regs_smem<Element, 1, Traits::kNTilesO, 1, KVTile>(
-            o, s, v_stage(stage) + warp * 16 * KVTile::kBlockRowBytes, lane);
+        if constexpr (Traits::kFp8Kv) {
+            gemm_p_v8<Element, Traits::kNTilesO, KVTile>(o, s, v_stage(stage), warp * 16, lane);
+        } else {
+            gemm_regs_smem<Element, 1, Traits::kNTilesO, 1, KVTile>(
+                o, s, v_stage(stage) + warp * 16 * KVTile::kBlockRowBytes, lane);
+        }
     }
 
     if (paged && pages.faulted) pages.report_fault(batch);
@@ -309,7 +342,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm) de
     // Sum the warps' rows and store: out and lse with one split, otherwise the
     // split's fp32 partial rows, then the last split merges them all.
     const bool partial = params.num_splits > 1;
-    const float* warp_out = merge_warps<Traits>(smem, o, lse, tid, params, head, /*with_sink=*/!partial);
+    const float* warp_out = merge_warps<Traits>(smem, o, lse, tid, params, head, /*with_sink=*/!partial, v_scale);
     const float* row_lse = reinterpret_cast<const float*>(smem) + Traits::kNWarps * kRows;
 
     const int64_t group_row0 = (static_cast<int64_t>(batch) * params.num_heads + head) * seqlen_q;

@@ -14,6 +14,19 @@ namespace flash::sm80 {
 // Defined in instantiations/sm80_fwd_kvcache_*.cu (kvcache_launch.cuh).
 template <typename Element, int kHeadDim>
 cudaError_t run_fwd_kvcache_(const FwdParams& params, cudaStream_t stream);
+template <typename Element, int kHeadDim>
+cudaError_t run_fwd_kvcache_fp8_(const FwdParams& params, cudaStream_t stream);
+
+// fp8_cache_head_dim(head_dim) as a compile-time constant for `body`.
+template <typename Body>
+auto fp8_cache_head_dim_switch(int head_dim, Body&& body) {
+    switch (fp8_cache_head_dim(head_dim)) {
+        case 64: return body.template operator()<64>();
+        case 128: return body.template operator()<128>();
+        case 192: return body.template operator()<192>();
+        default: return body.template operator()<256>();
+    }
+}
 
 namespace {
 
@@ -39,8 +52,8 @@ int even_splits(int64_t tiles, int64_t splits) {
 }
 
 // The decoding kernel (up to kDecodeRows rows per (batch, head)), from sweeps
-// of block shape x splits on the H100 (benchmarks/NOTES.md, d5-d8), with n =
-// batch x heads blocks per split:
+// of block shape x splits on the H100 (benchmarks/NOTES.md, d5-d8; an FP8
+// cache: Dense only, below), with n = batch x heads blocks per split:
 //  - n below the SM count: split until there is one Wide block per SM (the
 //    most bytes in flight per block; two blocks sharing an SM, or a second
 //    wave, cost more than the few idle SMs);
@@ -61,11 +74,17 @@ SplitPlan plan_splits(const FwdParams& params, int max_keys, int requested) {
         return {std::max(1, requested), false};
     }
     const bool decode = params.seqlen_q <= kDecodeRows;
-    const auto [wide, dense, tiled] = FLASH_HEADDIM_SWITCH(params.head_dim, kHeadDim, [&] {
+    std::array<BlockShape, 3> shapes = FLASH_HEADDIM_SWITCH(params.head_dim, kHeadDim, [&] {
         return std::array<BlockShape, 3>{shape_of<DecodeTraits<kHeadDim, __half, true>>(kDecodeRows),
                                          shape_of<DecodeTraits<kHeadDim, __half, false>>(kDecodeRows),
                                          shape_of<KvcacheTraits<kHeadDim, __half>>(KvcacheTraits<kHeadDim, __half>::kBlockM)};
     });
+    if (params.kv_fp8) {  // an FP8 cache's decoding blocks (Dense only, below; run_fwd_kvcache_fp8_)
+        fp8_cache_head_dim_switch(params.head_dim, [&]<int kHeadDim>() {
+            shapes[1] = shape_of<DecodeTraits<kHeadDim, __half, false, true>>(kDecodeRows);
+        });
+    }
+    const auto& [wide, dense, tiled] = shapes;
     const BlockShape& shape = decode ? dense : tiled;
     const int64_t n = static_cast<int64_t>(params.batch) * params.num_heads * ((params.seqlen_q + shape.rows - 1) / shape.rows);
     const int64_t tiles = (static_cast<int64_t>(max_keys) + shape.keys - 1) / shape.keys;
@@ -74,7 +93,10 @@ SplitPlan plan_splits(const FwdParams& params, int max_keys, int requested) {
         const int splits = requested > 0 ? requested : static_cast<int>(std::min(fill, tiles / 8));
         return {std::max(1, std::min(splits, kMaxKvSplits)), false};
     }
-    const bool wide_fits = wide.smem <= params.max_smem_per_block;
+    // An FP8 cache's blocks convert every byte they read into 16-bit operands: one block of four
+    // warps per SM cannot hide that work (round 30: 2.8 TB/s where Dense blocks three to an SM
+    // reached 3.7), so it always runs Dense, split to fill the SMs' Dense slots.
+    const bool wide_fits = !params.kv_fp8 && wide.smem <= params.max_smem_per_block;
     const int64_t dense_slots = static_cast<int64_t>(blocks_per_sm(dense, smem_per_sm)) * sms;
     const int64_t wide_slots = static_cast<int64_t>(blocks_per_sm(wide, smem_per_sm)) * sms;
     int64_t splits = requested;
@@ -93,7 +115,7 @@ SplitPlan plan_splits(const FwdParams& params, int max_keys, int requested) {
 // differ per query head, so it does not pack.
 void pack_gqa(FwdParams& params) {
     const int group = params.heads_per_kv_head;
-    params.pack_gqa = params.seqlen_q == 1 && group > 1 && params.alibi_slopes_ptr == nullptr;
+    params.pack_gqa = kvcache_packs_gqa(params.seqlen_q, group, params.alibi_slopes_ptr != nullptr);
     if (!params.pack_gqa) return;
     params.seqlen_q = group;
     params.num_heads = params.num_heads_k;
@@ -125,12 +147,24 @@ cudaError_t run_kvcache_append(const AppendParams& params, cudaStream_t stream) 
         (params.q_rot_ptr == nullptr ? 0 : static_cast<int64_t>(params.batch) * params.seqlen_q * params.num_heads * pairs);
     if (threads == 0) return cudaSuccess;
     return FLASH_DTYPE_SWITCH(params.dtype, Element, [&] {
-        kvcache_append_kernel<Element><<<static_cast<unsigned>((threads + 255) / 256), 256, 0, stream>>>(params);
+        const unsigned blocks = static_cast<unsigned>((threads + 255) / 256);
+        if (params.kv_fp8) {
+            kvcache_append_kernel<Element, true><<<blocks, 256, 0, stream>>>(params);
+        } else {
+            kvcache_append_kernel<Element, false><<<blocks, 256, 0, stream>>>(params);
+        }
         return cudaGetLastError();
     });
 }
 
 cudaError_t run_fwd_kvcache(const FwdParams& params, cudaStream_t stream) {
+    if (params.kv_fp8) {
+        return FLASH_DTYPE_SWITCH(params.dtype, Element, [&] {
+            return fp8_cache_head_dim_switch(params.head_dim, [&]<int kHeadDim>() {
+                return run_fwd_kvcache_fp8_<Element, kHeadDim>(params, stream);
+            });
+        });
+    }
     return FLASH_DTYPE_SWITCH(params.dtype, Element, [&] {
         return FLASH_HEADDIM_SWITCH(params.head_dim, kHeadDim, [&] {
             return run_fwd_kvcache_<Element, kHeadDim>(params, stream);

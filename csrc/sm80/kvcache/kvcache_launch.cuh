@@ -43,4 +43,14 @@ cudaError_t run_fwd_kvcache_(const FwdParams& params, cudaStream_t stream) {
     return cudaGetLastError();
 }
 
+// The KV-cache forward over an FP8 cache (FwdParams::kv_fp8): the decoding
+// kernel only (up to kDecodeRows rows per (batch, head) after GQA packing),
+// on Dense blocks only (kvcache.cu: plan_splits); more rows are refused
+// (flashattn/fp8.py sends them the dequantising route).
+template <typename Element, int kHeadDim>
+cudaError_t run_fwd_kvcache_fp8_(const FwdParams& params, cudaStream_t stream) {
+    if (params.seqlen_q > kDecodeRows || params.decode_wide) return cudaErrorNotSupported;
+    return launch_decode<DecodeTraits<kHeadDim, Element, false, true>>(params, stream);
+}
+
 }  // namespace flash::sm80

@@ -10,6 +10,14 @@ constexpr int kMaxKvSplits = 128;  // the most splits a call takes (more are cla
 // Up to this many rows per (batch, head) -- with pack_gqa per KV head -- a
 // KV-cache forward runs the decoding kernel (which merges its own splits).
 constexpr int kDecodeRows = 16;
+static_assert(kDecodeRows == kFp8KvcacheMaxRows, "an FP8 cache's calls are the decoding kernel's");
+
+// The decoding kernel's head dim for an FP8 cache of `head_dim` (a multiple of
+// 16): the smallest compiled one that holds it, whose 8-bit rows are whole
+// 64-byte blocks (64, 128, 192, 256).
+constexpr int fp8_cache_head_dim(int head_dim) {
+    return head_dim <= 64 ? 64 : head_dim <= 128 ? 128 : head_dim <= 192 ? 192 : 256;
+}
 
 // The KV-cache forward for more than kDecodeRows rows per block (chunked
 // prefill, a GQA group of more than 16 heads): 64-row tiles, every option
@@ -30,10 +38,14 @@ using KvcacheTraits = FwdKernelTraits<kHeadDim, 64, 64, 4, Element>;
 // Four warps (64-key tiles) up to d128, two (32-key tiles) beyond, where a
 // 64-key stage would not fit twice in the budget. Dense fits the 99 KB of
 // sm_86/sm_89; Wide needs the larger shared memory of sm_80/sm_90.
-template <int kHeadDim_, typename Element_, bool Wide>
+// kFp8Kv: the cache is e4m3 (fp8_cache.cuh), Element q's and out's 16-bit
+// type; its K and V tiles take half the bytes, so the budget holds more stages.
+template <int kHeadDim_, typename Element_, bool Wide, bool kFp8Kv_ = false>
 struct DecodeTraits {
     using Element = Element_;
     static constexpr int kHeadDim = kHeadDim_;
+    static constexpr bool kFp8Kv = kFp8Kv_;
+    static constexpr int kKvBytes = kFp8Kv ? 1 : 2;  // bytes of a cache element
     static constexpr int kRows = kDecodeRows;  // one m16 tile
     static constexpr int kNWarps = kHeadDim <= 128 ? 4 : 2;
     static constexpr int kBlockN = 16 * kNWarps;
@@ -41,7 +53,8 @@ struct DecodeTraits {
     static constexpr int kNTilesO = kHeadDim / 8;
     static constexpr int kKSteps = kHeadDim / 16;
     using QTile = SmemTile<kRows, kHeadDim>;
-    using KVTile = SmemTile<kBlockN, kHeadDim>;
+    // The cache's tiles as 16-bit units (byte pairs when kFp8Kv).
+    using KVTile = SmemTile<kBlockN, kHeadDim * kKvBytes / 2>;
     static constexpr int kBudget = (Wide ? 108 : 76) * 1024;
     // Paged caches: block-table entries staged in shared memory, two windows of
     // kTableWindow (one read while the next lands, decode_kernel.cuh).
