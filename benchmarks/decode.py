@@ -130,23 +130,31 @@ def add_arguments(parser):
     parser.add_argument("--quick", action="store_true", help="batch 1 and 8, S 16k and 64k")
 
 
-def run(args):
-    started = start_gpu_run(PROG, {"fwd": (25, 100)})
+def run_rows(args, prog, plan, measure, markdown, folder, stem, keys):
+    """A decoding benchmark's run (this module's and decode_fp8's): measure(timer, *row) for every row
+    of plan, each printed as it comes, then stem.md (markdown(header, rows)) and stem.csv (keys) in
+    args.out, else a dated folder under RESULTS_ROOT / folder. 2 without a GPU, 1 if a row's output
+    missed the reference, else 0."""
+    started = start_gpu_run(prog, {"fwd": (25, 100)})
     if started is None:
         return 2
     timers, header = started
     rows = []
-    for plan in rows_plan(args.quick):
-        rows.append(measure(timers["fwd"], *plan))
+    for row in plan:
+        rows.append(measure(timers["fwd"], *row))
         print(rows[-1], flush=True)
     text = markdown(header, rows)
-    out = results_folder(args.out, RESULTS_ROOT / "decode")
-    (out / "decode.md").write_text(text)
-    with open(out / "decode.csv", "w", newline="") as f:
-        keys = ["Hk", "B", "S", "layout", "KV GB", "status", "ms", "GB/s", "of ceiling", "SDPA ms", "SDPA GB/s",
-                "speedup", "max diff"]
+    out = results_folder(args.out, RESULTS_ROOT / folder)
+    (out / f"{stem}.md").write_text(text)
+    with open(out / f"{stem}.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, keys)
         writer.writeheader()
         writer.writerows(rows)
     print(text)
     return 0 if all(not r["status"].startswith("MISMATCH") for r in rows) else 1
+
+
+def run(args):
+    keys = ["Hk", "B", "S", "layout", "KV GB", "status", "ms", "GB/s", "of ceiling", "SDPA ms", "SDPA GB/s",
+            "speedup", "max diff"]
+    return run_rows(args, PROG, rows_plan(args.quick), measure, markdown, "decode", "decode", keys)

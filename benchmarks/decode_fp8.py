@@ -16,13 +16,12 @@ bound (benchmarks/checks.py).
 """
 from __future__ import annotations
 
-import csv
-
 import torch
 
 from benchmarks.arguments import add_out
 from benchmarks.checks import output_reference
-from benchmarks.environment import RESULTS_ROOT, header_lines, results_folder, start_gpu_run
+from benchmarks.decode import run_rows
+from benchmarks.environment import header_lines
 from flashattn.testing import max_abs_diff
 
 PROG = "python -m benchmarks decode-fp8"
@@ -134,22 +133,6 @@ def add_arguments(parser):
 
 
 def run(args):
-    started = start_gpu_run(PROG, {"fwd": (25, 100)})
-    if started is None:
-        return 2
-    timers, header = started
-    rows = []
-    for plan in rows_plan(args.quick):
-        rows.append(measure(timers["fwd"], *plan))
-        print(rows[-1], flush=True)
-    text = markdown(header, rows)
-    out = results_folder(args.out, RESULTS_ROOT / "decode-fp8")
-    (out / "decode_fp8.md").write_text(text)
-    with open(out / "decode_fp8.csv", "w", newline="") as f:
-        keys = ["Hk", "B", "S", "layout", "FP8 GB", "status", "bf16 ms", "bf16 GB/s", "fp8 ms", "fp8 GB/s", "speedup",
-                "route ms", "over route", "max diff"]
-        writer = csv.DictWriter(f, keys)
-        writer.writeheader()
-        writer.writerows(rows)
-    print(text)
-    return 0 if all(not r["status"].startswith("MISMATCH") for r in rows) else 1
+    keys = ["Hk", "B", "S", "layout", "FP8 GB", "status", "bf16 ms", "bf16 GB/s", "fp8 ms", "fp8 GB/s", "speedup",
+            "route ms", "over route", "max diff"]
+    return run_rows(args, PROG, rows_plan(args.quick), measure, markdown, "decode-fp8", "decode_fp8", keys)
