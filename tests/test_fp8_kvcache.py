@@ -8,7 +8,8 @@ the real values, stored x descale of the sequence that reads them (test_kvcache.
 dequantised copy of the cache). Every finite e4m3 code is read exactly through both operands.
 Appended rows are stored as given (with rotary: rotated and re-quantised, byte for byte). The
 calls the kernel does not take run the dequantising route (tests/test_fp8.py holds that route).
-CPU-only tests: which calls the kernel takes (runs_kvcache_kernel) and the operator's fake.
+Without a GPU: which calls the kernel takes (runs_kvcache_kernel), the operator's fake, and an FP8 q
+dequantised before the call (on CPU through the route; on CUDA through the kernel).
 """
 
 import pytest
@@ -17,7 +18,7 @@ from test_kvcache import LSE_EPS, OUT_EPS, make_case, reference, rotate
 
 import flashattn
 from flashattn import flash_attn_with_kvcache, fp8
-from helpers import case_seed, poisoned_allocations, rounding_floor
+from helpers import DEVICES, case_seed, poisoned_allocations, rounding_floor
 
 FP8 = torch.float8_e4m3fn
 
@@ -172,6 +173,24 @@ def test_fp8_kvcache_kernel_bf16_q_rows_of_any_magnitude(seqlen_q, heads):
     rows[2, 1:] *= 2.0 ** -30  # one large component, the rest 2^-30 of it
     case["q"] = q.to(torch.bfloat16)
     check_fp8(case, torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_fp8_kvcache_fp8_q_is_its_dequantised_q(device, out_dtype):
+    """An FP8 q over an FP8 cache is dequantised first (fp8.times with its KV head's q_descale, into
+    out_dtype), then the call runs as with that 16-bit q (on CUDA the kernel, on CPU the route): bit
+    for bit the call with it."""
+    seed = case_seed("fp8 kvcache fp8 q", out_dtype)
+    case = make_case(device, torch.bfloat16, 3, 1, 0, 8, 2, 128, 16, seed, capacity=300)
+    args, _ = fp8_case(case, torch.Generator().manual_seed(seed))
+    q8 = (case["q"].float() * 4).to(FP8)
+    q_descale = torch.rand(3, 2).add(0.5).to(device)
+    dequantised = fp8.times(q8, fp8.query_factors(q_descale, 8, 2), out_dtype)
+    assert fp8.runs_kvcache_kernel(dequantised, args["k_cache"], args["v_cache"], None, None) == (device == "cuda")
+    out = flash_attn_with_kvcache(**dict(args, q=q8), q_descale=q_descale, out_dtype=out_dtype)
+    expected = flash_attn_with_kvcache(**dict(args, q=dequantised))
+    assert out.dtype == out_dtype and torch.equal(out, expected)
 
 
 def every_finite_e4m3(device):
