@@ -23,20 +23,21 @@ def sdpa_fn(q, k, v, causal, scale):
     return lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, scale=scale).transpose(1, 2)
 
 
-def flash_attention_4():
-    """FlashAttention-4's flash_attn_func (its CuTe-DSL kernels; sm90 and newer), or the reason it does not
-    import. It is no dependency: FLASHATTN_FA4_DIR names a folder its wheels were installed into with
-    `pip install --no-index --no-deps --target DIR` (../shared/guides/hopper.md), added as a site dir."""
+def flash_attention_4(function="flash_attn_func"):
+    """FlashAttention-4's `function` (flash_attn_func or flash_attn_varlen_func: its CuTe-DSL kernels; sm90
+    and newer), or the reason it does not import. It is no dependency: FLASHATTN_FA4_DIR names a folder its
+    wheels were installed into with `pip install --no-index --no-deps --target DIR`
+    (../shared/guides/hopper.md), added as a site dir."""
+    import importlib
     import os
     import site
 
     if folder := os.environ.get("FLASHATTN_FA4_DIR"):
         site.addsitedir(folder)
     try:
-        from flash_attn.cute import flash_attn_func
+        return getattr(importlib.import_module("flash_attn.cute"), function), None
     except Exception as exc:  # ImportError, or its own import-time errors
         return None, f"{type(exc).__name__}: {exc}"
-    return flash_attn_func, None
 
 
 def fa4_fn(fa4_func, q, k, v, causal, scale):

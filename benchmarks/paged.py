@@ -6,6 +6,11 @@ process and writes the ratio; results.csv and results.md go to the output folder
 --copy-modes times each way of copying paged keys in the same process (FLASHATTN_SM90_PAGED_COPY,
 which the binding reads at every call: auto, tma, gather, gather8); other families ignore it.
 
+Where FlashAttention-4 imports (FLASHATTN_FA4_DIR, benchmarks/backends.py), its own paged call (its
+page_table, with seqused_k: it takes no cu_seqlens_k with pages) and its own contiguous varlen call on the
+same tokens are timed in the same rounds: what paging costs the other Hopper kernel library, beside
+what it costs ours. Its out is checked against ours (max difference), not required to be identical.
+
 The contiguous call and each copy mode of one (head dim, workload, page size) are timed in turn,
 round after round (benchmarks/timing.py: best_of_rounds), each keeping its best median: a single
 timing of a row moved by up to 10% between runs (benchmarks/NOTES.md, thirteenth session).
@@ -21,6 +26,7 @@ import sys
 import torch
 
 from benchmarks.arguments import add_out, choice_list
+from benchmarks.backends import flash_attention_4
 from benchmarks.environment import cpu_header, dated_folder, gpu_header, header_lines, results_folder, slug
 from benchmarks.tables import table_lines
 from benchmarks.timing import FWD_REP_MS, FWD_WARMUP_MS, best_of_rounds, cpu_timer
@@ -74,6 +80,11 @@ def to_pages(keys, values, cu_k, lengths_k, page_size, gen):
     return k_pages, v_pages, table.to(keys.device)
 
 
+def first(out):
+    """FlashAttention-4's out: it returns (out, lse) or out."""
+    return out[0] if isinstance(out, tuple) else out
+
+
 @contextlib.contextmanager
 def copy_mode(mode):
     """FLASHATTN_SM90_PAGED_COPY=mode inside (None: left as it is), restored after."""
@@ -111,6 +122,8 @@ def run(args):
         header = gpu_header(timing)
         timer = lambda fn: do_bench(fn, warmup=FWD_WARMUP_MS, rep=FWD_REP_MS, return_mode="median")  # noqa: E731
         workloads = WORKLOADS
+    fa4, fa4_missing = (None, "not run (--dry-run)") if args.dry_run else flash_attention_4("flash_attn_varlen_func")
+    header["FlashAttention-4"] = "timed (paged: page_table and seqused_k)" if fa4 is not None else fa4_missing
     print("\n".join(header_lines(header)), flush=True)
     gen = torch.Generator().manual_seed(0)
     rows = []
@@ -130,6 +143,10 @@ def run(args):
             extras = lambda: flash_attn_varlen_func(q, k, v, cu_q, cu_k, **common, alibi_slopes=zero_slopes)  # noqa: E731
             extras_ms = timer(extras)
             flops = fwd_flops(lengths_q, lengths_k, head_dim)
+            fa4_common = dict(cu_seqlens_q=cu_q, max_seqlen_q=max(lengths_q), max_seqlen_k=max(lengths_k),
+                              causal=True)
+            seqused_k = torch.tensor(lengths_k, dtype=torch.int32, device=device)
+            fa4_contiguous = lambda: first(fa4(q, k, v, cu_seqlens_k=cu_k, **fa4_common))  # noqa: E731
             for page_size in PAGE_SIZES:
                 k_pages, v_pages, table = to_pages(k, v, cu_k, lengths_k, page_size, gen)
                 paged = lambda: flash_attn_varlen_func(q, k_pages, v_pages, cu_q, cu_k, **common,  # noqa: E731
@@ -145,11 +162,24 @@ def run(args):
                             return timer(fn)
                     return timed
 
-                best, failed = best_of_rounds({"contiguous": measure(contiguous),
-                                               **{mode: measure(paged, mode) for mode in args.copy_modes}})
+                measures = {"contiguous": measure(contiguous),
+                            **{mode: measure(paged, mode) for mode in args.copy_modes}}
+                fa4_diff = float("nan")
+                if fa4 is not None:
+                    fa4_paged = lambda: first(fa4(q, k_pages, v_pages, seqused_k=seqused_k,  # noqa: E731
+                                                  page_table=table, **fa4_common))
+                    try:
+                        fa4_diff = (fa4_paged().float() - want.float()).abs().max().item()
+                        measures.update({"fa4 contiguous": measure(fa4_contiguous), "fa4 paged": measure(fa4_paged)})
+                    except Exception as exc:  # noqa: BLE001 - a shape it refuses is a gap in its columns
+                        print(f"{PROG}: FlashAttention-4 d{head_dim} {name} page {page_size}: "
+                              f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}",
+                              file=sys.stderr)
+                best, failed = best_of_rounds(measures)
                 if failed:
                     print(f"{PROG}: d{head_dim} {name} page {page_size}: {failed}", file=sys.stderr)
                 base_ms = best.get("contiguous", float("nan"))
+                fa4_base_ms, fa4_ms = best.get("fa4 contiguous", float("nan")), best.get("fa4 paged", float("nan"))
                 for mode in args.copy_modes:
                     ms = best.get(mode, float("nan"))
                     row = {"head_dim": head_dim, "workload": name, "page_size": page_size, "copy_mode": mode,
@@ -157,11 +187,15 @@ def run(args):
                            "paged_ms": round(ms, 4),
                            "paged_over_contiguous": round(ms / base_ms, 3),
                            "contiguous_tflops": round(flops / base_ms / 1e9, 1),
-                           "paged_tflops": round(flops / ms / 1e9, 1), "same_out": same[mode]}
+                           "paged_tflops": round(flops / ms / 1e9, 1), "same_out": same[mode],
+                           "fa4_contiguous_ms": round(fa4_base_ms, 4), "fa4_paged_ms": round(fa4_ms, 4),
+                           "fa4_paged_over_contiguous": round(fa4_ms / fa4_base_ms, 3),
+                           "fa4_paged_maxdiff": fa4_diff}
                     rows.append(row)
                     print(f"d{head_dim} {name:22s} page {page_size:3d} {mode:6s}: contiguous {base_ms:.3f} ms "
                           f"(extras kernel {extras_ms:.3f}), paged {ms:.3f} ms (x{ms / base_ms:.3f}), "
-                          f"same out: {same[mode]}", flush=True)
+                          f"same out: {same[mode]}; FA4 contiguous {fa4_base_ms:.3f} ms, paged {fa4_ms:.3f} ms "
+                          f"(x{fa4_ms / fa4_base_ms:.3f})", flush=True)
                 del k_pages, v_pages
     gpu_name = "cpu" if args.dry_run else slug(torch.cuda.get_device_name())
     folder = results_folder(args.out, dated_folder(f"{gpu_name}-paged"))
@@ -171,10 +205,12 @@ def run(args):
         writer.writerows(rows)
     lines = header_lines(header) + ["", *table_lines(["D", "workload", "page", "copy (sm90)", "contiguous ms",
                                                           "contiguous, extras kernel ms", "paged ms",
-                                                          "paged / contiguous", "TFLOP/s (contig / paged)", "same out"])]
+                                                          "paged / contiguous", "TFLOP/s (contig / paged)", "same out",
+                                                          "FA4 contiguous ms", "FA4 paged ms", "FA4 paged / contiguous"])]
     lines += [f"| {r['head_dim']} | {r['workload']} | {r['page_size']} | {r['copy_mode']} | {r['contiguous_ms']:.3f} | "
               f"{r['contiguous_extras_kernel_ms']:.3f} | {r['paged_ms']:.3f} | "
-              f"{r['paged_over_contiguous']:.3f} | {r['contiguous_tflops']} / {r['paged_tflops']} | {r['same_out']} |"
+              f"{r['paged_over_contiguous']:.3f} | {r['contiguous_tflops']} / {r['paged_tflops']} | {r['same_out']} | "
+              f"{r['fa4_contiguous_ms']:.3f} | {r['fa4_paged_ms']:.3f} | {r['fa4_paged_over_contiguous']:.3f} |"
               for r in rows]
     (folder / "results.md").write_text("\n".join(lines) + "\n")
     print(f"wrote {folder / 'results.md'}")
