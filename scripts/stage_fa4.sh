@@ -1,9 +1,10 @@
 #!/bin/bash
 # FlashAttention-4 on the GPU machine, for same-run comparisons (benchmarks/backends.py:
 # flash_attention_4; ../shared/guides/hopper.md). Its wheels are downloaded beforehand into .fa4/a
-# (every wheel but the 92 MB -libs-cu13 one, whose first 45 MB part, cu13.part-aa, goes there too)
-# and .fa4/b (cu13.part-ab): one device call carries at most 64 MB, so the two parts travel in two
-# calls back to back, on the same warm machine:
+# and .fa4/b: the 92 MB -libs-cu13 wheel split in two (cu13.part-aa in a, cu13.part-ab in b) and the
+# other wheels in either, so that each folder with the repository's tree stays under the 64 MB one
+# device call carries (round 31: the three nvidia_cutlass_dsl wheels in b, the rest in a). The two
+# travel in two calls back to back, on the same warm machine:
 #
 #   bash scripts/stage_fa4.sh part1    # first call, carry .fa4/a: the parts into /tmp/fa4
 #   bash scripts/stage_fa4.sh part2    # second call, carry .fa4/b: joined and installed into /tmp/fa4site
