@@ -26,7 +26,7 @@ import sys
 import torch
 
 from benchmarks.arguments import add_out, choice_list
-from benchmarks.backends import flash_attention_4
+from benchmarks.backends import flash_attention_4, short_reason
 from benchmarks.environment import cpu_header, dated_folder, gpu_header, header_lines, results_folder, slug
 from benchmarks.tables import table_lines
 from benchmarks.timing import FWD_REP_MS, FWD_WARMUP_MS, best_of_rounds, cpu_timer
@@ -173,8 +173,7 @@ def run(args):
                         measures.update({"fa4 contiguous": measure(fa4_contiguous), "fa4 paged": measure(fa4_paged)})
                     except Exception as exc:  # noqa: BLE001 - a shape it refuses is a gap in its columns
                         print(f"{PROG}: FlashAttention-4 d{head_dim} {name} page {page_size}: "
-                              f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}",
-                              file=sys.stderr)
+                              f"{type(exc).__name__}: {short_reason(exc)}", file=sys.stderr)
                 best, failed = best_of_rounds(measures)
                 if failed:
                     print(f"{PROG}: d{head_dim} {name} page {page_size}: {failed}", file=sys.stderr)
