@@ -20,14 +20,15 @@ SWEEP_SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
 # algorithm, not a fast kernel, so the CPU sizes only check the path and the tools.
 CPU_BATCH, CPU_HEADS, CPU_HEADDIM = 1, 8, 64
 
-GPU_BACKENDS = ("flashattn", "flashattn_det", "flash", "cudnn", "fa4", "efficient", "naive")
+GPU_BACKENDS = ("flashattn", "flashattn_det", "flash", "cudnn", "fa4", "fa3", "efficient", "naive")
 # Timed only when --backends names them: flashattn with deterministic=True (its backward).
 OPT_IN_BACKENDS = ("flashattn_det",)
 DEFAULT_GPU_BACKENDS = tuple(b for b in GPU_BACKENDS if b not in OPT_IN_BACKENDS)
 CPU_BACKENDS = ("flashattn", "naive")
 # Names for plots and prose; the tables keep the short keys.
 BACKEND_LABELS = {"flashattn": "flashattn", "flashattn_det": "flashattn deterministic", "flash": "SDPA flash",
-                  "cudnn": "SDPA cuDNN", "fa4": "FlashAttention-4", "efficient": "SDPA efficient", "naive": "naive"}
+                  "cudnn": "SDPA cuDNN", "fa4": "FlashAttention-4", "fa3": "FlashAttention-3",
+                  "efficient": "SDPA efficient", "naive": "naive"}
 
 
 @dataclass

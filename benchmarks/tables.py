@@ -97,8 +97,9 @@ def speed_tables(rows, device):
         if not by_config:
             continue
         head = ["causal", "D", "S", "B x H"] + present
-        with_fa4 = any(r.backend == "fa4" and r.tflops for r in speed)
-        head += (["flashattn/flash", "flashattn/cudnn"] + (["flashattn/fa4"] if with_fa4 else [])
+        # FlashAttention-4 and -3 get a ratio column where they ran at least once.
+        others = [b for b in ("fa4", "fa3") if any(r.backend == b and r.tflops for r in speed)]
+        head += (["flashattn/flash", "flashattn/cudnn"] + [f"flashattn/{b}" for b in others]
                  if device == "cuda" else ["flashattn ms", "naive ms"])
         title = PASS_TITLES[pass_]
         if passes != ["fwd"]:
@@ -111,7 +112,7 @@ def speed_tables(rows, device):
             if device == "cuda":
                 fa = cells.get("flashattn")
                 line += [ratio_cell(fa, cells.get("flash")), ratio_cell(fa, cells.get("cudnn"))]
-                line += [ratio_cell(fa, cells.get("fa4"))] if with_fa4 else []
+                line += [ratio_cell(fa, cells.get(b)) for b in others]
             else:
                 line += [fmt_num(cells[b].median_ms, 2) if b in cells and cells[b].median_ms else "-"
                          for b in ("flashattn", "naive")]
