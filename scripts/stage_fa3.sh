@@ -11,6 +11,12 @@
 #
 #   bash scripts/stage_fa3.sh            # build .fa3/lib/libfa3.so (about 8 minutes on 2 cores)
 #
+# The sources, on a machine with the network (round 32 used these commits):
+#   git clone https://github.com/Dao-AILab/flash-attention fa && git -C fa checkout 0251105a
+#   git clone https://github.com/NVIDIA/cutlass && git -C cutlass checkout 71275920
+#   mkdir -p .fa3/src/cutlass && cp -r fa/hopper .fa3/src/ && cp -r cutlass/include .fa3/src/cutlass/
+# An object already in .fa3/build is kept: delete the folder after changing the flags below.
+#
 # Only the dense, non-varlen, non-split calls are compiled (FA3's own switches turn the others off;
 # they do not change which kernel a dense call runs). ptxas is CUDA 13.0's, the one our kernels use
 # (FA3's setup.py prefers ptxas 12.8).
@@ -47,7 +53,9 @@ for unit in $UNITS; do
   while [ "$(jobs -rp | wc -l)" -ge "${MAX_JOBS:-2}" ]; do wait -n; done
 done
 wait
-for f in $(jobs -p); do wait "$f"; done
+for obj in "${objects[@]}"; do  # a unit that failed in the last batch: wait alone does not say
+  [ -f "$obj" ] || { echo "stage_fa3: $(basename "$obj" .o) did not compile" >&2; exit 1; }
+done
 "$NVCC" "${FLAGS[@]}" -c "$ROOT/benchmarks/fa3_driver.cu" -o "$OUT/fa3_driver.o"
 "$NVCC" -shared -gencode=arch=compute_90a,code=sm_90a -o "$LIB/libfa3.so" "$OUT/fa3_driver.o" "${objects[@]}"
 echo "$LIB/libfa3.so"
