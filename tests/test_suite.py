@@ -137,6 +137,32 @@ def test_speed_plot_holds_every_series_and_names_the_machine(tmp_path: Path, mon
     assert "GPU X, 2026-01-01" in fig._suptitle.get_text()
 
 
+def test_speed_tables_give_a_ratio_column_only_to_the_baselines_that_ran() -> None:
+    """FlashAttention-4 and -3 are optional backends: a ratio column for each that timed a row, none for
+    one whose rows all say why it did not run, and the ratio is flashattn's speed over that backend's."""
+    from benchmarks.shapes import Shape
+    from benchmarks.tables import speed_tables
+
+    rows = []
+    for seqlen in (512, 1024):
+        shape = Shape("cuda", "bf16", False, 1, 8, seqlen, 128)
+        for backend, tflops in (("flashattn", 300.0), ("cudnn", 200.0), ("fa3", 400.0), ("fa4", None)):
+            row = shape.row(backend, "fwd")
+            row.tflops, row.status = tflops, "ok" if tflops else "n/a"
+            rows.append(row)
+    lines = speed_tables(rows, "cuda")
+    head = next(line for line in lines if line.startswith("| causal"))
+    assert "flashattn/fa3" in head and "flashattn/fa4" not in head
+    columns = [cell.strip() for cell in head.strip("|").split("|")]
+    body = [line for line in lines if line.startswith("| false")]
+    assert len(body) == 2
+    for line in body:
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        assert cells[columns.index("flashattn/fa3")] == "0.75"
+        assert cells[columns.index("flashattn/cudnn")] == "1.50"
+        assert cells[columns.index("fa4")] == "n/a"
+
+
 @pytest.mark.parametrize("layout", ["contiguous", "paged16"])
 def test_decode_check_passes_the_cpu_path_and_fails_a_wrong_output(layout: str) -> None:
     from benchmarks.decode import HEAD_DIM, check_decode, paged_copy
