@@ -68,7 +68,8 @@ class FlashAttention3:
     """FlashAttention-3's sm90 kernels through scripts/stage_fa3.sh's libfa3.so (ctypes, no torch in it):
     forward on bf16 and float8_e4m3fn [B, S, H, D] tensors (FP8: descales (B, Hk) fp32, out bf16)
     and the bf16 backward, at the head dims the library was built with (64, 128 and 256). Workspaces are
-    allocated per call, as FA3's own binding does; its FP8 V stays row-major (transposed in its kernel)."""
+    allocated per call, as FA3's own binding does; its FP8 V stays row-major (transposed in its kernel).
+    FA3's launcher exits the process on a CUDA error, so _call raises first for what it does not serve."""
 
     def __init__(self, path):
         self.lib = ctypes.CDLL(path)

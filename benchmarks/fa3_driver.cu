@@ -75,7 +75,10 @@ static void fill_forward(Flash_fwd_params &p, const Fa3Call &c) {
   p.arch = major * 10 + minor;
 }
 
-// Returns a cudaError_t: the launch's, or the first error the runtime reports after it.
+// Returns a cudaError_t: cudaErrorNotSupported for a head dim or dtype not built here, else what the
+// runtime reports after the launch. FA3's launcher itself exits the process on a CUDA or CUTLASS error
+// (its CHECK_CUDA, CHECK_CUTLASS), so benchmarks/backends.py refuses, before calling, what this
+// library does not serve.
 int fa3_forward(const Fa3Call *c, cudaStream_t stream) {
   Flash_fwd_params p;
   fill_forward(p, *c);
