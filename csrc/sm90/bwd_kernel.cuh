@@ -34,10 +34,14 @@
 //     producer warpgroup, one a warpgroup, which adds it (bwd_dq_half_writer);
 //     the next S^T and dP^T together.
 //
-// At head dims 192 and 256 the two consumer warpgroups share one tile of 64
-// keys instead, each taking part of a step's five GEMMs (kernel_traits.h:
-// BwdSplitTraits; bwd_split_consumer); the producer and everything below are
-// the same.
+// At head dim 192 (and deterministic 256) the two consumer warpgroups share
+// one tile of 64 keys instead, each taking part of a step's five GEMMs
+// (kernel_traits.h: BwdSplitTraits; bwd_split_consumer); the producer and
+// everything below are the same. At 256 (default mode) both take part in
+// every GEMM of a step over 80 keys, and dQ goes into dq_accum by reds from
+// registers, in tiles of its own layout (kernel_traits.h: BwdSliceTraits;
+// bwd_slice_consumer; dq_tiles.h); there dO has a ring of its own (one stage
+// beside Q's two: Traits::kDoStages), which the producer fills the same way.
 //
 // The steps are the query tiles that see a key of the block's tile
 // (mask.cuh: query_tile_range), for every query head of the KV head's group:
@@ -79,6 +83,7 @@
 #include "common/mask.cuh"
 #include "common/ptx.cuh"
 #include "common/softmax.cuh"
+#include "sm90/dq_tiles.h"
 #include "sm90/kernel_traits.h"
 #include "sm90/pipeline.cuh"
 #include "sm90/ptx.cuh"
@@ -116,6 +121,18 @@ struct BwdSmem {
     __device__ __forceinline__ uint32_t full(int stage) const { return barrier(1 + stage); }
     __device__ __forceinline__ uint32_t empty(int stage) const { return barrier(1 + Traits::kStages + stage); }
     __device__ __forceinline__ uint32_t stats_full(int stage) const { return barrier(1 + 2 * Traits::kStages + stage); }
+    // BwdSliceTraits: dO's own ring (Traits::kDoStages), the same three barriers
+    // a stage (its D in row-stat slot `stage`), and P's buffers beside dS's.
+    __device__ __forceinline__ uint32_t do_full(int stage) const { return barrier(1 + 3 * Traits::kStages + stage); }
+    __device__ __forceinline__ uint32_t do_stats_full(int stage) const {
+        return barrier(1 + 3 * Traits::kStages + Traits::kDoStages + stage);
+    }
+    __device__ __forceinline__ uint32_t do_empty(int stage) const {
+        return barrier(1 + 3 * Traits::kStages + 2 * Traits::kDoStages + stage);
+    }
+    __device__ __forceinline__ uint32_t p(int buffer) const {
+        return base + Traits::kSmemPOffset + buffer * Traits::kPdsBytes;
+    }
     // Deterministic: the block's key tile and KV head (one 64-bit word), then
     // its batch, stored by thread 0 before the block-wide barrier (BwdWork).
     __device__ __forceinline__ uint32_t tile() const { return base + Traits::kSmemTileOffset; }
@@ -144,6 +161,18 @@ __device__ __forceinline__ void zero_rows(uint32_t a, uint32_t b, int block_byte
             store_zero_16(a + cb * block_bytes + 16 * c);
             if (cb < Traits::kColBlocksV) store_zero_16(b + cb * block_bytes + 16 * c);
         }
+    }
+}
+
+// Zeroes rows [first_row, kRows) of one tile of kColBlocks column blocks
+// (block_bytes apart), as zero_rows does for two.
+template <int kColBlocks, int kRows>
+__device__ __forceinline__ void zero_tile_rows(uint32_t tile, int block_bytes, int first_row, int thread, int threads) {
+    constexpr int kChunksPerRow = kSwizzleBytes / 16;
+#pragma unroll 1
+    for (int c = first_row * kChunksPerRow + thread; c < kRows * kChunksPerRow; c += threads) {
+#pragma unroll
+        for (int cb = 0; cb < kColBlocks; ++cb) store_zero_16(tile + cb * block_bytes + 16 * c);
     }
 }
 
@@ -1221,6 +1250,287 @@ __device__ __forceinline__ void bwd_split_consumer(const BwdParams& params, cons
     }
 }
 
+// A consumer warpgroup of the d256 backward (kernel_traits.h: BwdSliceTraits):
+// warpgroup kWarpgroup of two, which share every GEMM of a step. Per step of
+// 64 queries, in order:
+//   S = Q K^T and dP = dO V^T for its 40 keys (N = 40, over the head dim);
+//   P = exp2(S * scale_log2 - lse_log2) (masked, capped as bwd_consumer's) and
+//     dS = P (dP - D), rows the queries: two LSE and two D a thread;
+//   P and dS, rounded to 16 bits, stored transposed into this step's buffers
+//     ([key][query] tiles, stmatrix.trans), then a barrier of both warpgroups;
+//   for each of its two 64-column slices i of the head dim: dV^T_i += dO_i^T P,
+//     dQ_i = dS K_i, dK^T_i += Q_i^T dS, with dQ_i added into dq_accum from
+//     registers (vector reds) as soon as it is complete, while the next GEMM
+//     runs. The order (FlashAttention-3's): dV^T_0, dQ_0, dV^T_1 | dQ_0 added,
+//     dK^T_0 | dO released, dQ_1, dK^T_1 | dQ_1 added | Q released.
+// P and dS alternate between two buffers: a step's stores reach a buffer whose
+// last reads (the step two before) both warpgroups have completed, since each
+// waits for all its GEMMs at the end of a step before the next step's
+// barrier. One barrier a step, and no P^T crossing between the warpgroups in
+// fp32 (BwdSplitTraits), no dQ tile staged in shared memory.
+template <typename Traits, bool Is_local, bool Has_softcap, int kWarpgroup>
+__device__ __forceinline__ void bwd_slice_consumer(const BwdParams& params, const BwdSmem<Traits>& layout) {
+    using Element = typename Traits::Element;
+    constexpr int kBlockM = Traits::kBlockM;
+    constexpr int kBlockN = Traits::kBlockN;
+    constexpr int kNTilesS = Traits::kNTilesS;
+    constexpr int kNTilesKV = Traits::kNTilesKV;
+    constexpr int kNTilesDq = Traits::kNTilesDq;
+    constexpr int kSlices = Traits::kSlices;
+    constexpr int kKey0 = kWarpgroup * Traits::kWarpgroupKeys;  // this warpgroup's first key of S and dP
+    constexpr int kColBlock0 = kWarpgroup * kSlices;            // its first 64-column block of dV, dK, dQ
+    // Named barriers (0 is __syncthreads'): both warpgroups' P and dS of the
+    // step are stored; the key rows past a packed sequence are zeroed (BwdWork).
+    constexpr int kPdsBarrier = 1;
+    constexpr int kKeyRowsBarrier = 5;
+    constexpr int kConsumerThreads = Traits::kConsumerWarpgroups * 128;
+    static_assert(kBlockM == kDqTileRows && Traits::kHeadDim == kDqTileCols && kNTilesDq == 8 &&
+                      kDqTileCols == 4 * Traits::kSliceCols,
+                  "dq_tiles.h's tile: a step's 64 queries (4 warps) by four column blocks of 8 n8 blocks");
+    static_assert(dq_tile_slot(1, 0, 0, 0) == 4 * kNTilesDq * 32 && dq_tile_slot(0, 0, 1, 0) == 32,
+                  "add_dq_slice's offsets: a column block 4 warps of 8 n8 blocks on, an n8 block a warp's 32 lanes");
+
+    const BwdWork<Traits, Is_local, /*Is_deterministic=*/false> work(params, layout);
+    const int n0 = work.n_block * kBlockN;
+    const int thread_in_group = threadIdx.x % 128;
+    const int lane = threadIdx.x % 32;
+    const int warp_row0 = thread_in_group / 32 * 16;  // this warp's first query of S, dP and dQ
+
+    // dV^T and dK^T: slice i holds head-dim columns (kColBlock0 + i) * 64 +
+    // the accumulator rows, keys as its columns.
+    float dv[kSlices][1][kNTilesKV][4];
+    float dk[kSlices][1][kNTilesKV][4];
+#pragma unroll
+    for (int i = 0; i < kSlices; ++i)
+#pragma unroll
+        for (int r = 0; r < kNTilesKV * 4; ++r) flat(dv[i])[r] = flat(dk[i])[r] = 0.f;
+
+    // S and dP: B is this warpgroup's 40 rows of K or V (K-major).
+    const uint64_t k_desc = smem_descriptor_sw128(layout.k() + kKey0 * kSwizzleBytes, kUnusedLeadingBytes,
+                                                  kSwizzleAtomBytes);
+    const uint64_t v_desc = smem_descriptor_sw128(layout.v() + kKey0 * kSwizzleBytes, kUnusedLeadingBytes,
+                                                  kSwizzleAtomBytes);
+
+    // S = Q K^T or dP = dO V^T: A the step's Q or dO tile (K-major), B
+    // b_desc's 40 key rows, over the head dim.
+    auto issue_scores = [&](float (&acc)[1][kNTilesS][4], uint32_t a_tile, uint64_t b_desc) {
+        const uint64_t a_desc = smem_descriptor_sw128(a_tile, kUnusedLeadingBytes, kSwizzleAtomBytes);
+        b_desc = recompute_per_use(b_desc);
+        wgmma_fence();
+#pragma unroll
+        for (int k = 0; k < Traits::kKStepsD; ++k) {
+            const uint32_t offset_a = (k / 4) * Traits::kQBlockBytes + (k % 4) * 32;
+            const uint32_t offset_b = (k / 4) * Traits::kKVBlockBytes + (k % 4) * 32;
+            Wgmma<Traits::kWarpgroupKeys>::template ss<Element>(flat(acc), advance_descriptor(a_desc, offset_a),
+                                                                advance_descriptor(b_desc, offset_b),
+                                                                /*scale_d=*/k > 0);
+        }
+        wgmma_commit();
+    };
+    // A warp's 16 queries x 40 keys of P or dS, rounded to 16 bits, into the
+    // [key][query] tile at `tile` (128-byte rows of 64 queries, swizzled). The
+    // n8 block j of the fragment is two 8 x 8 matrices (queries 0-7 and 8-15
+    // of the warp) in stmatrix's layout; stored transposed, row i of a
+    // matrix is key 8j + i with its 8 queries (16 bytes). An x4 takes blocks
+    // j and j + 1 (matrix r: block j + r / 2, queries 8 (r % 2)..), an x2 the
+    // odd one left; lane 8r + i gives the address of matrix r's row i.
+    auto store_transposed = [&](uint32_t tile, const float (&f)[1][kNTilesS][4]) {
+        const int r = lane / 8;
+        const int query_byte = (warp_row0 + (r % 2) * 8) * 2;
+#pragma unroll
+        for (int j = 0; j + 1 < kNTilesS; j += 2) {
+            const int key = kKey0 + (j + r / 2) * 8 + lane % 8;
+            stmatrix_x4_trans(swizzled_address(tile, key, query_byte), pack2<Element>(f[0][j][0], f[0][j][1]),
+                              pack2<Element>(f[0][j][2], f[0][j][3]), pack2<Element>(f[0][j + 1][0], f[0][j + 1][1]),
+                              pack2<Element>(f[0][j + 1][2], f[0][j + 1][3]));
+        }
+        if constexpr (kNTilesS % 2 == 1) {
+            constexpr int j = kNTilesS - 1;
+            const int key = kKey0 + j * 8 + lane % 8;  // lanes 0-15's addresses are used
+            stmatrix_x2_trans(swizzled_address(tile, key, query_byte), pack2<Element>(f[0][j][0], f[0][j][1]),
+                              pack2<Element>(f[0][j][2], f[0][j][3]));
+        }
+    };
+    // Slice i of dV^T += dO^T P or dK^T += Q^T dS: A the slice's column block
+    // of dO or Q, read MN-major (its 64 columns are M, the queries K: 16 rows
+    // a k16 step); B the P or dS tile, K-major (N: the 80 keys; K: the
+    // queries, 32 bytes a k16 step).
+    auto issue_kv_slice = [&](float (&acc)[1][kNTilesKV][4], uint32_t x_tile, uint32_t y_tile, int i) {
+        const uint64_t a_desc = recompute_per_use(smem_descriptor_sw128(
+            x_tile + (kColBlock0 + i) * Traits::kQBlockBytes, Traits::kQBlockBytes, kSwizzleAtomBytes));
+        const uint64_t b_desc = smem_descriptor_sw128(y_tile, kUnusedLeadingBytes, kSwizzleAtomBytes);
+        wgmma_fence();
+#pragma unroll
+        for (int k = 0; k < Traits::kKStepsM; ++k) {
+            Wgmma<kBlockN>::template ss<Element, /*kTransA=*/1, 0>(
+                flat(acc), advance_descriptor(a_desc, k * 16 * kSwizzleBytes), advance_descriptor(b_desc, k * 32),
+                /*scale_d=*/1);
+        }
+        wgmma_commit();
+    };
+    // Slice i of dQ = dS K: A the dS tile read MN-major (the queries are M,
+    // the keys K: 16 rows a k16 step), B the slice's column block of K, read
+    // MN-major (its 64 columns are N).
+    auto issue_dq_slice = [&](float (&acc)[1][kNTilesDq][4], uint32_t ds_tile, int i) {
+        const uint64_t a_desc = smem_descriptor_sw128(ds_tile, Traits::kPdsBytes, kSwizzleAtomBytes);
+        const uint64_t b_desc = recompute_per_use(smem_descriptor_sw128(
+            layout.k() + (kColBlock0 + i) * Traits::kKVBlockBytes, Traits::kKVBlockBytes, kSwizzleAtomBytes));
+        wgmma_fence();
+#pragma unroll
+        for (int k = 0; k < Traits::kKStepsN; ++k) {
+            Wgmma<Traits::kSliceCols>::template ss<Element, 1, 1>(
+                flat(acc), advance_descriptor(a_desc, k * 16 * kSwizzleBytes),
+                advance_descriptor(b_desc, k * 16 * kSwizzleBytes), /*scale_d=*/k > 0);
+        }
+        wgmma_commit();
+    };
+    // Slice i of a step's dQ into its tile of dq_accum (dq_tiles.h: `tile`,
+    // this thread's first float4 of the warpgroup's first column block): one
+    // 16-byte red an n8 block, a warp's 512 contiguous bytes. No bounds: rows
+    // past the sequence land in the tile's slots of no row, columns past the
+    // head dim in slots the conversion does not read.
+    auto add_dq_slice = [&](float* tile, const float (&acc)[1][kNTilesDq][4], int i) {
+#pragma unroll
+        for (int j = 0; j < kNTilesDq; ++j) {
+            red_add_f32x4(tile + ((i * 4) * kNTilesDq + j) * 32 * 4, acc[0][j][0], acc[0][j][1], acc[0][j][2],
+                          acc[0][j][3]);
+        }
+    };
+
+    if (work.steps > 0) {
+        mbarrier_wait(layout.kv_full(), 0);
+        if (work.zeroes_key_rows(params)) {  // uniform across both consumer warpgroups
+            zero_rows<Traits, kBlockN>(layout.k(), layout.v(), Traits::kKVBlockBytes, work.seq.seqlen_k - n0,
+                                       threadIdx.x - 128, kConsumerThreads);
+            fence_proxy_async_shared();  // the zeros are read by wgmma (async proxy) after the barrier
+            named_barrier_sync_unaligned(kKeyRowsBarrier, kConsumerThreads);
+        }
+#pragma unroll 1
+        for (int t = 0; t < work.steps; ++t) {
+            const StageOf<Traits> sq(t);                     // Q's ring
+            const StageOf<Traits, Traits::kDoStages> sd(t);  // dO's
+            const int m0 = work.m0_of(t);
+            float s[1][kNTilesS][4];   // S, then P
+            float dp[1][kNTilesS][4];  // dP, then dS
+            // Packed rows: the producer's zeros past the sequence are stored
+            // before its stats arrivals (BwdWork).
+            mbarrier_wait(layout.full(sq.stage), sq.phase);
+            if (params.cu_seqlens_q != nullptr) mbarrier_wait(layout.stats_full(sq.stage), sq.phase);
+            issue_scores(s, layout.q(sq.stage), k_desc);
+            mbarrier_wait(layout.do_full(sd.stage), sd.phase);
+            if (params.cu_seqlens_q != nullptr) mbarrier_wait(layout.do_stats_full(sd.stage), sd.phase);
+            issue_scores(dp, layout.dout(sd.stage), v_desc);
+
+            // P while dP runs: masked where some query of the tile misses some
+            // key (bwd_consumer's scores say which and why; the keys past the
+            // sequence too), capped first with softcap.
+            wgmma_wait<1>();
+            pin_registers(flat(s));
+            if constexpr (Has_softcap) {
+#pragma unroll
+                for (int r = 0; r < kNTilesS * 4; ++r) flat(s)[r] = tanhf(flat(s)[r] * params.softcap_inner_scale);
+            }
+            mbarrier_wait(layout.stats_full(sq.stage), sq.phase);
+            if (!tile_is_full<kBlockM, kBlockN>(m0, n0, work.seq.seqlen_q, work.window)) {
+                apply_mask<Is_local>(s, m0 + warp_row0, n0 + kKey0, work.window, lane);
+            }
+            const uint32_t lse_row = layout.lse_log2(sq.stage) + 4 * (warp_row0 + lane / 4);
+            const float lse[2] = {load_shared_f32(lse_row), load_shared_f32(lse_row + 32)};
+            if constexpr (!Has_softcap) {
+#pragma unroll
+                for (int j = 0; j < kNTilesS; ++j)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e)
+                        s[0][j][e] = exp2_approx(fmaf(s[0][j][e], params.softmax_scale_log2, -lse[e / 2]));
+            }
+            wgmma_wait<0>();
+            pin_registers(flat(dp));
+            mbarrier_wait(layout.do_stats_full(sd.stage), sd.phase);
+            const uint32_t dsum_row = layout.dsum(sd.stage) + 4 * (warp_row0 + lane / 4);
+            const float dsum[2] = {load_shared_f32(dsum_row), load_shared_f32(dsum_row + 32)};
+#pragma unroll
+            for (int j = 0; j < kNTilesS; ++j) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    if constexpr (Has_softcap) {
+                        // The cap's chain factor 1 - tanh^2 (0 where masked: -inf), then P from the capped score.
+                        const float capped = s[0][j][e];
+                        const float p = exp2_approx(fmaf(capped, params.softmax_scale_log2, -lse[e / 2]));
+                        dp[0][j][e] = p * (dp[0][j][e] - dsum[e / 2]) * fmaxf(fmaf(-capped, capped, 1.f), 0.f);
+                        s[0][j][e] = p;
+                    } else {
+                        dp[0][j][e] = s[0][j][e] * (dp[0][j][e] - dsum[e / 2]);
+                    }
+                }
+            }
+            const uint32_t p_tile = layout.p(t % Traits::kPdsBuffers);
+            const uint32_t ds_tile = layout.ds(t % Traits::kPdsBuffers);
+            store_transposed(p_tile, s);
+            store_transposed(ds_tile, dp);
+            fence_proxy_async_shared();  // the stores are read by wgmma (async proxy) after the barrier
+            named_barrier_sync_unaligned(kPdsBarrier, kConsumerThreads);  // the warpgroups are compiled apart
+
+            // This thread's first float4 of the step's dQ tile (query tile, head) at its first column block.
+            float* const dq_tile =
+                params.dq_accum_ptr +
+                (dq_tile_row(params, work.batch, work.seq.q_start, m0 / kBlockM) * params.num_heads +
+                 work.head_of(params, t)) * kDqTileFloats +
+                dq_tile_slot(kColBlock0, warp_row0 / 16, 0, lane) * 4;
+            float dq[1][kNTilesDq][4];
+            const uint32_t dout = layout.dout(sd.stage);
+            const uint32_t q = layout.q(sq.stage);
+            issue_kv_slice(dv[0], dout, p_tile, 0);
+            issue_dq_slice(dq, ds_tile, 0);
+            issue_kv_slice(dv[1], dout, p_tile, 1);
+            wgmma_wait<1>();  // dV^T_0 and dQ_0; dV^T_1 runs on
+            pin_registers(flat(dq));
+            add_dq_slice(dq_tile, dq, 0);
+            issue_kv_slice(dk[0], q, ds_tile, 0);
+            wgmma_wait<1>();  // dV^T_1: this thread's reads of the dO stage (and its D) are complete
+            mbarrier_arrive(layout.do_empty(sd.stage));
+            issue_dq_slice(dq, ds_tile, 1);
+            issue_kv_slice(dk[1], q, ds_tile, 1);
+            wgmma_wait<1>();  // dK^T_0 and dQ_1; dK^T_1 runs on
+            pin_registers(flat(dq));
+            add_dq_slice(dq_tile, dq, 1);
+            wgmma_wait<0>();
+#pragma unroll
+            for (int i = 0; i < kSlices; ++i) {
+                pin_registers(flat(dv[i]));
+                pin_registers(flat(dk[i]));
+            }
+            mbarrier_arrive(layout.empty(sq.stage));  // this thread's reads of the Q stage (and its LSE) are complete
+        }
+    }
+
+    // Epilogue: dV and dK (times the softmax scale) from their transposes:
+    // element (column, key) of a slice to row key, column column; keys past
+    // the sequence and columns past the head dims are not written.
+    const int64_t dv_offset = work.batch * params.dv_batch_stride + work.head_k * params.dv_head_stride;
+    const int64_t dk_offset = work.batch * params.dk_batch_stride + work.head_k * params.dk_head_stride;
+    Element* const dv_out = static_cast<Element*>(params.dv_ptr) + dv_offset;
+    Element* const dk_out = static_cast<Element*>(params.dk_ptr) + dk_offset;
+#pragma unroll
+    for (int i = 0; i < kSlices; ++i) {
+#pragma unroll
+        for (int j = 0; j < kNTilesKV; ++j) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int col = (kColBlock0 + i) * Traits::kSliceCols + warp_row0 + lane / 4 + (e / 2) * 8;
+                const int key = n0 + j * 8 + (lane % 4) * 2 + e % 2;
+                if (key >= work.seq.seqlen_k) continue;
+                const int64_t row = work.seq.k_start + key;
+                if (col < params.head_dim_v) {
+                    dv_out[row * params.dv_row_stride + col] = from_float<Element>(dv[i][0][j][e]);
+                }
+                if (col < params.head_dim) {
+                    dk_out[row * params.dk_row_stride + col] = from_float<Element>(dk[i][0][j][e] * params.softmax_scale);
+                }
+            }
+        }
+    }
+}
+
 template <typename Traits, bool Is_local, bool Has_softcap, bool Is_deterministic>
 __global__ void __launch_bounds__(Traits::kNThreads, 1)
     bwd_kernel(const __grid_constant__ BwdParams params, const __grid_constant__ CUtensorMap tma_q,
@@ -1241,6 +1551,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             // One arrival per consumer thread, once its reads of the stage (the
             // wgmma of dV and dK, the row stats) are complete.
             mbarrier_init(layout.empty(stage), Traits::kConsumerWarpgroups * 128);
+        }
+        for (int stage = 0; stage < Traits::kDoStages; ++stage) {  // dO's own ring (BwdSliceTraits), alike
+            mbarrier_init(layout.do_full(stage), 1);
+            mbarrier_init(layout.do_stats_full(stage), 32);
+            mbarrier_init(layout.do_empty(stage), Traits::kConsumerWarpgroups * 128);
         }
         fence_barrier_init();
         if constexpr (Is_deterministic) {
@@ -1301,13 +1616,17 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             // arrival releases its own stores (and, for a tile that reaches past
             // a packed sequence, the zeros of its rows there, BwdWork: the
             // consumers wait for stats_full before their wgmma read that tile).
+            // dO rides in Q's stage unless it has a ring of its own (kDoStages: below).
+            constexpr bool kDoWithQ = Traits::kDoStages == 0;
             if (lane == 0) {
-                mbarrier_arrive_expect_tx(layout.full(s.stage), Traits::kQBytes + Traits::kDoBytes);
+                mbarrier_arrive_expect_tx(layout.full(s.stage), Traits::kQBytes + (kDoWithQ ? Traits::kDoBytes : 0));
                 load_tile<Traits>(layout.q(s.stage), &tma_q, layout.full(s.stage), work.seq.q_start + m0, head,
                                   work.q_batch(params), Traits::kQBlockBytes);
-                load_tile<Traits, Traits::kColBlocksV>(layout.dout(s.stage), &tma_do, layout.full(s.stage),
-                                                       work.seq.q_start + m0, head, work.q_batch(params),
-                                                       Traits::kQBlockBytes);
+                if constexpr (kDoWithQ) {
+                    load_tile<Traits, Traits::kColBlocksV>(layout.dout(s.stage), &tma_do, layout.full(s.stage),
+                                                           work.seq.q_start + m0, head, work.q_batch(params),
+                                                           Traits::kQBlockBytes);
+                }
             }
             const int64_t stats = work.batch * params.lse_batch_stride + head * params.lse_head_stride +
                                   work.seq.q_start + m0;
@@ -1315,21 +1634,59 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                 const bool valid = m0 + r < work.seq.seqlen_q;
                 store_shared_f32(layout.lse_log2(s.stage) + 4 * r,
                                  lse_to_log2(valid ? params.lse_ptr[stats + r] : -INFINITY));
-                store_shared_f32(layout.dsum(s.stage) + 4 * r, valid ? params.dsum_ptr[stats + r] : 0.f);
+                if constexpr (kDoWithQ) {
+                    store_shared_f32(layout.dsum(s.stage) + 4 * r, valid ? params.dsum_ptr[stats + r] : 0.f);
+                }
             }
             if (work.zeroes_query_rows(params, t)) {
                 mbarrier_wait(layout.full(s.stage), s.phase);  // the copies' rows are there to overwrite
                 const int first_row = work.seq.seqlen_q - m0;
-                zero_rows<Traits, kBlockM>(layout.q(s.stage), layout.dout(s.stage), Traits::kQBlockBytes, first_row,
-                                           lane, 32);
+                if constexpr (kDoWithQ) {
+                    zero_rows<Traits, kBlockM>(layout.q(s.stage), layout.dout(s.stage), Traits::kQBlockBytes,
+                                               first_row, lane, 32);
+                } else {
+                    zero_tile_rows<Traits::kColBlocks, kBlockM>(layout.q(s.stage), Traits::kQBlockBytes, first_row,
+                                                                lane, 32);
+                }
                 fence_proxy_async_shared();  // the zeros are read by wgmma (async proxy) after the arrival
             }
             mbarrier_arrive(layout.stats_full(s.stage));
+            if constexpr (!kDoWithQ) {
+                // dO and D of step t in dO's ring, the same way: a stage
+                // waits for its release (do_empty), the copy completes
+                // do_full, the lanes' D (and zeros) do_stats_full.
+                const StageOf<Traits, Traits::kDoStages> d(t);
+                if (t >= Traits::kDoStages) mbarrier_wait(layout.do_empty(d.stage), d.phase ^ 1);
+                if (lane == 0) {
+                    mbarrier_arrive_expect_tx(layout.do_full(d.stage), Traits::kDoBytes);
+                    load_tile<Traits, Traits::kColBlocksV>(layout.dout(d.stage), &tma_do, layout.do_full(d.stage),
+                                                           work.seq.q_start + m0, head, work.q_batch(params),
+                                                           Traits::kQBlockBytes);
+                }
+                for (int r = lane; r < kBlockM; r += 32) {
+                    const bool valid = m0 + r < work.seq.seqlen_q;
+                    store_shared_f32(layout.dsum(d.stage) + 4 * r, valid ? params.dsum_ptr[stats + r] : 0.f);
+                }
+                if (work.zeroes_query_rows(params, t)) {
+                    mbarrier_wait(layout.do_full(d.stage), d.phase);
+                    zero_tile_rows<Traits::kColBlocksV, kBlockM>(layout.dout(d.stage), Traits::kQBlockBytes,
+                                                                 work.seq.seqlen_q - m0, lane, 32);
+                    fence_proxy_async_shared();
+                }
+                mbarrier_arrive(layout.do_stats_full(d.stage));
+            }
         }
         return;
     }
 
-    if constexpr (Traits::kSplit) {
+    if constexpr (Traits::kSlice) {
+        claim_registers<Traits::kConsumerRegs>();
+        if (warpgroup == 1) {
+            bwd_slice_consumer<Traits, Is_local, Has_softcap, /*kWarpgroup=*/0>(params, layout);
+        } else {
+            bwd_slice_consumer<Traits, Is_local, Has_softcap, /*kWarpgroup=*/1>(params, layout);
+        }
+    } else if constexpr (Traits::kSplit) {
         claim_registers<Traits::kConsumerRegs>();
         if (warpgroup == 1) {
             bwd_split_consumer<Traits, Is_local, Has_softcap, Is_deterministic, /*kRole=*/0>(params, layout,
@@ -1347,6 +1704,39 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         claim_registers<Traits::kKeyRegs>();
         bwd_consumer<Traits, Is_local, Has_softcap, Is_deterministic, 1 - Traits::kDqOwner>(params, layout,
                                                                                            &tma_dq_accum);
+    }
+}
+
+// The d256 backward's dQ conversion (dq_tiles.h): dQ = softmax_scale *
+// dq_accum, read from the tiles and written in dQ's layout and dtype. One
+// block per (query tile, head, sequence): each thread takes float4 slots of
+// the tile in order (coalesced reads) and writes the two rows' pairs it
+// holds; rows past the sequence and columns past the head dim are skipped.
+template <typename Element>
+__global__ void __launch_bounds__(256) bwd_convert_dq_tiles_kernel(const BwdParams params) {
+    const int m_block = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
+    const Sequence seq = sequence_of<false>(params, batch);
+    const int m0 = m_block * kDqTileRows;
+    if (m0 >= seq.seqlen_q) return;
+    const float4* tile = reinterpret_cast<const float4*>(params.dq_accum_ptr) +
+                         (dq_tile_row(params, batch, seq.q_start, m_block) * params.num_heads + head) *
+                             (kDqTileFloats / 4);
+    Element* dq = static_cast<Element*>(params.dq_ptr) + batch * params.dq_batch_stride +
+                  head * params.dq_head_stride;
+    for (int slot = threadIdx.x; slot < kDqTileFloats / 4; slot += blockDim.x) {
+        const DqSlotPlace place = dq_slot_place(slot);
+        const int col = place.col;
+        if (col >= params.head_dim) continue;
+        const int row = m0 + place.row;
+        const float4 v = tile[slot];
+        if (row < seq.seqlen_q) {
+            *reinterpret_cast<uint32_t*>(dq + (seq.q_start + row) * params.dq_row_stride + col) =
+                pack2<Element>(v.x * params.softmax_scale, v.y * params.softmax_scale);
+        }
+        if (row + 8 < seq.seqlen_q) {
+            *reinterpret_cast<uint32_t*>(dq + (seq.q_start + row + 8) * params.dq_row_stride + col) =
+                pack2<Element>(v.z * params.softmax_scale, v.w * params.softmax_scale);
+        }
     }
 }
 

@@ -28,7 +28,16 @@ cudaError_t run_bwd_(const BwdParams& params, cudaStream_t stream) {
     err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes);
     if (err != cudaSuccess) return err;
 
-    err = sm80::run_bwd_preprocess(params, stream);
+    if constexpr (Traits::kSlice) {
+        // dq_accum in dQ tiles (dq_tiles.h), zeroed here; the preprocess computes D alone.
+        err = cudaMemsetAsync(params.dq_accum_ptr, 0, dq_tile_floats(params) * sizeof(float), stream);
+        if (err != cudaSuccess) return err;
+        BwdParams rows_only = params;
+        rows_only.dq_accum_ptr = nullptr;
+        err = sm80::run_bwd_preprocess(rows_only, stream);
+    } else {
+        err = sm80::run_bwd_preprocess(params, stream);
+    }
     if (err != cudaSuccess) return err;
     // One block per key tile: under a causal mask the first key tiles, which
     // the most query tiles see, start first; deterministic, the last ones, in
@@ -46,6 +55,12 @@ cudaError_t run_bwd_(const BwdParams& params, cudaStream_t stream) {
                                                                          tma_dq_accum);
         err = cudaGetLastError();
         if (err != cudaSuccess) return err;
+    }
+    if constexpr (Traits::kSlice) {
+        const dim3 tiles(static_cast<unsigned>(dq_query_tiles(params.seqlen_q)), params.num_heads, params.batch);
+        if (tiles.x == 0 || tiles.y == 0 || tiles.z == 0) return cudaSuccess;
+        bwd_convert_dq_tiles_kernel<Element><<<tiles, 256, 0, stream>>>(params);
+        return cudaGetLastError();
     }
     return sm80::run_bwd_convert_dq(params, stream);
 }

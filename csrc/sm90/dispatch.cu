@@ -8,6 +8,7 @@
 #include "common/flash.h"
 #include "common/static_switch.h"
 #include "sm80/sm80.h"
+#include "sm90/dq_tiles.h"
 #include "sm90/fp8_values.cuh"
 #include "sm90/kernel_traits.h"
 #include "sm90/sm90.h"
@@ -231,7 +232,13 @@ cudaError_t run_bwd(const BwdParams& params, cudaStream_t stream) {
 // key tiles' dQ adds (bwd_kernel.cuh: bwd_dq_writer).
 BwdWorkspace bwd_workspace(const BwdParams& params) {
     if (!serves_bwd(params)) return sm80::bwd_workspace(params);
-    if (!params.deterministic) return {/*dq_accum=*/true, /*semaphores=*/0};
+    if (!params.deterministic) {
+        // The d256 kernel adds dQ into query tiles of its own layout (dq_tiles.h).
+        const bool tiles = bwd_head_dims_switch(params, [&]<int kHeadDim, int kHeadDimV>() {
+            return BwdTraitsFor<kHeadDim, __half, kHeadDimV>::kSlice;
+        });
+        return {/*dq_accum=*/true, /*semaphores=*/0, tiles ? dq_tile_floats(params) : 0};
+    }
     const int block_m = bwd_head_dims_switch(params, [&]<int kHeadDim, int kHeadDimV>() {
         return BwdTraitsFor<kHeadDim, __half, kHeadDimV, /*Is_deterministic=*/true>::kBlockM;
     });

@@ -332,6 +332,7 @@ template <int kHeadDim_, int kBlockM_, typename Element_>
 struct BwdTraits {
     using Element = Element_;  // __half or __nv_bfloat16
     static constexpr bool kSplit = false;  // (BwdSplitTraits)
+    static constexpr bool kSlice = false;  // (BwdSliceTraits)
     static constexpr int kHeadDim = kHeadDim_;
     static constexpr int kHeadDimV = kHeadDim;  // a narrower V runs padded to the head dim
     static constexpr int kBlockM = kBlockM_;  // queries per step
@@ -339,6 +340,7 @@ struct BwdTraits {
     static constexpr int kConsumerWarpgroups = 2;
     static constexpr int kBlockN = kConsumerWarpgroups * kWarpgroupKeys;  // keys per block
     static constexpr int kStages = 2;                                     // Q and dO tiles in flight
+    static constexpr int kDoStages = 0;  // dO rides in Q's stages, on their barriers (BwdSliceTraits)
     static constexpr int kNThreads = 128 * (1 + kConsumerWarpgroups);
     static constexpr int kColBlocks = kHeadDim / kSwizzleCols;  // 64-column blocks of K, V, Q, dO
     static constexpr int kColBlocksV = kColBlocks;
@@ -484,6 +486,7 @@ template <int kHeadDim_, int kHeadDimV_, typename Element_>
 struct BwdSplitTraits {
     using Element = Element_;
     static constexpr bool kSplit = true;
+    static constexpr bool kSlice = false;
     static constexpr bool kDqSplit = false;  // BwdTraits' d128 80-query dQ^T halves (and their writers)
     static constexpr int kHeadDim = kHeadDim_;
     static constexpr int kHeadDimV = kHeadDimV_;
@@ -537,6 +540,7 @@ struct BwdSplitTraits {
     static constexpr int kFixedBytes = kKVBytes + kVBytes + kDsBytes + kXferBytes + kDqBytes + kSmemAlign;
     static constexpr int kStageBytes = kQBytes + kDoBytes + kRowStatsBytes + 3 * 8;
     static constexpr int kStages = kFixedBytes + 2 * kStageBytes + 8 <= kMaxSmemPerBlock ? 2 : 1;
+    static constexpr int kDoStages = 0;  // (BwdTraits)
     static constexpr int kSmemKOffset = 0;
     static constexpr int kSmemVOffset = kSmemKOffset + kKVBytes;
     static constexpr int kSmemQOffset = kSmemVOffset + kVBytes;
@@ -562,11 +566,106 @@ struct BwdSplitTraits {
     static_assert(kSmemBytes <= kMaxSmemPerBlock, "shared memory over the sm_90 per-block limit");
 };
 
+// The sm90 backward's main kernel at head dim 256, default mode
+// (bwd_kernel.cuh: bwd_slice_consumer), in FlashAttention-3's arrangement for
+// it. A block owns 80 keys (kBlockN) and walks steps of 64 queries; both
+// consumer warpgroups take part in every GEMM of a step:
+//   S = Q K^T and dP = dO V^T: each warpgroup its 40 keys (wgmma N = 40), all
+//     64 queries (M); P and dS go to shared memory in 16 bits as [key][query]
+//     tiles (one 128-byte row of 64 queries a key) that both read;
+//   dV^T += dO^T P, dK^T += Q^T dS: each warpgroup its 128 columns of the head
+//     dim (two slices of M = 64), all 80 keys (N = 80): 160 fp32 registers;
+//   dQ = dS K: each warpgroup its 128 columns, in two slices of N = 64, each
+//     added into dq_accum from registers by vector reds as soon as it is
+//     complete (no staging in shared memory), interleaved with the slices of
+//     dV^T and dK^T so that one slice of dQ is live at a time.
+// Against BwdSplitTraits' 64 keys and split roles this moves about a quarter
+// fewer shared-memory bytes a FLOP (no fp32 P^T hand-over, no dQ staging) and
+// runs no serial chain between the warpgroups (benchmarks/NOTES.md). Shared
+// memory: K, V 40 KB each; two Q stages and one dO stage, 32 KB each (dO has
+// its own ring: kDoStages); P and dS double-buffered, 10 KB each.
+// Deterministic mode stays on BwdSplitTraits (its dQ writers order staged
+// tiles; here dQ never is one).
+template <typename Element_>
+struct BwdSliceTraits {
+    using Element = Element_;
+    static constexpr bool kSplit = false;
+    static constexpr bool kSlice = true;
+    static constexpr bool kDqSplit = false;
+    static constexpr int kHeadDim = 256;
+    static constexpr int kHeadDimV = 256;
+    static constexpr int kBlockM = 64;  // queries per step: wgmma M of S, dP and dQ
+    static constexpr int kBlockN = 80;  // keys per block: N of dV^T and dK^T
+    static constexpr int kConsumerWarpgroups = 2;
+    static constexpr int kNThreads = 128 * (1 + kConsumerWarpgroups);
+    static constexpr int kWarpgroupKeys = kBlockN / kConsumerWarpgroups;         // of S and dP: 40
+    static constexpr int kSliceCols = kSwizzleCols;                               // head-dim columns of a slice: 64
+    static constexpr int kSlices = kHeadDim / kConsumerWarpgroups / kSliceCols;  // a warpgroup's: 2
+    static constexpr int kColBlocks = kHeadDim / kSwizzleCols;
+    static constexpr int kColBlocksV = kColBlocks;
+    static constexpr int kTileCols = kHeadDim;
+    static constexpr int kKStepsD = kHeadDim / 16;  // of S and dP (over the head dim)
+    static constexpr int kKStepsM = kBlockM / 16;   // of dV^T and dK^T (over the step's queries)
+    static constexpr int kKStepsN = kBlockN / 16;   // of dQ (over the block's keys)
+    static constexpr int kNTilesS = kWarpgroupKeys / 8;  // n8 blocks of a warpgroup's S and dP
+    static constexpr int kNTilesKV = kBlockN / 8;        // of a slice of dV^T, dK^T
+    static constexpr int kNTilesDq = kSliceCols / 8;     // of a slice of dQ
+    static constexpr int kMinHeadDim = kHeadDim - 63;
+    // (bwd_launch.cuh builds a dq_accum tensor map for every kernel; this one adds from registers.)
+    static constexpr int kDqRows = kBlockM;
+
+    // setmaxnreg: the producer warp 24, each consumer 240. Peak: dV^T and dK^T
+    // (160), S and dP (40) while P and dS are made; dQ's slice (32) in the GEMMs.
+    static constexpr int kProducerRegs = 24;
+    static constexpr int kConsumerRegs =
+        ((1 + kConsumerWarpgroups) * registers_at_entry(kNThreads) - kProducerRegs) / kConsumerWarpgroups / 8 * 8;
+
+    static constexpr int kStages = 2;    // Q tiles (and their LSE) in flight
+    static constexpr int kDoStages = 1;  // dO tiles (and their D): a ring of their own
+    static constexpr int kKVBlockBytes = kBlockN * kSwizzleBytes;
+    static constexpr int kKVBytes = kColBlocks * kKVBlockBytes;
+    static constexpr int kVBytes = kKVBytes;
+    static constexpr int kQBlockBytes = kBlockM * kSwizzleBytes;
+    static constexpr int kQBytes = kColBlocks * kQBlockBytes;
+    static constexpr int kDoBytes = kQBytes;
+    static constexpr int kPdsBytes = kBlockN * kSwizzleBytes;  // P or dS: 80 key rows x 64 queries
+    static constexpr int kPdsBuffers = 2;
+    static constexpr int kRowStatsBytes = 2 * kBlockM * 4;  // LSE of Q stage s and D of dO stage s share slot s
+    static constexpr int kSmemAlign = kSwizzleAtomBytes;
+    // K, V, kStages Q tiles, kDoStages dO tiles, P and dS (kPdsBuffers each,
+    // alternating), the row stats, then the barriers: K/V full; full,
+    // stats_full and empty per Q stage; the same per dO stage.
+    static constexpr int kSmemKOffset = 0;
+    static constexpr int kSmemVOffset = kSmemKOffset + kKVBytes;
+    static constexpr int kSmemQOffset = kSmemVOffset + kVBytes;
+    static constexpr int kSmemDoOffset = kSmemQOffset + kStages * kQBytes;
+    static constexpr int kSmemPOffset = kSmemDoOffset + kDoStages * kDoBytes;
+    static constexpr int kSmemDsOffset = kSmemPOffset + kPdsBuffers * kPdsBytes;
+    static constexpr int kDsBytes = kPdsBytes;
+    static constexpr int kSmemRowStatsOffset = kSmemDsOffset + kPdsBuffers * kPdsBytes;
+    static constexpr int kSmemBarrierOffset = kSmemRowStatsOffset + kStages * kRowStatsBytes;
+    static constexpr int kBarriers = 1 + 3 * kStages + 3 * kDoStages;
+    static constexpr int kSmemTileOffset = (kSmemBarrierOffset + 8 * kBarriers + 15) / 16 * 16;  // (unused: no det)
+    static constexpr int kSmemBytes = kSmemTileOffset + 16 + kSmemAlign;
+
+    static_assert(kWarpgroupKeys % 8 == 0 && kBlockN % 16 == 0, "whole n8 blocks a warpgroup, whole k16 steps of keys");
+    static_assert(kStages >= kDoStages, "D of dO stage s sits in row-stat slot s");
+    static_assert(kKVBlockBytes % kSwizzleAtomBytes == 0 && kQBlockBytes % kSwizzleAtomBytes == 0 &&
+                      kPdsBytes % kSwizzleAtomBytes == 0 && (kWarpgroupKeys * kSwizzleBytes) % kSwizzleAtomBytes == 0 &&
+                      kSmemRowStatsOffset % kSwizzleAtomBytes == 0,
+                  "every swizzled block (and each warpgroup's K and V rows) starts on an atom");
+    static_assert(128 * (kProducerRegs + 2 * kConsumerRegs) <= kNThreads * registers_at_entry(kNThreads) &&
+                      kConsumerRegs <= 256 && kConsumerRegs % 8 == 0,
+                  "setmaxnreg: the warpgroups' registers must fit what the block holds at entry");
+    static_assert(kSmemBytes <= kMaxSmemPerBlock, "shared memory over the sm_90 per-block limit");
+};
+
 // The traits of each head dim the sm90 backward compiles: 64 and 128 on
 // BwdTraits (their queries per step here; d128 deterministic keeps the dQ
-// owner at 64, whose one dQ tile a step the dQ writer adds in order), 192 and
-// 256 on BwdSplitTraits; a call's head dim runs on the next one up
-// (dispatch.cu: bwd_head_dim).
+// owner at 64, whose one dQ tile a step the dQ writer adds in order), 192 (and
+// DeepSeek's 192 / 128) and deterministic 256 on BwdSplitTraits, 256 on
+// BwdSliceTraits; a call's head dim runs on the next one up (dispatch.cu:
+// bwd_head_dim).
 template <int kHeadDim, typename Element, int kHeadDimV, bool Is_deterministic>
 struct BwdTraitsOf {
     using type = BwdSplitTraits<kHeadDim, kHeadDimV, Element>;
@@ -578,6 +677,11 @@ struct BwdTraitsOf<64, Element, kHeadDimV, Is_deterministic> {
 template <typename Element, int kHeadDimV, bool Is_deterministic>
 struct BwdTraitsOf<128, Element, kHeadDimV, Is_deterministic> {
     using type = BwdTraits<128, Is_deterministic ? 64 : 80, Element>;
+};
+
+template <typename Element>
+struct BwdTraitsOf<256, Element, 256, /*Is_deterministic=*/false> {
+    using type = BwdSliceTraits<Element>;
 };
 
 template <int kHeadDim, typename Element, int kHeadDimV = kHeadDim, bool Is_deterministic = false>

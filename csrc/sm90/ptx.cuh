@@ -307,7 +307,12 @@ __device__ __forceinline__ uint64_t load_shared_u64(uint32_t addr) {
     return v;
 }
 
-// ld.shared.v2.f32 at a shared-memory address (8-byte aligned).
+// ld.shared.f32 / ld.shared.v2.f32 at a shared-memory address (4- / 8-byte aligned).
+__device__ __forceinline__ float load_shared_f32(uint32_t addr) {
+    float v;
+    asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(addr) : "memory");
+    return v;
+}
 __device__ __forceinline__ float2 load_shared_f32x2(uint32_t addr) {
     float2 v;
     asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(addr) : "memory");
@@ -359,6 +364,20 @@ __device__ __forceinline__ void stmatrix_x4_trans(uint32_t addr, uint32_t r0, ui
                                                   uint32_t r3) {
     asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r0),
                  "r"(r1), "r"(r2), "r"(r3)
+                 : "memory");
+}
+
+// stmatrix .x2 .trans: the same for two matrices (registers r0, r1; lanes 0 ..
+// 15 give the rows' addresses).
+__device__ __forceinline__ void stmatrix_x2_trans(uint32_t addr, uint32_t r0, uint32_t r1) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x2.trans.shared.b16 [%0], {%1, %2};\n" ::"r"(addr), "r"(r0), "r"(r1)
+                 : "memory");
+}
+
+// red.global.add.v4.f32: adds (a, b, c, d) to the four fp32 values at `addr`
+// (16-byte aligned, global memory), without returning them (sm_90).
+__device__ __forceinline__ void red_add_f32x4(float* addr, float a, float b, float c, float d) {
+    asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(addr), "f"(a), "f"(b), "f"(c), "f"(d)
                  : "memory");
 }
 
@@ -423,6 +442,10 @@ struct Wgmma;
         "+f"(d[i + 7])
 
 // The accumulator operands of m64nNk16, "%0" .. "%(N/2 - 1)", and their constraints.
+#define FLASH_ACC_4(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3])
+#define FLASH_ACC_OPERANDS_40 \
+    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19"
+#define FLASH_ACC_CONSTRAINTS_40 FLASH_ACC_8(0), FLASH_ACC_8(8), FLASH_ACC_4(16)
 #define FLASH_ACC_OPERANDS_64                                                                                   \
     "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, " \
     "%23, %24, %25, %26, %27, %28, %29, %30, %31"
@@ -509,6 +532,7 @@ struct Wgmma;
         }                                                                                                     \
     };
 
+FLASH_DEFINE_WGMMA(40, "20", "21", "22", "23", "24", "25")
 FLASH_DEFINE_WGMMA(64, "32", "33", "34", "35", "36", "37")
 FLASH_DEFINE_WGMMA(80, "40", "41", "42", "43", "44", "45")
 FLASH_DEFINE_WGMMA(96, "48", "49", "50", "51", "52", "53")
