@@ -375,6 +375,27 @@ struct BwdWork {
     }
 };
 
+// The consumers' named barrier of the key rows zeroed below (0 is
+// __syncthreads'; the consumers' own take 1-4 and 6-8).
+constexpr int kKeyRowsBarrier = 5;
+
+// Every consumer thread of the block, before its first wgmma: the block's K
+// and V tiles have landed and, where they reach past a packed sequence
+// (BwdWork::zeroes_key_rows, uniform across the consumers), their rows there
+// are zeroed by the consumers together.
+template <typename Traits, typename Work>
+__device__ __forceinline__ void wait_key_tiles(const BwdParams& params, const BwdSmem<Traits>& layout,
+                                               const Work& work, int n0) {
+    constexpr int kConsumerThreads = Traits::kConsumerWarpgroups * 128;
+    mbarrier_wait(layout.kv_full(), 0);
+    if (work.zeroes_key_rows(params)) {
+        zero_rows<Traits, Traits::kBlockN>(layout.k(), layout.v(), Traits::kKVBlockBytes, work.seq.seqlen_k - n0,
+                                           threadIdx.x - 128, kConsumerThreads);
+        fence_proxy_async_shared();  // the zeros are read by wgmma (async proxy) after the barrier
+        named_barrier_sync_unaligned(kKeyRowsBarrier, kConsumerThreads);
+    }
+}
+
 // Whether dQ's reduce box b (kDqBoxCols columns from b * kDqBoxCols) is
 // issued: the copy engine adds nothing outside dq_accum (columns past the
 // head dim, rows past the sequence), and a box wholly past the call's head
@@ -562,11 +583,9 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& params, const BwdS
     // other warpgroup's next dS^T store waits for the owner's dQ of two steps
     // ago through it). kDqBarrier: the owner's dQ tile is staged for its bulk
     // reduce (default mode; deterministic, and split, the dQ writers' hand-off,
-    // dq_full_barrier and dq_empty_barrier, instead). kKeyRowsBarrier: the K
-    // and V rows past a packed sequence are zeroed (BwdWork), once per block.
+    // dq_full_barrier and dq_empty_barrier, instead); 5 is wait_key_tiles'.
     constexpr int kDsBarrier = 1;
     constexpr int kDqBarrier = consumer == 0 ? 2 : 6;
-    constexpr int kKeyRowsBarrier = 5;  // after the dQ hand-off's 3 and 4 (and 7, 8)
     constexpr int kConsumerThreads = Traits::kConsumerWarpgroups * 128;
     // Where dS^T is completed: the head of the gradients, or the end of the
     // scores (kernel_traits.h: kDetDsInScores; kDqSplit without softcap).
@@ -920,15 +939,7 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& params, const BwdS
         float s[1][Traits::kNTilesS][4];   // S^T, then P^T
         float dp[1][Traits::kNTilesS][4];  // dP^T, then dS^T
         float dq[1][Traits::kNTilesDq][4];  // the owner's dQ (or dQ^T); unused by the other
-        mbarrier_wait(layout.kv_full(), 0);
-        if (work.zeroes_key_rows(params)) {  // uniform across both consumer warpgroups
-            const int first_row = work.seq.seqlen_k - n0;
-            const int thread = threadIdx.x - 128;
-            zero_rows<Traits, kBlockN>(layout.k(), layout.v(), Traits::kKVBlockBytes, first_row, thread,
-                                       kConsumerThreads);
-            fence_proxy_async_shared();  // the zeros are read by wgmma (async proxy) after the barrier
-            named_barrier_sync_unaligned(kKeyRowsBarrier, kConsumerThreads);
-        }
+        wait_key_tiles(params, layout, work, n0);
         wait_tiles(0);
         issue_scores(s, k_desc, layout.q(0));
         issue_scores(dp, v_desc, layout.dout(0));
@@ -1055,12 +1066,10 @@ __device__ __forceinline__ void bwd_split_consumer(const BwdParams& params, cons
     // Named barriers (0 is __syncthreads'): P^T handed over (P arrives, dS
     // waits); dS^T stored (both wait); this warpgroup's dQ columns staged
     // (deterministic: the dQ writers' hand-off, dq_full_barrier and
-    // dq_empty_barrier, in their place); the key rows past a packed sequence
-    // zeroed (as bwd_consumer's).
+    // dq_empty_barrier, in their place); 5 is wait_key_tiles'.
     constexpr int kPFullBarrier = 1;
     constexpr int kDsFullBarrier = 2;
     constexpr int kDqStagedBarrier = 3 + kRole;
-    constexpr int kKeyRowsBarrier = 5;
     constexpr int kConsumerThreads = Traits::kConsumerWarpgroups * 128;
 
     const BwdWork<Traits, Is_local, Is_deterministic> work(params, layout);
@@ -1211,13 +1220,7 @@ __device__ __forceinline__ void bwd_split_consumer(const BwdParams& params, cons
     };
 
     if (work.steps > 0) {
-        mbarrier_wait(layout.kv_full(), 0);
-        if (work.zeroes_key_rows(params)) {  // uniform across both consumer warpgroups
-            zero_rows<Traits, kBlockN>(layout.k(), layout.v(), Traits::kKVBlockBytes, work.seq.seqlen_k - n0,
-                                       threadIdx.x - 128, kConsumerThreads);
-            fence_proxy_async_shared();  // the zeros are read by wgmma (async proxy) after the barrier
-            named_barrier_sync_unaligned(kKeyRowsBarrier, kConsumerThreads);
-        }
+        wait_key_tiles(params, layout, work, n0);
 #pragma unroll 1
         for (int t = 0; t < work.steps; ++t) step(t);
         // The last reduce is complete before the block (and its shared memory)
@@ -1279,10 +1282,8 @@ __device__ __forceinline__ void bwd_slice_consumer(const BwdParams& params, cons
     constexpr int kSlices = Traits::kSlices;
     constexpr int kKey0 = kWarpgroup * Traits::kWarpgroupKeys;  // this warpgroup's first key of S and dP
     constexpr int kColBlock0 = kWarpgroup * kSlices;            // its first 64-column block of dV, dK, dQ
-    // Named barriers (0 is __syncthreads'): both warpgroups' P and dS of the
-    // step are stored; the key rows past a packed sequence are zeroed (BwdWork).
+    // Named barrier 1: both warpgroups' P and dS of the step are stored (5 is wait_key_tiles').
     constexpr int kPdsBarrier = 1;
-    constexpr int kKeyRowsBarrier = 5;
     constexpr int kConsumerThreads = Traits::kConsumerWarpgroups * 128;
     static_assert(kBlockM == kDqTileRows && Traits::kHeadDim == kDqTileCols && kNTilesDq == 8 &&
                       kDqTileCols == 4 * Traits::kSliceCols,
@@ -1398,13 +1399,7 @@ __device__ __forceinline__ void bwd_slice_consumer(const BwdParams& params, cons
     };
 
     if (work.steps > 0) {
-        mbarrier_wait(layout.kv_full(), 0);
-        if (work.zeroes_key_rows(params)) {  // uniform across both consumer warpgroups
-            zero_rows<Traits, kBlockN>(layout.k(), layout.v(), Traits::kKVBlockBytes, work.seq.seqlen_k - n0,
-                                       threadIdx.x - 128, kConsumerThreads);
-            fence_proxy_async_shared();  // the zeros are read by wgmma (async proxy) after the barrier
-            named_barrier_sync_unaligned(kKeyRowsBarrier, kConsumerThreads);
-        }
+        wait_key_tiles(params, layout, work, n0);
 #pragma unroll 1
         for (int t = 0; t < work.steps; ++t) {
             const StageOf<Traits> sq(t);                     // Q's ring
