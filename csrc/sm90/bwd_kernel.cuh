@@ -1498,30 +1498,58 @@ __device__ __forceinline__ void bwd_slice_consumer(const BwdParams& params, cons
         }
     }
 
-    // Epilogue: dV and dK (times the softmax scale) from their transposes:
-    // element (column, key) of a slice to row key, column column; keys past
-    // the sequence and columns past the head dims are not written.
+    // Epilogue: dV and dK (times the softmax scale) staged as [key][column]
+    // tiles in the free Q stages (K's layout: 64-column blocks of 128-byte
+    // swizzled rows) by stmatrix.trans from their transposes, then copied out
+    // a 16-byte chunk a thread, a warp a whole 512-byte row; keys past the
+    // sequence and columns past the head dims are not written. The barrier
+    // before: both warpgroups' GEMMs are complete (the stages are free); after:
+    // both tiles are staged.
+    static_assert(2 * Traits::kKVBytes <= Traits::kStages * Traits::kQBytes + Traits::kDoStages * Traits::kDoBytes,
+                  "dV and dK staged where Q and dO were");
+    const uint32_t dv_stage = layout.q(0);
+    const uint32_t dk_stage = layout.q(0) + Traits::kKVBytes;
+    named_barrier_sync_unaligned(kPdsBarrier, kConsumerThreads);
+    {
+        const int r = lane / 8;
+        const int col_byte = (warp_row0 + (r % 2) * 8) * 2;
+#pragma unroll
+        for (int i = 0; i < kSlices; ++i) {
+            const uint32_t block = (kColBlock0 + i) * Traits::kKVBlockBytes;
+#pragma unroll
+            for (int j = 0; j < kNTilesKV; j += 2) {
+                const int key = (j + r / 2) * 8 + lane % 8;
+                stmatrix_x4_trans(swizzled_address(dv_stage + block, key, col_byte),
+                                  pack2<Element>(dv[i][0][j][0], dv[i][0][j][1]),
+                                  pack2<Element>(dv[i][0][j][2], dv[i][0][j][3]),
+                                  pack2<Element>(dv[i][0][j + 1][0], dv[i][0][j + 1][1]),
+                                  pack2<Element>(dv[i][0][j + 1][2], dv[i][0][j + 1][3]));
+                const float scale = params.softmax_scale;
+                stmatrix_x4_trans(swizzled_address(dk_stage + block, key, col_byte),
+                                  pack2<Element>(dk[i][0][j][0] * scale, dk[i][0][j][1] * scale),
+                                  pack2<Element>(dk[i][0][j][2] * scale, dk[i][0][j][3] * scale),
+                                  pack2<Element>(dk[i][0][j + 1][0] * scale, dk[i][0][j + 1][1] * scale),
+                                  pack2<Element>(dk[i][0][j + 1][2] * scale, dk[i][0][j + 1][3] * scale));
+            }
+        }
+    }
+    named_barrier_sync_unaligned(kPdsBarrier, kConsumerThreads);
+    static_assert(kNTilesKV % 2 == 0, "n8 blocks of keys in pairs (x4)");
     const int64_t dv_offset = work.batch * params.dv_batch_stride + work.head_k * params.dv_head_stride;
     const int64_t dk_offset = work.batch * params.dk_batch_stride + work.head_k * params.dk_head_stride;
     Element* const dv_out = static_cast<Element*>(params.dv_ptr) + dv_offset;
     Element* const dk_out = static_cast<Element*>(params.dk_ptr) + dk_offset;
-#pragma unroll
-    for (int i = 0; i < kSlices; ++i) {
-#pragma unroll
-        for (int j = 0; j < kNTilesKV; ++j) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int col = (kColBlock0 + i) * Traits::kSliceCols + warp_row0 + lane / 4 + (e / 2) * 8;
-                const int key = n0 + j * 8 + (lane % 4) * 2 + e % 2;
-                if (key >= work.seq.seqlen_k) continue;
-                const int64_t row = work.seq.k_start + key;
-                if (col < params.head_dim_v) {
-                    dv_out[row * params.dv_row_stride + col] = from_float<Element>(dv[i][0][j][e]);
-                }
-                if (col < params.head_dim) {
-                    dk_out[row * params.dk_row_stride + col] = from_float<Element>(dk[i][0][j][e] * params.softmax_scale);
-                }
-            }
+    constexpr int kChunksPerRow = Traits::kHeadDim / 8;  // 16-byte chunks of a key row
+    for (int c = threadIdx.x - 128; c < kBlockN * kChunksPerRow; c += kConsumerThreads) {
+        const int key = c / kChunksPerRow, col = (c % kChunksPerRow) * 8;
+        if (n0 + key >= work.seq.seqlen_k) break;  // the rows go in order: the rest are past it too
+        const uint32_t at = swizzled_address((col / kSwizzleCols) * Traits::kKVBlockBytes, key, (col % kSwizzleCols) * 2);
+        const int64_t row = work.seq.k_start + n0 + key;
+        if (col < params.head_dim_v) {
+            *reinterpret_cast<float4*>(dv_out + row * params.dv_row_stride + col) = load_shared_f32x4(dv_stage + at);
+        }
+        if (col < params.head_dim) {
+            *reinterpret_cast<float4*>(dk_out + row * params.dk_row_stride + col) = load_shared_f32x4(dk_stage + at);
         }
     }
 }
