@@ -1264,8 +1264,9 @@ __device__ __forceinline__ void bwd_split_consumer(const BwdParams& params, cons
 //   for each of its two 64-column slices i of the head dim: dV^T_i += dO_i^T P,
 //     dQ_i = dS K_i, dK^T_i += Q_i^T dS, with dQ_i added into dq_accum from
 //     registers (vector reds) as soon as it is complete, while the next GEMM
-//     runs. The order (FlashAttention-3's): dV^T_0, dQ_0, dV^T_1 | dQ_0 added,
-//     dK^T_0 | dO released, dQ_1, dK^T_1 | dQ_1 added | Q released.
+//     runs. The order (FlashAttention-3's, but dK^T_1 issued before dQ_1's
+//     adds, which then overlap it): dV^T_0, dQ_0, dV^T_1 | dQ_0 added, dK^T_0 |
+//     dO released, dQ_1, dK^T_1 | dQ_1 added | Q released.
 // P and dS alternate between two buffers: a step's stores reach a buffer whose
 // last reads (the step two before) both warpgroups have completed, since each
 // waits for all its GEMMs at the end of a step before the next step's
@@ -1499,12 +1500,12 @@ __device__ __forceinline__ void bwd_slice_consumer(const BwdParams& params, cons
     }
 
     // Epilogue: dV and dK (times the softmax scale) staged as [key][column]
-    // tiles in the free Q stages (K's layout: 64-column blocks of 128-byte
-    // swizzled rows) by stmatrix.trans from their transposes, then copied out
-    // a 16-byte chunk a thread, a warp a whole 512-byte row; keys past the
-    // sequence and columns past the head dims are not written. The barrier
-    // before: both warpgroups' GEMMs are complete (the stages are free); after:
-    // both tiles are staged.
+    // tiles where the Q and dO stages were (K's layout: 64-column blocks of
+    // 128-byte swizzled rows) by stmatrix.trans from their transposes, then
+    // copied out a 16-byte chunk a thread, a warp a whole 512-byte row; keys
+    // past the sequence and columns past the head dims are not written. The
+    // barrier before: both warpgroups' GEMMs are complete (the stages are
+    // free); after: both tiles are staged.
     static_assert(2 * Traits::kKVBytes <= Traits::kStages * Traits::kQBytes + Traits::kDoStages * Traits::kDoBytes,
                   "dV and dK staged where Q and dO were");
     const uint32_t dv_stage = layout.q(0);
