@@ -3,7 +3,7 @@
 // kernel's accumulator fragments, so that a warp's add of 16 bytes a lane
 // covers 512 contiguous bytes (bwd_kernel.cuh: bwd_slice_consumer) where q's
 // layout would scatter it over 16 rows; the conversion to dQ
-// (bwd_convert_dq_tiles) reads the tiles back in that order.
+// (bwd_kernel.cuh: bwd_convert_dq_tiles_kernel) reads the tiles back in that order.
 //   Tile (tile row T, head h) starts at float (T * H + h) * kDqTileFloats. A
 //   padded batch's sequence b takes tile rows b * m_blocks .. (m_blocks: its
 //   query tiles); a packed one's sequence b, q_start / 64 + b .. (its first
