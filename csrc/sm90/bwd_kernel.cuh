@@ -1733,33 +1733,54 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
 
 // The d256 backward's dQ conversion (dq_tiles.h): dQ = softmax_scale *
 // dq_accum, read from the tiles and written in dQ's layout and dtype. One
-// block per (query tile, head, sequence): each thread takes float4 slots of
-// the tile in order (coalesced reads) and writes the two rows' pairs it
-// holds; rows past the sequence and columns past the head dim are skipped.
+// block per (query tile, head, sequence). The tile is read in slot order (a
+// warp's 512 contiguous bytes a load), scaled, rounded and staged in shared
+// memory as [row][column] (rows padded by 16 bytes: the 8 rows a load's lanes
+// write fall in distinct banks), then written a 16-byte chunk a thread, a
+// warp a whole 512-byte row. Rows past the sequence and columns past the head
+// dim are neither read nor written (head dims are multiples of 8, and dQ is
+// the binding's own contiguous tensor: its rows are 16-byte aligned).
+constexpr int kDqConvertThreads = 256;
+constexpr int kDqStagedRowWords = kDqTileCols / 2 + 4;  // 32-bit words of a staged row: 256 values, 16 bytes of pad
+
 template <typename Element>
-__global__ void __launch_bounds__(256) bwd_convert_dq_tiles_kernel(const BwdParams params) {
+__global__ void __launch_bounds__(kDqConvertThreads) bwd_convert_dq_tiles_kernel(const BwdParams params) {
+    static_assert(sizeof(Element) == 2 && kDqStagedRowWords % 4 == 0, "16-bit dQ, 16-byte aligned staged rows");
+    static_assert(kDqTileFloats / 4 % kDqConvertThreads == 0 && kDqTileRows * kDqTileCols / 8 % kDqConvertThreads == 0,
+                  "whole rounds of slots and of chunks");
+    __shared__ __align__(16) uint32_t staged[kDqTileRows * kDqStagedRowWords];
     const int m_block = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
     const Sequence seq = sequence_of<false>(params, batch);
     const int m0 = m_block * kDqTileRows;
     if (m0 >= seq.seqlen_q) return;
+    const int rows = min(kDqTileRows, seq.seqlen_q - m0);
     const float4* tile = reinterpret_cast<const float4*>(params.dq_accum_ptr) +
                          (dq_tile_row(params, batch, seq.q_start, m_block) * params.num_heads + head) *
                              (kDqTileFloats / 4);
-    Element* dq = static_cast<Element*>(params.dq_ptr) + batch * params.dq_batch_stride +
-                  head * params.dq_head_stride;
-    for (int slot = threadIdx.x; slot < kDqTileFloats / 4; slot += blockDim.x) {
+    const float scale = params.softmax_scale;
+#pragma unroll
+    for (int i = 0; i < kDqTileFloats / 4 / kDqConvertThreads; ++i) {
+        const int slot = i * kDqConvertThreads + threadIdx.x;
         const DqSlotPlace place = dq_slot_place(slot);
-        const int col = place.col;
-        if (col >= params.head_dim) continue;
-        const int row = m0 + place.row;
-        const float4 v = tile[slot];
-        if (row < seq.seqlen_q) {
-            *reinterpret_cast<uint32_t*>(dq + (seq.q_start + row) * params.dq_row_stride + col) =
-                pack2<Element>(v.x * params.softmax_scale, v.y * params.softmax_scale);
+        // (Its row + 8 may be past the sequence where its row is not: staged, not written.)
+        if (place.col < params.head_dim && place.row < rows) {
+            const float4 v = tile[slot];
+            uint32_t* const at = staged + place.row * kDqStagedRowWords + place.col / 2;
+            at[0] = pack2<Element>(v.x * scale, v.y * scale);
+            at[8 * kDqStagedRowWords] = pack2<Element>(v.z * scale, v.w * scale);
         }
-        if (row + 8 < seq.seqlen_q) {
-            *reinterpret_cast<uint32_t*>(dq + (seq.q_start + row + 8) * params.dq_row_stride + col) =
-                pack2<Element>(v.z * params.softmax_scale, v.w * params.softmax_scale);
+    }
+    __syncthreads();
+    constexpr int kChunksPerRow = kDqTileCols / 8;
+    Element* const dq = static_cast<Element*>(params.dq_ptr) + batch * params.dq_batch_stride +
+                        head * params.dq_head_stride + (seq.q_start + int64_t{m0}) * params.dq_row_stride;
+#pragma unroll
+    for (int i = 0; i < kDqTileRows * kChunksPerRow / kDqConvertThreads; ++i) {
+        const int c = i * kDqConvertThreads + threadIdx.x;
+        const int row = c / kChunksPerRow, col = (c % kChunksPerRow) * 8;
+        if (row < rows && col < params.head_dim) {
+            *reinterpret_cast<uint4*>(dq + row * params.dq_row_stride + col) =
+                *reinterpret_cast<const uint4*>(staged + row * kDqStagedRowWords + col / 2);
         }
     }
 }
