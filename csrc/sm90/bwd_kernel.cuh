@@ -146,34 +146,31 @@ __device__ __forceinline__ uint32_t swizzled_address(uint32_t block, int row, in
     return block + row * kSwizzleBytes + ((((byte_in_row >> 4) ^ (row & 7)) << 4) | (byte_in_row & 15));
 }
 
-// Zeroes rows [first_row, kRows) of two tiles of kRows rows a column block
-// (block_bytes apart): a of Traits::kColBlocks column blocks (K or Q), b of
-// Traits::kColBlocksV (V or dO); `threads` threads from `thread`: whole
-// 128-byte rows, which the swizzle only permutes within.
-template <typename Traits, int kRows>
-__device__ __forceinline__ void zero_rows(uint32_t a, uint32_t b, int block_bytes, int first_row, int thread,
-                                          int threads) {
+// Zeroes rows [first_row, kRows) of the tiles a (kColBlocksA column blocks)
+// and b (kColBlocksB <= kColBlocksA; 0: none), kRows rows a column block,
+// block_bytes apart; `threads` threads from `thread`: whole 128-byte rows,
+// which the swizzle only permutes within.
+template <int kColBlocksA, int kColBlocksB, int kRows>
+__device__ __forceinline__ void zero_tile_rows(uint32_t a, uint32_t b, int block_bytes, int first_row, int thread,
+                                               int threads) {
+    static_assert(kColBlocksB <= kColBlocksA, "b no wider than a");
     constexpr int kChunksPerRow = kSwizzleBytes / 16;
 #pragma unroll 1
     for (int c = first_row * kChunksPerRow + thread; c < kRows * kChunksPerRow; c += threads) {
 #pragma unroll
-        for (int cb = 0; cb < Traits::kColBlocks; ++cb) {
+        for (int cb = 0; cb < kColBlocksA; ++cb) {
             store_zero_16(a + cb * block_bytes + 16 * c);
-            if (cb < Traits::kColBlocksV) store_zero_16(b + cb * block_bytes + 16 * c);
+            if (cb < kColBlocksB) store_zero_16(b + cb * block_bytes + 16 * c);
         }
     }
 }
 
-// Zeroes rows [first_row, kRows) of one tile of kColBlocks column blocks
-// (block_bytes apart), as zero_rows does for two.
-template <int kColBlocks, int kRows>
-__device__ __forceinline__ void zero_tile_rows(uint32_t tile, int block_bytes, int first_row, int thread, int threads) {
-    constexpr int kChunksPerRow = kSwizzleBytes / 16;
-#pragma unroll 1
-    for (int c = first_row * kChunksPerRow + thread; c < kRows * kChunksPerRow; c += threads) {
-#pragma unroll
-        for (int cb = 0; cb < kColBlocks; ++cb) store_zero_16(tile + cb * block_bytes + 16 * c);
-    }
+// The same for a tile pair of Traits' widths: a K or Q (Traits::kColBlocks),
+// b V or dO (Traits::kColBlocksV).
+template <typename Traits, int kRows>
+__device__ __forceinline__ void zero_rows(uint32_t a, uint32_t b, int block_bytes, int first_row, int thread,
+                                          int threads) {
+    zero_tile_rows<Traits::kColBlocks, Traits::kColBlocksV, kRows>(a, b, block_bytes, first_row, thread, threads);
 }
 
 // A transposed score tile, one wgmma group: acc = X Y^T for a warpgroup's 64
@@ -1669,8 +1666,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                     zero_rows<Traits, kBlockM>(layout.q(s.stage), layout.dout(s.stage), Traits::kQBlockBytes,
                                                first_row, lane, 32);
                 } else {
-                    zero_tile_rows<Traits::kColBlocks, kBlockM>(layout.q(s.stage), Traits::kQBlockBytes, first_row,
-                                                                lane, 32);
+                    zero_tile_rows<Traits::kColBlocks, 0, kBlockM>(layout.q(s.stage), 0, Traits::kQBlockBytes,
+                                                                   first_row, lane, 32);
                 }
                 fence_proxy_async_shared();  // the zeros are read by wgmma (async proxy) after the arrival
             }
@@ -1693,8 +1690,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                 }
                 if (work.zeroes_query_rows(params, t)) {
                     mbarrier_wait(layout.do_full(d.stage), d.phase);
-                    zero_tile_rows<Traits::kColBlocksV, kBlockM>(layout.dout(d.stage), Traits::kQBlockBytes,
-                                                                 work.seq.seqlen_q - m0, lane, 32);
+                    zero_tile_rows<Traits::kColBlocksV, 0, kBlockM>(layout.dout(d.stage), 0, Traits::kQBlockBytes,
+                                                                    work.seq.seqlen_q - m0, lane, 32);
                     fence_proxy_async_shared();
                 }
                 mbarrier_arrive(layout.do_stats_full(d.stage));

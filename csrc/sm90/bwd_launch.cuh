@@ -59,7 +59,7 @@ cudaError_t run_bwd_(const BwdParams& params, cudaStream_t stream) {
     if constexpr (Traits::kSlice) {
         const dim3 tiles(static_cast<unsigned>(dq_query_tiles(params.seqlen_q)), params.num_heads, params.batch);
         if (tiles.x == 0 || tiles.y == 0 || tiles.z == 0) return cudaSuccess;
-        bwd_convert_dq_tiles_kernel<Element><<<tiles, 256, 0, stream>>>(params);
+        bwd_convert_dq_tiles_kernel<Element><<<tiles, kDqConvertThreads, 0, stream>>>(params);
         return cudaGetLastError();
     }
     return sm80::run_bwd_convert_dq(params, stream);
