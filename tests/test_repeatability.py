@@ -48,8 +48,9 @@ def test_deterministic_backward_is_bitwise_reproducible(seqlens, head_dim, dtype
     same bits (no order-dependent accumulation, such as atomics into dq). GQA (8 query heads on 2
     KV heads); Sq > Sk, where causal has rows that see no key, and Sq < Sk. Head dims 59 (the d64
     kernel), 128, 200 (the d256 kernel, padded) and 256 run on the sm90 family where it is the
-    default (its dQ adds in a fixed order: one warp adds each query tile's dQ in its turn), on sm80
-    elsewhere (its dQ pass)."""
+    default (at 59 and 128 its dQ adds in a fixed order: a writer warp adds each query tile's dQ in
+    its turn; at 200 and 256 a kernel over query tiles sums dQ in registers), on sm80 elsewhere (its
+    dQ pass)."""
     seed = case_seed("backward repeats", seqlens, head_dim, dtype, causal)
     q, k, v = random_qkv(4, *seqlens, 8, 2, head_dim, dtype, "cuda", seed)
     dout = torch.randn(q.shape, generator=torch.Generator("cuda").manual_seed(seed), dtype=dtype, device="cuda")

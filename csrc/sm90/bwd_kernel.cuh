@@ -34,7 +34,7 @@
 //     producer warpgroup, one a warpgroup, which adds it (bwd_dq_half_writer);
 //     the next S^T and dP^T together.
 //
-// At head dim 192 (and deterministic 256) the two consumer warpgroups share
+// At head dim 192 the two consumer warpgroups share
 // one tile of 64 keys instead, each taking part of a step's five GEMMs
 // (kernel_traits.h: BwdSplitTraits; bwd_split_consumer); the producer and
 // everything below are the same. At 256 (default mode) both take part in
@@ -42,6 +42,8 @@
 // registers, in tiles of its own layout (kernel_traits.h: BwdSliceTraits;
 // bwd_slice_consumer; dq_tiles.h); there dO has a ring of its own (one stage
 // beside Q's two: Traits::kDoStages), which the producer fills the same way.
+// Deterministic d256 runs the same kernel without dQ (BwdSliceTraits::
+// kDqInKernel), and dQ comes from bwd_dq_kernel.cuh.
 //
 // The steps are the query tiles that see a key of the block's tile
 // (mask.cuh: query_tile_range), for every query head of the KV head's group:
@@ -1463,6 +1465,24 @@ __device__ __forceinline__ void bwd_slice_consumer(const BwdParams& params, cons
             fence_proxy_async_shared();  // the stores are read by wgmma (async proxy) after the barrier
             named_barrier_sync_unaligned(kPdsBarrier, kConsumerThreads);  // the warpgroups are compiled apart
 
+            const uint32_t dout = layout.dout(sd.stage);
+            const uint32_t q = layout.q(sq.stage);
+            if constexpr (!Traits::kDqInKernel) {  // dK and dV alone (deterministic: bwd_dq_kernel has dQ)
+                issue_kv_slice(dv[0], dout, p_tile, 0);
+                issue_kv_slice(dv[1], dout, p_tile, 1);
+                issue_kv_slice(dk[0], q, ds_tile, 0);
+                wgmma_wait<1>();  // dV^T: this thread's reads of the dO stage (and its D) are complete
+                mbarrier_arrive(layout.do_empty(sd.stage));
+                issue_kv_slice(dk[1], q, ds_tile, 1);
+                wgmma_wait<0>();
+#pragma unroll
+                for (int i = 0; i < kSlices; ++i) {
+                    pin_registers(flat(dv[i]));
+                    pin_registers(flat(dk[i]));
+                }
+                mbarrier_arrive(layout.empty(sq.stage));  // this thread's reads of the Q stage (and its LSE) are complete
+                continue;
+            }
             // This thread's first float4 of the step's dQ tile (query tile, head) at its first column block.
             float* const dq_tile =
                 params.dq_accum_ptr +
@@ -1470,8 +1490,6 @@ __device__ __forceinline__ void bwd_slice_consumer(const BwdParams& params, cons
                  work.head_of(params, t)) * kDqTileFloats +
                 dq_tile_slot(kColBlock0, warp_row0 / 16, 0, lane) * 4;
             float dq[1][kNTilesDq][4];
-            const uint32_t dout = layout.dout(sd.stage);
-            const uint32_t q = layout.q(sq.stage);
             issue_kv_slice(dv[0], dout, p_tile, 0);
             issue_dq_slice(dq, ds_tile, 0);
             issue_kv_slice(dv[1], dout, p_tile, 1);

@@ -2,13 +2,15 @@
 // softcap, deterministic) instantiation (instantiations/sm90_bwd_*.cu): the sm80
 // family's preprocess (D into dsum_ptr), the main kernel (dK, dV; dQ added into
 // the zeroed dq_accum, deterministic: in an order that dq_semaphore keeps), and
-// the sm80 family's dQ conversion.
+// the sm80 family's dQ conversion. Deterministic d256: the main kernel computes
+// dK and dV alone and bwd_dq_kernel writes dQ (no dq_accum, no semaphores).
 #pragma once
 
 #include <cuda.h>
 
 #include "common/flash.h"
 #include "sm80/sm80.h"
+#include "sm90/bwd_dq_kernel.cuh"
 #include "sm90/bwd_kernel.cuh"
 #include "sm90/kernel_traits.h"
 #include "sm90/schedule.h"
@@ -16,22 +18,50 @@
 
 namespace flash::sm90 {
 
+// dQ by the deterministic d256 backward's own kernel: one block per 128
+// queries of a query head and sequence (bwd_dq_kernel.cuh).
+template <typename Element, bool Is_local, bool Has_softcap>
+cudaError_t run_bwd_dq(const BwdParams& params, cudaStream_t stream) {
+    using Traits = BwdDqTraits<Element>;
+    CUtensorMap tma_q{}, tma_k{}, tma_v{}, tma_do{};
+    cudaError_t err = make_fwd_tensor_maps(params, Traits::kBlockM, Traits::kBlockN, &tma_q, &tma_k, &tma_v);
+    if (err == cudaSuccess) err = make_bwd_tensor_maps(params, Traits::kBlockM, 0, &tma_do, nullptr);
+    if (err != cudaSuccess) return err;
+    auto kernel = &bwd_dq_kernel<Traits, Is_local, Has_softcap>;
+    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes);
+    if (err != cudaSuccess) return err;
+    // Variable lengths: the longest sequence's query tiles (params.seqlen_q is max_seqlen_q).
+    const dim3 grid((params.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM, params.num_heads, params.batch);
+    if (grid.x == 0 || grid.y == 0 || grid.z == 0) return cudaSuccess;
+    kernel<<<grid, Traits::kNThreads, Traits::kSmemBytes, stream>>>(params, tma_q, tma_k, tma_v, tma_do);
+    return cudaGetLastError();
+}
+
 template <typename Element, int kHeadDim, int kHeadDimV, bool Is_local, bool Has_softcap, bool Is_deterministic>
 cudaError_t run_bwd_(const BwdParams& params, cudaStream_t stream) {
     using Traits = BwdTraitsFor<kHeadDim, Element, kHeadDimV, Is_deterministic>;
+    // The main kernel adds dQ in a fixed order (deterministic, where it adds dQ at all).
+    constexpr bool kOrderedDq = Is_deterministic && Traits::kDqInKernel;
+    // The d256 kernel adds dQ by reds into tiles of its own layout (dq_tiles.h), not by the copy engine.
+    constexpr bool kDqTiles = Traits::kSlice && Traits::kDqInKernel;
     CUtensorMap tma_q{}, tma_k{}, tma_v{}, tma_do{}, tma_dq_accum{};
     cudaError_t err = make_fwd_tensor_maps(params, Traits::kBlockM, Traits::kBlockN, &tma_q, &tma_k, &tma_v);
-    if (err == cudaSuccess) err = make_bwd_tensor_maps(params, Traits::kBlockM, Traits::kDqRows, &tma_do, &tma_dq_accum);
+    if (err == cudaSuccess) {
+        err = make_bwd_tensor_maps(params, Traits::kBlockM, Traits::kDqRows, &tma_do,
+                                   Traits::kSlice ? nullptr : &tma_dq_accum);
+    }
     if (err != cudaSuccess) return err;
-    auto kernel = &bwd_kernel<Traits, Is_local, Has_softcap, Is_deterministic>;
+    auto kernel = &bwd_kernel<Traits, Is_local, Has_softcap, kOrderedDq>;
     // Dynamic shared memory above 48 KB must be opted into per kernel.
     err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes);
     if (err != cudaSuccess) return err;
 
     if constexpr (Traits::kSlice) {
         // dq_accum in dQ tiles (dq_tiles.h), zeroed here; the preprocess computes D alone.
-        err = cudaMemsetAsync(params.dq_accum_ptr, 0, dq_tile_floats(params) * sizeof(float), stream);
-        if (err != cudaSuccess) return err;
+        if constexpr (kDqTiles) {
+            err = cudaMemsetAsync(params.dq_accum_ptr, 0, dq_tile_floats(params) * sizeof(float), stream);
+            if (err != cudaSuccess) return err;
+        }
         BwdParams rows_only = params;
         rows_only.dq_accum_ptr = nullptr;
         err = sm80::run_bwd_preprocess(rows_only, stream);
@@ -48,7 +78,7 @@ cudaError_t run_bwd_(const BwdParams& params, cudaStream_t stream) {
     const dim3 grid((params.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN, params.num_heads_k, params.batch);
     if (grid.x > 0) {
         BwdParams launch_params = params;
-        if constexpr (Is_deterministic) {
+        if constexpr (kOrderedDq) {
             launch_params.det_run = deterministic_run(static_cast<int>(grid.x), Is_local);  // schedule.h
         }
         kernel<<<grid, Traits::kNThreads, Traits::kSmemBytes, stream>>>(launch_params, tma_q, tma_k, tma_v, tma_do,
@@ -56,13 +86,16 @@ cudaError_t run_bwd_(const BwdParams& params, cudaStream_t stream) {
         err = cudaGetLastError();
         if (err != cudaSuccess) return err;
     }
-    if constexpr (Traits::kSlice) {
+    if constexpr (!Traits::kDqInKernel) {
+        return run_bwd_dq<Element, Is_local, Has_softcap>(params, stream);
+    } else if constexpr (kDqTiles) {
         const dim3 tiles(static_cast<unsigned>(dq_query_tiles(params.seqlen_q)), params.num_heads, params.batch);
         if (tiles.x == 0 || tiles.y == 0 || tiles.z == 0) return cudaSuccess;
         bwd_convert_dq_tiles_kernel<Element><<<tiles, kDqConvertThreads, 0, stream>>>(params);
         return cudaGetLastError();
+    } else {
+        return sm80::run_bwd_convert_dq(params, stream);
     }
-    return sm80::run_bwd_convert_dq(params, stream);
 }
 
 }  // namespace flash::sm90

@@ -210,8 +210,8 @@ bool serves_bwd(const BwdParams& params) {
     const int head_dim = bwd_head_dim(params.head_dim);
     if (head_dim == 0) return false;
     const int smem = bwd_head_dims_switch(params, [&]<int kHeadDim, int kHeadDimV>() {
-        return params.deterministic ? BwdTraitsFor<kHeadDim, __half, kHeadDimV, true>::kSmemBytes
-                                    : BwdTraitsFor<kHeadDim, __half, kHeadDimV>::kSmemBytes;
+        return params.deterministic ? bwd_smem_bytes<BwdTraitsFor<kHeadDim, __half, kHeadDimV, true>>()
+                                    : bwd_smem_bytes<BwdTraitsFor<kHeadDim, __half, kHeadDimV>>();
     });
     // Of the extras, softcap alone (ALiBi and dropout stay with sm80).
     const bool extras_fit = params.alibi_slopes_ptr == nullptr && params.rng_state == nullptr;
@@ -229,9 +229,15 @@ cudaError_t run_bwd(const BwdParams& params, cudaStream_t stream) {
 }
 
 // Deterministic: a semaphore per (batch, query head, query tile) orders the
-// key tiles' dQ adds (bwd_kernel.cuh: bwd_dq_writer).
+// key tiles' dQ adds (bwd_kernel.cuh: bwd_dq_writer); at d256 dQ has a kernel
+// of its own (bwd_dq_kernel.cuh), which needs neither semaphores nor dq_accum.
 BwdWorkspace bwd_workspace(const BwdParams& params) {
     if (!serves_bwd(params)) return sm80::bwd_workspace(params);
+    const bool dq_in_kernel = bwd_head_dims_switch(params, [&]<int kHeadDim, int kHeadDimV>() {
+        return params.deterministic ? BwdTraitsFor<kHeadDim, __half, kHeadDimV, true>::kDqInKernel
+                                    : BwdTraitsFor<kHeadDim, __half, kHeadDimV>::kDqInKernel;
+    });
+    if (!dq_in_kernel) return {/*dq_accum=*/false, /*semaphores=*/0};
     if (!params.deterministic) {
         // The d256 kernel adds dQ into query tiles of its own layout (dq_tiles.h).
         const bool tiles = bwd_head_dims_switch(params, [&]<int kHeadDim, int kHeadDimV>() {

@@ -333,6 +333,7 @@ struct BwdTraits {
     using Element = Element_;  // __half or __nv_bfloat16
     static constexpr bool kSplit = false;  // (BwdSplitTraits)
     static constexpr bool kSlice = false;  // (BwdSliceTraits)
+    static constexpr bool kDqInKernel = true;  // (BwdSliceTraits)
     static constexpr int kHeadDim = kHeadDim_;
     static constexpr int kHeadDimV = kHeadDim;  // a narrower V runs padded to the head dim
     static constexpr int kBlockM = kBlockM_;  // queries per step
@@ -487,6 +488,7 @@ struct BwdSplitTraits {
     using Element = Element_;
     static constexpr bool kSplit = true;
     static constexpr bool kSlice = false;
+    static constexpr bool kDqInKernel = true;
     static constexpr bool kDqSplit = false;  // BwdTraits' d128 80-query dQ^T halves (and their writers)
     static constexpr int kHeadDim = kHeadDim_;
     static constexpr int kHeadDimV = kHeadDimV_;
@@ -584,14 +586,17 @@ struct BwdSplitTraits {
 // runs no serial chain between the warpgroups (benchmarks/NOTES.md). Shared
 // memory: K, V 40 KB each; two Q stages and one dO stage, 32 KB each (dO has
 // its own ring: kDoStages); P and dS double-buffered, 10 KB each.
-// Deterministic mode stays on BwdSplitTraits (its dQ writers order staged
-// tiles; here dQ never is one).
-template <typename Element_>
+// Deterministic mode (kDqInKernel false): the same kernel computes dK and dV
+// alone, and dQ comes from a kernel of its own over query tiles
+// (BwdDqTraits), which sums each row's dQ in registers in one fixed order:
+// no block adds into another's rows, so nothing is left to order.
+template <typename Element_, bool kDqInKernel_ = true>
 struct BwdSliceTraits {
     using Element = Element_;
     static constexpr bool kSplit = false;
     static constexpr bool kSlice = true;
     static constexpr bool kDqSplit = false;
+    static constexpr bool kDqInKernel = kDqInKernel_;  // false: dQ by bwd_dq_kernel (BwdDqTraits)
     static constexpr int kHeadDim = 256;
     static constexpr int kHeadDimV = 256;
     static constexpr int kBlockM = 64;  // queries per step: wgmma M of S, dP and dQ
@@ -660,12 +665,83 @@ struct BwdSliceTraits {
     static_assert(kSmemBytes <= kMaxSmemPerBlock, "shared memory over the sm_90 per-block limit");
 };
 
+// The deterministic d256 backward's dQ kernel (bwd_dq_kernel.cuh): a block
+// owns 128 queries of one head (each consumer warpgroup 64, as the forward's
+// blocks do) and walks the key tiles they see, 64 keys a step, recomputing
+// S = Q K^T and dP = dO V^T (from the saved LSE and D) to sum dQ += dS K in
+// fp32 registers (128 a thread); dQ is written once, in the input dtype.
+// Shared memory: Q and dO for the whole block (64 KB each), two K stages and
+// one V stage (32 KB each): V is read by dP alone, early in a step, and is
+// refilled while the step's dQ GEMM still reads K.
+template <typename Element_>
+struct BwdDqTraits {
+    using Element = Element_;
+    static constexpr int kHeadDim = 256;
+    static constexpr int kConsumerWarpgroups = 2;
+    static constexpr int kWarpgroupRows = 64;
+    static constexpr int kBlockM = kConsumerWarpgroups * kWarpgroupRows;  // queries per block
+    static constexpr int kBlockN = 64;                                    // keys per step
+    static constexpr int kNThreads = 128 * (1 + kConsumerWarpgroups);
+    static constexpr int kColBlocks = kHeadDim / kSwizzleCols;
+    static constexpr int kKStepsD = kHeadDim / 16;  // of S and dP (over the head dim)
+    static constexpr int kKStepsN = kBlockN / 16;   // of dQ (over the step's keys)
+    static constexpr int kNTilesS = kBlockN / 8;    // n8 blocks of a warp's S and dP
+    static constexpr int kNTilesDq = kHeadDim / 8;  // of its dQ
+    static constexpr int kMinHeadDim = kHeadDim - 63;
+    static constexpr int kKStages = 2, kVStages = 1;
+
+    // setmaxnreg: the producer warp 24, each consumer 240. Peak: dQ (128),
+    // S and dP (64) while the last step's dS (16, packed) is read by its GEMM.
+    static constexpr int kProducerRegs = 24;
+    static constexpr int kConsumerRegs =
+        ((1 + kConsumerWarpgroups) * registers_at_entry(kNThreads) - kProducerRegs) / kConsumerWarpgroups / 8 * 8;
+
+    static constexpr int kQBlockBytes = kBlockM * kSwizzleBytes;  // Q, dO: kBlockM rows a column block
+    static constexpr int kQBytes = kColBlocks * kQBlockBytes;
+    static constexpr int kKVBlockBytes = kBlockN * kSwizzleBytes;
+    static constexpr int kKVBytes = kColBlocks * kKVBlockBytes;
+    static constexpr int kSmemAlign = kSwizzleAtomBytes;
+    // Q, dO, the K stages, the V stage, the row stats (LSE in base 2, then
+    // D, of the block's rows), then the barriers: Q and dO full, stats full;
+    // full and empty per K stage and per V stage.
+    static constexpr int kSmemQOffset = 0;
+    static constexpr int kSmemDoOffset = kSmemQOffset + kQBytes;
+    static constexpr int kSmemKOffset = kSmemDoOffset + kQBytes;
+    static constexpr int kSmemVOffset = kSmemKOffset + kKStages * kKVBytes;
+    static constexpr int kSmemRowStatsOffset = kSmemVOffset + kVStages * kKVBytes;
+    static constexpr int kSmemBarrierOffset = kSmemRowStatsOffset + 2 * kBlockM * 4;
+    static constexpr int kBarriers = 2 + 2 * kKStages + 2 * kVStages;
+    static constexpr int kSmemBytes = kSmemBarrierOffset + 8 * kBarriers + kSmemAlign;
+
+    static_assert(kQBlockBytes % kSwizzleAtomBytes == 0 && kKVBlockBytes % kSwizzleAtomBytes == 0 &&
+                      (kWarpgroupRows * kSwizzleBytes) % kSwizzleAtomBytes == 0,
+                  "every swizzled block (and each warpgroup's rows of Q and dO) starts on an atom");
+    static_assert(kNTilesS % 2 == 0 && kNTilesDq % 2 == 0, "n8 blocks in pairs: k16 steps of dS, stmatrix x4");
+    static_assert(128 * (kProducerRegs + 2 * kConsumerRegs) <= kNThreads * registers_at_entry(kNThreads) &&
+                      kConsumerRegs <= 256 && kConsumerRegs % 8 == 0,
+                  "setmaxnreg: the warpgroups' registers must fit what the block holds at entry");
+    static_assert(kSmemBytes <= kMaxSmemPerBlock, "shared memory over the sm_90 per-block limit");
+};
+
+// The shared memory the backward of Traits takes: its main kernel's, or
+// without dQ in it (deterministic d256), the larger of that and the dQ
+// kernel's.
+template <typename Traits>
+constexpr int bwd_smem_bytes() {
+    if constexpr (Traits::kSlice && !Traits::kDqInKernel) {
+        constexpr int kDq = BwdDqTraits<typename Traits::Element>::kSmemBytes;
+        return Traits::kSmemBytes > kDq ? Traits::kSmemBytes : kDq;
+    } else {
+        return Traits::kSmemBytes;
+    }
+}
+
 // The traits of each head dim the sm90 backward compiles: 64 and 128 on
 // BwdTraits (their queries per step here; d128 deterministic keeps the dQ
 // owner at 64, whose one dQ tile a step the dQ writer adds in order), 192 (and
-// DeepSeek's 192 / 128) and deterministic 256 on BwdSplitTraits, 256 on
-// BwdSliceTraits; a call's head dim runs on the next one up (dispatch.cu:
-// bwd_head_dim).
+// DeepSeek's 192 / 128) on BwdSplitTraits, 256 on BwdSliceTraits
+// (deterministic: without dQ, which BwdDqTraits' kernel computes); a call's
+// head dim runs on the next one up (dispatch.cu: bwd_head_dim).
 template <int kHeadDim, typename Element, int kHeadDimV, bool Is_deterministic>
 struct BwdTraitsOf {
     using type = BwdSplitTraits<kHeadDim, kHeadDimV, Element>;
@@ -679,9 +755,9 @@ struct BwdTraitsOf<128, Element, kHeadDimV, Is_deterministic> {
     using type = BwdTraits<128, Is_deterministic ? 64 : 80, Element>;
 };
 
-template <typename Element>
-struct BwdTraitsOf<256, Element, 256, /*Is_deterministic=*/false> {
-    using type = BwdSliceTraits<Element>;
+template <typename Element, bool Is_deterministic>
+struct BwdTraitsOf<256, Element, 256, Is_deterministic> {
+    using type = BwdSliceTraits<Element, /*kDqInKernel=*/!Is_deterministic>;
 };
 
 template <int kHeadDim, typename Element, int kHeadDimV = kHeadDim, bool Is_deterministic = false>

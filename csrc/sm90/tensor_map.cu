@@ -205,7 +205,7 @@ void mark_o_written(const FwdParams& params, cudaStream_t stream) {
 cudaError_t make_bwd_tensor_maps(const BwdParams& params, int box_rows_q, int box_rows_dq, CUtensorMap* dout,
                                  CUtensorMap* dq_accum) {
     const cudaError_t err = encode(dout, params, dout_view(params), box_rows_q);
-    if (err != cudaSuccess) return err;
+    if (err != cudaSuccess || dq_accum == nullptr) return err;
     return encode(dq_accum, params, dq_accum_view(params), CU_TENSOR_MAP_DATA_TYPE_FLOAT32, kAccumBytes,
                   kSwizzleBytes / kAccumBytes, box_rows_dq);
 }

@@ -57,7 +57,8 @@ bool o_tensor_map_fits(const FwdParams& params);
 // The backward's maps beyond q, k and v: dout as q (boxes of box_rows_q rows)
 // and dq_accum (fp32, boxes of 32 columns x box_rows_dq rows, the 128-byte
 // swizzle), the target of the main kernel's bulk reduce-add, which skips the
-// rows and columns outside the tensor.
+// rows and columns outside the tensor; dq_accum null: dout's alone (the
+// kernels that add no dQ by the copy engine).
 cudaError_t make_bwd_tensor_maps(const BwdParams& params, int box_rows_q, int box_rows_dq, CUtensorMap* dout,
                                  CUtensorMap* dq_accum);
 
