@@ -23,6 +23,12 @@
 // 16 bytes a thread, a warp a whole row; rows past the sequence and columns
 // past the head dim are not written.
 //
+// The kernel is launched behind the main kernel with programmatic stream
+// serialization (bwd_launch.cuh): it reads nothing the main kernel writes, so
+// its blocks start as soon as the main kernel's last blocks have started, on
+// the SMs they leave idle, and each waits for the main kernel only before it
+// exits.
+//
 // Variable-length batches: Q and dO rows past a packed sequence belong to
 // other sequences and only reach rows that are not written (each row's dQ
 // depends on its own Q and dO rows alone); key rows past it (K and V) are
@@ -191,7 +197,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     const int warp_in_group = (threadIdx.x / 32) % 4;
     const int row0 = consumer * Traits::kWarpgroupRows + warp_in_group * 16;  // this warp's first row of the block
     const BwdDqWork<Traits> work(params);
-    if (!work.has_rows()) return;
+    // Launched behind the main kernel, which it may overlap (bwd_launch.cuh),
+    // the block waits for it before it exits: the grid completes after it.
+    if (!work.has_rows()) {
+        wait_for_prerequisite_grids();
+        return;
+    }
     const int m0 = work.m0();
 
     float dq[1][kNTilesDq][4];
@@ -346,6 +357,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                                        col) = load_shared_f32x4(at);
         }
     }
+    wait_for_prerequisite_grids();
 }
 
 }  // namespace flash::sm90

@@ -1581,6 +1581,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
 
     extern __shared__ char smem[];
     const BwdSmem<Traits> layout(smem);
+    // Without dQ (deterministic d256) the dQ kernel comes next and reads
+    // nothing this one writes: it may start on the SMs of this grid's last wave.
+    if constexpr (!Traits::kDqInKernel) launch_dependents();
 
     if (threadIdx.x == 0) {
         mbarrier_init(layout.kv_full(), 1);  // the producer's arrive.expect_tx

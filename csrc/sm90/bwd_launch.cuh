@@ -33,8 +33,18 @@ cudaError_t run_bwd_dq(const BwdParams& params, cudaStream_t stream) {
     // Variable lengths: the longest sequence's query tiles (params.seqlen_q is max_seqlen_q).
     const dim3 grid((params.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM, params.num_heads, params.batch);
     if (grid.x == 0 || grid.y == 0 || grid.z == 0) return cudaSuccess;
-    kernel<<<grid, Traits::kNThreads, Traits::kSmemBytes, stream>>>(params, tma_q, tma_k, tma_v, tma_do);
-    return cudaGetLastError();
+    // Behind the main kernel, overlapping its last wave (bwd_dq_kernel.cuh).
+    cudaLaunchAttribute overlap{};
+    overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    overlap.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t config{};
+    config.gridDim = grid;
+    config.blockDim = dim3(Traits::kNThreads);
+    config.dynamicSmemBytes = Traits::kSmemBytes;
+    config.stream = stream;
+    config.attrs = &overlap;
+    config.numAttrs = 1;
+    return cudaLaunchKernelEx(&config, kernel, params, tma_q, tma_k, tma_v, tma_do);
 }
 
 template <typename Element, int kHeadDim, int kHeadDimV, bool Is_local, bool Has_softcap, bool Is_deterministic>

@@ -124,6 +124,22 @@ __device__ __forceinline__ void fence_proxy_async_global() {
     asm volatile("fence.proxy.async.global;\n" ::: "memory");
 }
 
+// ---- programmatic dependent launch -----------------------------------------------
+
+// griddepcontrol.launch_dependents: this block lets the kernel launched after
+// it with programmatic stream serialization start (once every block of this
+// grid has said so or finished): its blocks then fill the SMs this grid's last
+// wave leaves idle. Only for a next kernel that reads nothing this one writes.
+__device__ __forceinline__ void launch_dependents() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
+
+// griddepcontrol.wait: returns once the grids this one was launched behind
+// have completed and their writes are visible. A dependent kernel that reads
+// none of them calls it last, so that it never completes before them (what
+// follows it in the stream then follows them too).
+__device__ __forceinline__ void wait_for_prerequisite_grids() {
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+}
+
 // ---- counters that order blocks (global memory) -------------------------------
 
 // ld.acquire.gpu in a loop, with nanosleep between tries: returns once
