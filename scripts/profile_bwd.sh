@@ -21,10 +21,11 @@ out_dir=${OUT:-build/profile}
 mkdir -p "$out_dir"
 name="bwd-d${head_dim}-c${causal}"
 ncu="$(command -v ncu || echo "${CUDA_HOME:-/usr/local/cuda}/bin/ncu")"
-# The main kernels: sm90's bwd_kernel, sm80's bwd_dk_dv_kernel (ncu matches the function's base
-# name); cuDNN's backward kernels carry "bprop" in theirs (BASELINE=1 adds them, COUNT=2 takes both).
-filter='regex:^(bwd_kernel|bwd_dk_dv_kernel)$'
-[ "${BASELINE:-0}" = 1 ] && filter='regex:^(bwd_kernel|bwd_dk_dv_kernel)$|bprop'
+# The main kernels: sm90's bwd_kernel (and at d256 its dQ kernel, bwd_dq_kernel: COUNT=2 takes
+# both), sm80's bwd_dk_dv_kernel (ncu matches the function's base name); cuDNN's backward kernels
+# carry "bprop" in theirs (BASELINE=1 adds them).
+filter='regex:^(bwd_kernel|bwd_dq_kernel|bwd_dk_dv_kernel)$'
+[ "${BASELINE:-0}" = 1 ] && filter='regex:^(bwd_kernel|bwd_dq_kernel|bwd_dk_dv_kernel)$|bprop'
 "$ncu" --clock-control none -k "$filter" --launch-skip "${SKIP:-0}" --launch-count "${COUNT:-1}" \
     --section SpeedOfLight --section WarpStateStats --section SourceCounters --section ComputeWorkloadAnalysis \
     --section InstructionStats --section SchedulerStats --section Occupancy --section LaunchStats \

@@ -130,8 +130,8 @@ def _nvcc() -> str | None:
 def test_sm90_sources_compile(tmp_path):
     """CI builds for sm_80 only, which skips the sm90 family (9.0a): compile its dispatch, its host
     code, three forward (16-bit d128 and d64, FP8) and three backward instantiations here
-    (compile only, no torch), so that an error in the sm90 sources fails CI (d256's has its own
-    kernel, bwd_slice_consumer, and dQ conversion); the d64 ones take every variant at once
+    (compile only, no torch), so that an error in the sm90 sources fails CI (d256's has kernels of
+    its own: bwd_slice_consumer's dK/dV and bwd_dq_kernel's dQ); the d64 ones take every variant at once
     (local, softcap; the backward's deterministic too), where ptxas has the least margin (the d64
     forward's three consumer warpgroups hold 160 registers: per-warpgroup key tiles spilled 8-16 B
     in its masked steps until the mask compared constants, round 19). (The
@@ -310,89 +310,6 @@ def test_sm90_deterministic_grid_orders_each_pairs_key_tiles_last_first(tmp_path
     (a varlen grid can get there) the 64-bit arithmetic still lands on the right tiles."""
     stdout = _run_host_program(tmp_path, "deterministic_grid_check", _DETERMINISTIC_GRID_PROGRAM)
     assert stdout.split() == ["cases", str(23 * 4 * 3 * 2), "bad", "0", "big", "1"], stdout
-
-
-_DQ_TILES_PROGRAM = r"""
-#include <algorithm>
-#include <cstdio>
-#include <vector>
-#include "sm90/dq_tiles.h"
-using namespace flash;
-using namespace flash::sm90;
-
-// Every cell of a 64 x 256 tile is held by exactly one float4 element, and the slot a fragment adds
-// to holds the cells of that fragment (m64nNk16's accumulator layout: warp w, lane l, n8 block j of
-// column block c: rows 16 w + l / 4 and + 8, columns 64 c + 8 j + 2 (l % 4) and + 1).
-int check_slots() {
-    int bad = 0;
-    static int held[kDqTileRows][kDqTileCols];
-    for (int slot = 0; slot < kDqTileFloats / 4; ++slot) {
-        const DqSlotPlace p = dq_slot_place(slot);
-        for (int e = 0; e < 4; ++e) {
-            const int row = p.row + (e / 2) * 8, col = p.col + e % 2;
-            if (row < 0 || row >= kDqTileRows || col < 0 || col >= kDqTileCols) { ++bad; continue; }
-            ++held[row][col];
-        }
-    }
-    for (int r = 0; r < kDqTileRows; ++r) for (int c = 0; c < kDqTileCols; ++c) bad += held[r][c] != 1;
-    for (int c = 0; c < 4; ++c) for (int w = 0; w < 4; ++w) for (int j = 0; j < 8; ++j) for (int l = 0; l < 32; ++l) {
-        const DqSlotPlace p = dq_slot_place(dq_tile_slot(c, w, j, l));
-        bad += p.row != 16 * w + l / 4 || p.col != 64 * c + 8 * j + 2 * (l % 4);
-    }
-    return bad;
-}
-
-// The query tiles of every sequence take distinct tile rows inside dq_tile_floats: padded batches,
-// and packed ones whose sequences start anywhere (empty ones too).
-int check_rows(int batch, const std::vector<int>& lens, bool packed, int heads) {
-    BwdParams params{};
-    std::vector<int> cu(batch + 1, 0);
-    for (int b = 0; b < batch; ++b) cu[b + 1] = cu[b] + lens[b % lens.size()];
-    int max_len = 0;
-    for (int b = 0; b < batch; ++b) max_len = std::max(max_len, cu[b + 1] - cu[b]);
-    params.batch = batch;
-    params.num_heads = heads;
-    params.seqlen_q = max_len;
-    params.total_q = cu[batch];
-    params.cu_seqlens_q = packed ? cu.data() : nullptr;
-    const long long rows_total = dq_tile_floats(params) / heads / kDqTileFloats;
-    std::vector<int> seen(rows_total + 1, 0);
-    int bad = 0;
-    for (int b = 0; b < batch; ++b) {
-        const int len = packed ? cu[b + 1] - cu[b] : max_len, q_start = packed ? cu[b] : 0;
-        for (int m = 0; m * kDqTileRows < len; ++m) {
-            const long long row = dq_tile_row(params, b, q_start, m);
-            if (row < 0 || row >= rows_total) { ++bad; continue; }
-            bad += seen[row]++ != 0;
-        }
-    }
-    return bad;
-}
-
-int main() {
-    int bad = check_slots(), cases = 1;
-    const std::vector<std::vector<int>> lens = {{1}, {64}, {65, 1, 300}, {0, 63, 64, 129}, {700, 5, 81, 1, 1023}, {0}};
-    for (const auto& l : lens)
-        for (int batch : {1, 2, 3, 7, 16})
-            for (bool packed : {false, true}) {
-                bad += check_rows(batch, l, packed, 3);
-                ++cases;
-            }
-    std::printf("cases %d bad %d\n", cases, bad);
-    return bad != 0;
-}
-"""
-
-
-@pytest.mark.skipif(_nvcc() is None, reason="needs nvcc (the CUDA toolkit)")
-def test_sm90_dq_tiles_hold_each_gradient_once(tmp_path):
-    """The d256 backward's dq_accum (csrc/sm90/dq_tiles.h), compiled for the host and run: each
-    float4 slot holds the cells its fragment adds (the kernel's reds and the conversion's reads agree)
-    and every cell of a tile is held once; every query tile of every sequence, padded or packed
-    (sequences starting anywhere, empty ones too), gets a tile row of its own inside the buffer the
-    binding allocates. A clash would add two query tiles into one, an overflow write past it."""
-    stdout = _run_host_program(tmp_path, "dq_tiles_check", _DQ_TILES_PROGRAM)
-    assert stdout.split() == ["cases", str(1 + 6 * 5 * 2), "bad", "0"], stdout
 
 
 _WARPGROUP_WALK_PROGRAM = r"""

@@ -409,11 +409,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> mha_bwd(
     const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
     const flash::BwdWorkspace workspace = kernels.family->bwd_workspace(params);
     at::Tensor dq_accum, semaphores;
-    if (workspace.dq_accum && workspace.dq_accum_floats > 0) {  // the family's own layout
-        dq_accum = at::empty({workspace.dq_accum_floats}, q.options().dtype(at::kFloat));
-        params.dq_accum_ptr = dq_accum.data_ptr<float>();
-        params.dq_accum_batch_stride = 0;
-    } else if (workspace.dq_accum) {
+    if (workspace.dq_accum) {
         dq_accum = at::empty(q.sizes(), q.options().dtype(at::kFloat));
         params.dq_accum_ptr = dq_accum.data_ptr<float>();
         params.dq_accum_batch_stride = layout.varlen ? 0 : dq_accum.stride(0);

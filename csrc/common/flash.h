@@ -214,7 +214,7 @@ struct BwdParams : FwdParams {
     void* __restrict__ dk_ptr;
     void* __restrict__ dv_ptr;
     float* __restrict__ dsum_ptr;      // scratch in lse's layout: D = rowsum(dout * out), fp32
-    float* __restrict__ dq_accum_ptr;  // [B, Sq, H, D] ([total_q, H, D]) fp32, zeroed by the preprocess, or the family's own (BwdWorkspace)
+    float* __restrict__ dq_accum_ptr;  // [B, Sq, H, D] ([total_q, H, D]) fp32, zeroed by the preprocess (BwdWorkspace)
     int64_t dq_accum_batch_stride;     // Sq * H * D, 0 for variable-length batches
     // The family's ordered dQ adds (BwdWorkspace::semaphores; nullptr where it
     // asked for none): int32 counters, zero before the call and zero again
@@ -365,15 +365,12 @@ struct KvcacheWorkspace {
 };
 
 // The backward's scratch beyond dsum, sized by a family's bwd_workspace (it
-// depends on the family's algorithm: the sm80 deterministic path has its own
-// dQ pass and needs no dq_accum) and allocated by the binding.
+// depends on the family's algorithm: the sm80 deterministic path and the sm90
+// d256 backward have a dQ pass of their own and need no dq_accum) and
+// allocated by the binding.
 struct BwdWorkspace {
     bool dq_accum;       // dq_accum_ptr: fp32 in q's shape, contiguous (the family's preprocess zeroes it)
     int64_t semaphores;  // dq_semaphore's length (int32, zero on entry and left zero), 0: none
-    // > 0: dq_accum_ptr holds this many fp32 in a layout of the family's own
-    // (the sm90 d256 kernel's query tiles in fragment order, which it zeroes
-    // itself) instead of q's shape; dq_accum_batch_stride is then unused.
-    int64_t dq_accum_floats = 0;
 };
 
 }  // namespace flash

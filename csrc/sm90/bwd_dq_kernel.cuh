@@ -1,6 +1,6 @@
-// The deterministic d256 backward's dQ kernel (kernel_traits.h: BwdDqTraits).
-// The main kernel (bwd_kernel.cuh, BwdSliceTraits without dQ) computes dK and
-// dV over key tiles; this one computes dQ over query tiles, as the forward
+// The d256 backward's dQ kernel (kernel_traits.h: BwdDqTraits), in both
+// modes. The main kernel (bwd_kernel.cuh, BwdSliceTraits) computes dK and dV
+// over key tiles; this one computes dQ over query tiles, as the forward
 // computes O: a block owns 128 queries of one query head, each consumer
 // warpgroup 64 of them, and walks the key tiles those queries see
 // (mask.cuh: key_tile_range), 64 keys a step:
@@ -13,7 +13,9 @@
 // dQ stays in fp32 registers from the first key tile to the last, so every
 // row's sum runs in one order on every call: bitwise reproducible without
 // atomics, semaphores or a grid order, at the price of S and dP computed a
-// second time (the main kernel computes them too).
+// second time (the main kernel computes them too). It costs less than adding
+// each step's dQ from the main kernel, which sent 64 KB of fp32 adds a step
+// (benchmarks/NOTES.md, rounds 34 and 36).
 //
 // The producer warp copies Q and dO once (their row stats with them), then
 // each step's K (two stages) and V (one: dP reads it early in the step, and

@@ -38,12 +38,11 @@
 // one tile of 64 keys instead, each taking part of a step's five GEMMs
 // (kernel_traits.h: BwdSplitTraits; bwd_split_consumer); the producer and
 // everything below are the same. At 256 (default mode) both take part in
-// every GEMM of a step over 80 keys, and dQ goes into dq_accum by reds from
-// registers, in tiles of its own layout (kernel_traits.h: BwdSliceTraits;
-// bwd_slice_consumer; dq_tiles.h); there dO has a ring of its own (one stage
-// beside Q's two: Traits::kDoStages), which the producer fills the same way.
-// Deterministic d256 runs the same kernel without dQ (BwdSliceTraits::
-// kDqInKernel), and dQ comes from bwd_dq_kernel.cuh.
+// every GEMM of a step over 80 keys and compute dK and dV alone
+// (kernel_traits.h: BwdSliceTraits; bwd_slice_consumer): dQ comes from a
+// kernel of its own over query tiles (bwd_dq_kernel.cuh). There dO has a ring
+// of its own (one stage beside Q's two: Traits::kDoStages), which the
+// producer fills the same way.
 //
 // The steps are the query tiles that see a key of the block's tile
 // (mask.cuh: query_tile_range), for every query head of the KV head's group:
@@ -85,7 +84,6 @@
 #include "common/mask.cuh"
 #include "common/ptx.cuh"
 #include "common/softmax.cuh"
-#include "sm90/dq_tiles.h"
 #include "sm90/kernel_traits.h"
 #include "sm90/pipeline.cuh"
 #include "sm90/ptx.cuh"
@@ -1252,25 +1250,22 @@ __device__ __forceinline__ void bwd_split_consumer(const BwdParams& params, cons
     }
 }
 
-// A consumer warpgroup of the d256 backward (kernel_traits.h: BwdSliceTraits):
-// warpgroup kWarpgroup of two, which share every GEMM of a step. Per step of
-// 64 queries, in order:
+// A consumer warpgroup of the d256 dK/dV kernel (kernel_traits.h:
+// BwdSliceTraits): warpgroup kWarpgroup of two, which share every GEMM of a
+// step. Per step of 64 queries, in order:
 //   S = Q K^T and dP = dO V^T for its 40 keys (N = 40, over the head dim);
 //   P = exp2(S * scale_log2 - lse_log2) (masked, capped as bwd_consumer's) and
 //     dS = P (dP - D), rows the queries: two LSE and two D a thread;
 //   P and dS, rounded to 16 bits, stored transposed into this step's buffers
 //     ([key][query] tiles, stmatrix.trans), then a barrier of both warpgroups;
 //   for each of its two 64-column slices i of the head dim: dV^T_i += dO_i^T P,
-//     dQ_i = dS K_i, dK^T_i += Q_i^T dS, with dQ_i added into dq_accum from
-//     registers (vector reds) as soon as it is complete, while the next GEMM
-//     runs. The order (FlashAttention-3's, but dK^T_1 issued before dQ_1's
-//     adds, which then overlap it): dV^T_0, dQ_0, dV^T_1 | dQ_0 added, dK^T_0 |
-//     dO released, dQ_1, dK^T_1 | dQ_1 added | Q released.
-// P and dS alternate between two buffers: a step's stores reach a buffer whose
-// last reads (the step two before) both warpgroups have completed, since each
-// waits for all its GEMMs at the end of a step before the next step's
-// barrier. One barrier a step, and no P^T crossing between the warpgroups in
-// fp32 (BwdSplitTraits), no dQ tile staged in shared memory.
+//     then dK^T_i += Q_i^T dS; dO is released once dV^T is complete, Q once
+//     dK^T is.
+// dQ is bwd_dq_kernel.cuh's. P and dS alternate between two buffers: a step's
+// stores reach a buffer whose last reads (the step two before) both
+// warpgroups have completed, since each waits for all its GEMMs at the end of
+// a step before the next step's barrier. One barrier a step, and no P^T
+// crossing between the warpgroups in fp32 (BwdSplitTraits).
 template <typename Traits, bool Is_local, bool Has_softcap, int kWarpgroup>
 __device__ __forceinline__ void bwd_slice_consumer(const BwdParams& params, const BwdSmem<Traits>& layout) {
     using Element = typename Traits::Element;
@@ -1278,24 +1273,18 @@ __device__ __forceinline__ void bwd_slice_consumer(const BwdParams& params, cons
     constexpr int kBlockN = Traits::kBlockN;
     constexpr int kNTilesS = Traits::kNTilesS;
     constexpr int kNTilesKV = Traits::kNTilesKV;
-    constexpr int kNTilesDq = Traits::kNTilesDq;
     constexpr int kSlices = Traits::kSlices;
     constexpr int kKey0 = kWarpgroup * Traits::kWarpgroupKeys;  // this warpgroup's first key of S and dP
-    constexpr int kColBlock0 = kWarpgroup * kSlices;            // its first 64-column block of dV, dK, dQ
+    constexpr int kColBlock0 = kWarpgroup * kSlices;            // its first 64-column block of dV, dK
     // Named barrier 1: both warpgroups' P and dS of the step are stored (5 is wait_key_tiles').
     constexpr int kPdsBarrier = 1;
     constexpr int kConsumerThreads = Traits::kConsumerWarpgroups * 128;
-    static_assert(kBlockM == kDqTileRows && Traits::kHeadDim == kDqTileCols && kNTilesDq == 8 &&
-                      kDqTileCols == 4 * Traits::kSliceCols,
-                  "dq_tiles.h's tile: a step's 64 queries (4 warps) by four column blocks of 8 n8 blocks");
-    static_assert(dq_tile_slot(1, 0, 0, 0) == 4 * kNTilesDq * 32 && dq_tile_slot(0, 0, 1, 0) == 32,
-                  "add_dq_slice's offsets: a column block 4 warps of 8 n8 blocks on, an n8 block a warp's 32 lanes");
 
     const BwdWork<Traits, Is_local, /*Is_deterministic=*/false> work(params, layout);
     const int n0 = work.n_block * kBlockN;
     const int thread_in_group = threadIdx.x % 128;
     const int lane = threadIdx.x % 32;
-    const int warp_row0 = thread_in_group / 32 * 16;  // this warp's first query of S, dP and dQ
+    const int warp_row0 = thread_in_group / 32 * 16;  // this warp's first query of S and dP
 
     // dV^T and dK^T: slice i holds head-dim columns (kColBlock0 + i) * 64 +
     // the accumulator rows, keys as its columns.
@@ -1369,35 +1358,6 @@ __device__ __forceinline__ void bwd_slice_consumer(const BwdParams& params, cons
         }
         wgmma_commit();
     };
-    // Slice i of dQ = dS K: A the dS tile read MN-major (the queries are M,
-    // the keys K: 16 rows a k16 step), B the slice's column block of K, read
-    // MN-major (its 64 columns are N).
-    auto issue_dq_slice = [&](float (&acc)[1][kNTilesDq][4], uint32_t ds_tile, int i) {
-        const uint64_t a_desc = smem_descriptor_sw128(ds_tile, Traits::kPdsBytes, kSwizzleAtomBytes);
-        const uint64_t b_desc = recompute_per_use(smem_descriptor_sw128(
-            layout.k() + (kColBlock0 + i) * Traits::kKVBlockBytes, Traits::kKVBlockBytes, kSwizzleAtomBytes));
-        wgmma_fence();
-#pragma unroll
-        for (int k = 0; k < Traits::kKStepsN; ++k) {
-            Wgmma<Traits::kSliceCols>::template ss<Element, 1, 1>(
-                flat(acc), advance_descriptor(a_desc, k * 16 * kSwizzleBytes),
-                advance_descriptor(b_desc, k * 16 * kSwizzleBytes), /*scale_d=*/k > 0);
-        }
-        wgmma_commit();
-    };
-    // Slice i of a step's dQ into its tile of dq_accum (dq_tiles.h: `tile`,
-    // this thread's first float4 of the warpgroup's first column block): one
-    // 16-byte red an n8 block, a warp's 512 contiguous bytes. No bounds: rows
-    // past the sequence land in the tile's slots of no row, columns past the
-    // head dim in slots the conversion does not read.
-    auto add_dq_slice = [&](float* tile, const float (&acc)[1][kNTilesDq][4], int i) {
-#pragma unroll
-        for (int j = 0; j < kNTilesDq; ++j) {
-            red_add_f32x4(tile + ((i * 4) * kNTilesDq + j) * 32 * 4, acc[0][j][0], acc[0][j][1], acc[0][j][2],
-                          acc[0][j][3]);
-        }
-    };
-
     if (work.steps > 0) {
         wait_key_tiles(params, layout, work, n0);
 #pragma unroll 1
@@ -1467,43 +1427,12 @@ __device__ __forceinline__ void bwd_slice_consumer(const BwdParams& params, cons
 
             const uint32_t dout = layout.dout(sd.stage);
             const uint32_t q = layout.q(sq.stage);
-            if constexpr (!Traits::kDqInKernel) {  // dK and dV alone (deterministic: bwd_dq_kernel has dQ)
-                issue_kv_slice(dv[0], dout, p_tile, 0);
-                issue_kv_slice(dv[1], dout, p_tile, 1);
-                issue_kv_slice(dk[0], q, ds_tile, 0);
-                wgmma_wait<1>();  // dV^T: this thread's reads of the dO stage (and its D) are complete
-                mbarrier_arrive(layout.do_empty(sd.stage));
-                issue_kv_slice(dk[1], q, ds_tile, 1);
-                wgmma_wait<0>();
-#pragma unroll
-                for (int i = 0; i < kSlices; ++i) {
-                    pin_registers(flat(dv[i]));
-                    pin_registers(flat(dk[i]));
-                }
-                mbarrier_arrive(layout.empty(sq.stage));  // this thread's reads of the Q stage (and its LSE) are complete
-                continue;
-            }
-            // This thread's first float4 of the step's dQ tile (query tile, head) at its first column block.
-            float* const dq_tile =
-                params.dq_accum_ptr +
-                (dq_tile_row(params, work.batch, work.seq.q_start, m0 / kBlockM) * params.num_heads +
-                 work.head_of(params, t)) * kDqTileFloats +
-                dq_tile_slot(kColBlock0, warp_row0 / 16, 0, lane) * 4;
-            float dq[1][kNTilesDq][4];
             issue_kv_slice(dv[0], dout, p_tile, 0);
-            issue_dq_slice(dq, ds_tile, 0);
             issue_kv_slice(dv[1], dout, p_tile, 1);
-            wgmma_wait<1>();  // dV^T_0 and dQ_0; dV^T_1 runs on
-            pin_registers(flat(dq));
-            add_dq_slice(dq_tile, dq, 0);
             issue_kv_slice(dk[0], q, ds_tile, 0);
-            wgmma_wait<1>();  // dV^T_1: this thread's reads of the dO stage (and its D) are complete
+            wgmma_wait<1>();  // dV^T: this thread's reads of the dO stage (and its D) are complete
             mbarrier_arrive(layout.do_empty(sd.stage));
-            issue_dq_slice(dq, ds_tile, 1);
             issue_kv_slice(dk[1], q, ds_tile, 1);
-            wgmma_wait<1>();  // dK^T_0 and dQ_1; dK^T_1 runs on
-            pin_registers(flat(dq));
-            add_dq_slice(dq_tile, dq, 1);
             wgmma_wait<0>();
 #pragma unroll
             for (int i = 0; i < kSlices; ++i) {
@@ -1581,8 +1510,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
 
     extern __shared__ char smem[];
     const BwdSmem<Traits> layout(smem);
-    // Without dQ (deterministic d256) the dQ kernel comes next and reads
-    // nothing this one writes: it may start on the SMs of this grid's last wave.
+    // Without dQ (d256) the dQ kernel comes next and reads nothing this one
+    // writes: it may start on the SMs of this grid's last wave.
     if constexpr (!Traits::kDqInKernel) launch_dependents();
 
     if (threadIdx.x == 0) {
@@ -1746,60 +1675,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         claim_registers<Traits::kKeyRegs>();
         bwd_consumer<Traits, Is_local, Has_softcap, Is_deterministic, 1 - Traits::kDqOwner>(params, layout,
                                                                                            &tma_dq_accum);
-    }
-}
-
-// The d256 backward's dQ conversion (dq_tiles.h): dQ = softmax_scale *
-// dq_accum, read from the tiles and written in dQ's layout and dtype. One
-// block per (query tile, head, sequence). The tile is read in slot order (a
-// warp's 512 contiguous bytes a load), scaled, rounded and staged in shared
-// memory as [row][column] (rows padded by 16 bytes: the 8 rows a load's lanes
-// write fall in distinct banks), then written a 16-byte chunk a thread, a
-// warp a whole 512-byte row. Rows past the sequence and columns past the head
-// dim are neither read nor written (head dims are multiples of 8, and dQ is
-// the binding's own contiguous tensor: its rows are 16-byte aligned).
-constexpr int kDqConvertThreads = 256;
-constexpr int kDqStagedRowWords = kDqTileCols / 2 + 4;  // 32-bit words of a staged row: 256 values, 16 bytes of pad
-
-template <typename Element>
-__global__ void __launch_bounds__(kDqConvertThreads) bwd_convert_dq_tiles_kernel(const BwdParams params) {
-    static_assert(sizeof(Element) == 2 && kDqStagedRowWords % 4 == 0, "16-bit dQ, 16-byte aligned staged rows");
-    static_assert(kDqTileFloats / 4 % kDqConvertThreads == 0 && kDqTileRows * kDqTileCols / 8 % kDqConvertThreads == 0,
-                  "whole rounds of slots and of chunks");
-    __shared__ __align__(16) uint32_t staged[kDqTileRows * kDqStagedRowWords];
-    const int m_block = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
-    const Sequence seq = sequence_of<false>(params, batch);
-    const int m0 = m_block * kDqTileRows;
-    if (m0 >= seq.seqlen_q) return;
-    const int rows = min(kDqTileRows, seq.seqlen_q - m0);
-    const float4* tile = reinterpret_cast<const float4*>(params.dq_accum_ptr) +
-                         (dq_tile_row(params, batch, seq.q_start, m_block) * params.num_heads + head) *
-                             (kDqTileFloats / 4);
-    const float scale = params.softmax_scale;
-#pragma unroll
-    for (int i = 0; i < kDqTileFloats / 4 / kDqConvertThreads; ++i) {
-        const int slot = i * kDqConvertThreads + threadIdx.x;
-        const DqSlotPlace place = dq_slot_place(slot);
-        // (Its row + 8 may be past the sequence where its row is not: staged, not written.)
-        if (place.col < params.head_dim && place.row < rows) {
-            const float4 v = tile[slot];
-            uint32_t* const at = staged + place.row * kDqStagedRowWords + place.col / 2;
-            at[0] = pack2<Element>(v.x * scale, v.y * scale);
-            at[8 * kDqStagedRowWords] = pack2<Element>(v.z * scale, v.w * scale);
-        }
-    }
-    __syncthreads();
-    constexpr int kChunksPerRow = kDqTileCols / 8;
-    Element* const dq = static_cast<Element*>(params.dq_ptr) + batch * params.dq_batch_stride +
-                        head * params.dq_head_stride + (seq.q_start + int64_t{m0}) * params.dq_row_stride;
-#pragma unroll
-    for (int i = 0; i < kDqTileRows * kChunksPerRow / kDqConvertThreads; ++i) {
-        const int c = i * kDqConvertThreads + threadIdx.x;
-        const int row = c / kChunksPerRow, col = (c % kChunksPerRow) * 8;
-        if (row < rows && col < params.head_dim) {
-            *reinterpret_cast<uint4*>(dq + row * params.dq_row_stride + col) =
-                *reinterpret_cast<const uint4*>(staged + row * kDqStagedRowWords + col / 2);
-        }
     }
 }
 

@@ -1,9 +1,10 @@
 // Launches the sm90 backward for one (dtype, head dim, V head dim, local,
 // softcap, deterministic) instantiation (instantiations/sm90_bwd_*.cu): the sm80
-// family's preprocess (D into dsum_ptr), the main kernel (dK, dV; dQ added into
-// the zeroed dq_accum, deterministic: in an order that dq_semaphore keeps), and
-// the sm80 family's dQ conversion. Deterministic d256: the main kernel computes
-// dK and dV alone and bwd_dq_kernel writes dQ (no dq_accum, no semaphores).
+// family's preprocess (D into dsum_ptr), the main kernel (dK, dV; below d256
+// dQ added into the zeroed dq_accum, deterministic: in an order that
+// dq_semaphore keeps) and the sm80 family's dQ conversion; at d256 the main
+// kernel computes dK and dV alone and bwd_dq_kernel writes dQ (no dq_accum, no
+// semaphores, no conversion).
 #pragma once
 
 #include <cuda.h>
@@ -18,8 +19,8 @@
 
 namespace flash::sm90 {
 
-// dQ by the deterministic d256 backward's own kernel: one block per 128
-// queries of a query head and sequence (bwd_dq_kernel.cuh).
+// dQ by the d256 backward's own kernel: one block per 128 queries of a query
+// head and sequence (bwd_dq_kernel.cuh).
 template <typename Element, bool Is_local, bool Has_softcap>
 cudaError_t run_bwd_dq(const BwdParams& params, cudaStream_t stream) {
     using Traits = BwdDqTraits<Element>;
@@ -52,13 +53,14 @@ cudaError_t run_bwd_(const BwdParams& params, cudaStream_t stream) {
     using Traits = BwdTraitsFor<kHeadDim, Element, kHeadDimV, Is_deterministic>;
     // The main kernel adds dQ in a fixed order (deterministic, where it adds dQ at all).
     constexpr bool kOrderedDq = Is_deterministic && Traits::kDqInKernel;
-    // The d256 kernel adds dQ by reds into tiles of its own layout (dq_tiles.h), not by the copy engine.
-    constexpr bool kDqTiles = Traits::kSlice && Traits::kDqInKernel;
     CUtensorMap tma_q{}, tma_k{}, tma_v{}, tma_do{}, tma_dq_accum{};
     cudaError_t err = make_fwd_tensor_maps(params, Traits::kBlockM, Traits::kBlockN, &tma_q, &tma_k, &tma_v);
     if (err == cudaSuccess) {
-        err = make_bwd_tensor_maps(params, Traits::kBlockM, Traits::kDqRows, &tma_do,
-                                   Traits::kSlice ? nullptr : &tma_dq_accum);
+        if constexpr (Traits::kDqInKernel) {
+            err = make_bwd_tensor_maps(params, Traits::kBlockM, Traits::kDqRows, &tma_do, &tma_dq_accum);
+        } else {
+            err = make_bwd_tensor_maps(params, Traits::kBlockM, 0, &tma_do, nullptr);
+        }
     }
     if (err != cudaSuccess) return err;
     auto kernel = &bwd_kernel<Traits, Is_local, Has_softcap, kOrderedDq>;
@@ -66,18 +68,8 @@ cudaError_t run_bwd_(const BwdParams& params, cudaStream_t stream) {
     err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes);
     if (err != cudaSuccess) return err;
 
-    if constexpr (Traits::kSlice) {
-        // dq_accum in dQ tiles (dq_tiles.h), zeroed here; the preprocess computes D alone.
-        if constexpr (kDqTiles) {
-            err = cudaMemsetAsync(params.dq_accum_ptr, 0, dq_tile_floats(params) * sizeof(float), stream);
-            if (err != cudaSuccess) return err;
-        }
-        BwdParams rows_only = params;
-        rows_only.dq_accum_ptr = nullptr;
-        err = sm80::run_bwd_preprocess(rows_only, stream);
-    } else {
-        err = sm80::run_bwd_preprocess(params, stream);
-    }
+    // The preprocess computes D and zeroes dq_accum (none at d256: D alone).
+    err = sm80::run_bwd_preprocess(params, stream);
     if (err != cudaSuccess) return err;
     // One block per key tile: under a causal mask the first key tiles, which
     // the most query tiles see, start first; deterministic, the last ones, in
@@ -96,15 +88,10 @@ cudaError_t run_bwd_(const BwdParams& params, cudaStream_t stream) {
         err = cudaGetLastError();
         if (err != cudaSuccess) return err;
     }
-    if constexpr (!Traits::kDqInKernel) {
-        return run_bwd_dq<Element, Is_local, Has_softcap>(params, stream);
-    } else if constexpr (kDqTiles) {
-        const dim3 tiles(static_cast<unsigned>(dq_query_tiles(params.seqlen_q)), params.num_heads, params.batch);
-        if (tiles.x == 0 || tiles.y == 0 || tiles.z == 0) return cudaSuccess;
-        bwd_convert_dq_tiles_kernel<Element><<<tiles, kDqConvertThreads, 0, stream>>>(params);
-        return cudaGetLastError();
-    } else {
+    if constexpr (Traits::kDqInKernel) {
         return sm80::run_bwd_convert_dq(params, stream);
+    } else {
+        return run_bwd_dq<Element, Is_local, Has_softcap>(params, stream);
     }
 }
 

@@ -8,7 +8,6 @@
 #include "common/flash.h"
 #include "common/static_switch.h"
 #include "sm80/sm80.h"
-#include "sm90/dq_tiles.h"
 #include "sm90/fp8_values.cuh"
 #include "sm90/kernel_traits.h"
 #include "sm90/sm90.h"
@@ -153,7 +152,9 @@ cudaError_t run_bwd_head_dim(const BwdParams& params, cudaStream_t stream) {
     return FLASH_BOOL_SWITCH(params.is_local, Is_local, [&] {
         return FLASH_BOOL_SWITCH(params.softcap > 0.f, Has_softcap, [&] {
             return FLASH_BOOL_SWITCH(params.deterministic, Is_deterministic, [&] {
-                return run_bwd_<Element, kHeadDim, kHeadDimV, Is_local, Has_softcap, Is_deterministic>(params, stream);
+                // At d256 a dQ kernel over query tiles serves both modes: one instantiation.
+                constexpr bool kDet = Is_deterministic && BwdTraitsFor<kHeadDim, Element, kHeadDimV>::kDqInKernel;
+                return run_bwd_<Element, kHeadDim, kHeadDimV, Is_local, Has_softcap, kDet>(params, stream);
             });
         });
     });
@@ -229,22 +230,15 @@ cudaError_t run_bwd(const BwdParams& params, cudaStream_t stream) {
 }
 
 // Deterministic: a semaphore per (batch, query head, query tile) orders the
-// key tiles' dQ adds (bwd_kernel.cuh: bwd_dq_writer); at d256 dQ has a kernel
+// key tiles' dQ adds (bwd_kernel.cuh: bwd_dq_writer). At d256 dQ has a kernel
 // of its own (bwd_dq_kernel.cuh), which needs neither semaphores nor dq_accum.
 BwdWorkspace bwd_workspace(const BwdParams& params) {
     if (!serves_bwd(params)) return sm80::bwd_workspace(params);
     const bool dq_in_kernel = bwd_head_dims_switch(params, [&]<int kHeadDim, int kHeadDimV>() {
-        return params.deterministic ? BwdTraitsFor<kHeadDim, __half, kHeadDimV, true>::kDqInKernel
-                                    : BwdTraitsFor<kHeadDim, __half, kHeadDimV>::kDqInKernel;
+        return BwdTraitsFor<kHeadDim, __half, kHeadDimV>::kDqInKernel;
     });
     if (!dq_in_kernel) return {/*dq_accum=*/false, /*semaphores=*/0};
-    if (!params.deterministic) {
-        // The d256 kernel adds dQ into query tiles of its own layout (dq_tiles.h).
-        const bool tiles = bwd_head_dims_switch(params, [&]<int kHeadDim, int kHeadDimV>() {
-            return BwdTraitsFor<kHeadDim, __half, kHeadDimV>::kSlice;
-        });
-        return {/*dq_accum=*/true, /*semaphores=*/0, tiles ? dq_tile_floats(params) : 0};
-    }
+    if (!params.deterministic) return {/*dq_accum=*/true, /*semaphores=*/0};
     const int block_m = bwd_head_dims_switch(params, [&]<int kHeadDim, int kHeadDimV>() {
         return BwdTraitsFor<kHeadDim, __half, kHeadDimV, /*Is_deterministic=*/true>::kBlockM;
     });

@@ -568,38 +568,31 @@ struct BwdSplitTraits {
     static_assert(kSmemBytes <= kMaxSmemPerBlock, "shared memory over the sm_90 per-block limit");
 };
 
-// The sm90 backward's main kernel at head dim 256, default mode
-// (bwd_kernel.cuh: bwd_slice_consumer), in FlashAttention-3's arrangement for
-// it. A block owns 80 keys (kBlockN) and walks steps of 64 queries; both
-// consumer warpgroups take part in every GEMM of a step:
+// The sm90 backward's dK/dV kernel at head dim 256 (bwd_kernel.cuh:
+// bwd_slice_consumer), in FlashAttention-3's arrangement for it less dQ. A
+// block owns 80 keys (kBlockN) and walks steps of 64 queries; both consumer
+// warpgroups take part in every GEMM of a step:
 //   S = Q K^T and dP = dO V^T: each warpgroup its 40 keys (wgmma N = 40), all
 //     64 queries (M); P and dS go to shared memory in 16 bits as [key][query]
 //     tiles (one 128-byte row of 64 queries a key) that both read;
 //   dV^T += dO^T P, dK^T += Q^T dS: each warpgroup its 128 columns of the head
-//     dim (two slices of M = 64), all 80 keys (N = 80): 160 fp32 registers;
-//   dQ = dS K: each warpgroup its 128 columns, in two slices of N = 64, each
-//     added into dq_accum from registers by vector reds as soon as it is
-//     complete (no staging in shared memory), interleaved with the slices of
-//     dV^T and dK^T so that one slice of dQ is live at a time.
-// Against BwdSplitTraits' 64 keys and split roles this moves about a quarter
-// fewer shared-memory bytes a FLOP (no fp32 P^T hand-over, no dQ staging) and
-// runs no serial chain between the warpgroups (benchmarks/NOTES.md). Shared
-// memory: K, V 40 KB each; two Q stages and one dO stage, 32 KB each (dO has
-// its own ring: kDoStages); P and dS double-buffered, 10 KB each.
-// Deterministic mode (kDqInKernel false): the same kernel computes dK and dV
-// alone, and dQ comes from a kernel of its own over query tiles
-// (BwdDqTraits), which sums each row's dQ in registers in one fixed order:
-// no block adds into another's rows, so nothing is left to order.
-template <typename Element_, bool kDqInKernel_ = true>
+//     dim (two slices of M = 64), all 80 keys (N = 80): 160 fp32 registers.
+// dQ has a kernel of its own over query tiles (BwdDqTraits), in both modes:
+// there it is summed in registers and written once, where here each step's
+// dQ would go out as 64 KB of fp32 adds (round 34: a third of the step), and
+// the deterministic mode needs no order of adds (benchmarks/NOTES.md, round
+// 36). Shared memory: K, V 40 KB each; two Q stages and one dO stage, 32 KB
+// each (dO has its own ring: kDoStages); P and dS double-buffered, 10 KB each.
+template <typename Element_>
 struct BwdSliceTraits {
     using Element = Element_;
     static constexpr bool kSplit = false;
     static constexpr bool kSlice = true;
     static constexpr bool kDqSplit = false;
-    static constexpr bool kDqInKernel = kDqInKernel_;  // false: dQ by bwd_dq_kernel (BwdDqTraits)
+    static constexpr bool kDqInKernel = false;  // dQ by bwd_dq_kernel (BwdDqTraits)
     static constexpr int kHeadDim = 256;
     static constexpr int kHeadDimV = 256;
-    static constexpr int kBlockM = 64;  // queries per step: wgmma M of S, dP and dQ
+    static constexpr int kBlockM = 64;  // queries per step: wgmma M of S and dP
     static constexpr int kBlockN = 80;  // keys per block: N of dV^T and dK^T
     static constexpr int kConsumerWarpgroups = 2;
     static constexpr int kNThreads = 128 * (1 + kConsumerWarpgroups);
@@ -611,16 +604,12 @@ struct BwdSliceTraits {
     static constexpr int kTileCols = kHeadDim;
     static constexpr int kKStepsD = kHeadDim / 16;  // of S and dP (over the head dim)
     static constexpr int kKStepsM = kBlockM / 16;   // of dV^T and dK^T (over the step's queries)
-    static constexpr int kKStepsN = kBlockN / 16;   // of dQ (over the block's keys)
     static constexpr int kNTilesS = kWarpgroupKeys / 8;  // n8 blocks of a warpgroup's S and dP
     static constexpr int kNTilesKV = kBlockN / 8;        // of a slice of dV^T, dK^T
-    static constexpr int kNTilesDq = kSliceCols / 8;     // of a slice of dQ
     static constexpr int kMinHeadDim = kHeadDim - 63;
-    // (bwd_launch.cuh builds a dq_accum tensor map for every kernel; this one adds from registers.)
-    static constexpr int kDqRows = kBlockM;
 
     // setmaxnreg: the producer warp 24, each consumer 240. Peak: dV^T and dK^T
-    // (160), S and dP (40) while P and dS are made; dQ's slice (32) in the GEMMs.
+    // (160), S and dP (40) while P and dS are made.
     static constexpr int kProducerRegs = 24;
     static constexpr int kConsumerRegs =
         ((1 + kConsumerWarpgroups) * registers_at_entry(kNThreads) - kProducerRegs) / kConsumerWarpgroups / 8 * 8;
@@ -650,8 +639,7 @@ struct BwdSliceTraits {
     static constexpr int kSmemRowStatsOffset = kSmemDsOffset + kPdsBuffers * kPdsBytes;
     static constexpr int kSmemBarrierOffset = kSmemRowStatsOffset + kStages * kRowStatsBytes;
     static constexpr int kBarriers = 1 + 3 * kStages + 3 * kDoStages;
-    static constexpr int kSmemTileOffset = (kSmemBarrierOffset + 8 * kBarriers + 15) / 16 * 16;  // (unused: no det)
-    static constexpr int kSmemBytes = kSmemTileOffset + 16 + kSmemAlign;
+    static constexpr int kSmemBytes = kSmemBarrierOffset + 8 * kBarriers + kSmemAlign;
 
     static_assert(kWarpgroupKeys % 8 == 0 && kBlockN % 16 == 0, "whole n8 blocks a warpgroup, whole k16 steps of keys");
     static_assert(kStages >= kDoStages, "D of dO stage s sits in row-stat slot s");
@@ -665,7 +653,7 @@ struct BwdSliceTraits {
     static_assert(kSmemBytes <= kMaxSmemPerBlock, "shared memory over the sm_90 per-block limit");
 };
 
-// The deterministic d256 backward's dQ kernel (bwd_dq_kernel.cuh): a block
+// The d256 backward's dQ kernel (bwd_dq_kernel.cuh): a block
 // owns 128 queries of one head (each consumer warpgroup 64, as the forward's
 // blocks do) and walks the key tiles they see, 64 keys a step, recomputing
 // S = Q K^T and dP = dO V^T (from the saved LSE and D) to sum dQ += dS K in
@@ -724,11 +712,10 @@ struct BwdDqTraits {
 };
 
 // The shared memory the backward of Traits takes: its main kernel's, or
-// without dQ in it (deterministic d256), the larger of that and the dQ
-// kernel's.
+// without dQ in it (d256), the larger of that and the dQ kernel's.
 template <typename Traits>
 constexpr int bwd_smem_bytes() {
-    if constexpr (Traits::kSlice && !Traits::kDqInKernel) {
+    if constexpr (!Traits::kDqInKernel) {
         constexpr int kDq = BwdDqTraits<typename Traits::Element>::kSmemBytes;
         return Traits::kSmemBytes > kDq ? Traits::kSmemBytes : kDq;
     } else {
@@ -739,9 +726,9 @@ constexpr int bwd_smem_bytes() {
 // The traits of each head dim the sm90 backward compiles: 64 and 128 on
 // BwdTraits (their queries per step here; d128 deterministic keeps the dQ
 // owner at 64, whose one dQ tile a step the dQ writer adds in order), 192 (and
-// DeepSeek's 192 / 128) on BwdSplitTraits, 256 on BwdSliceTraits
-// (deterministic: without dQ, which BwdDqTraits' kernel computes); a call's
-// head dim runs on the next one up (dispatch.cu: bwd_head_dim).
+// DeepSeek's 192 / 128) on BwdSplitTraits, 256 on BwdSliceTraits (without
+// dQ, which BwdDqTraits' kernel computes); a call's head dim runs on the next
+// one up (dispatch.cu: bwd_head_dim).
 template <int kHeadDim, typename Element, int kHeadDimV, bool Is_deterministic>
 struct BwdTraitsOf {
     using type = BwdSplitTraits<kHeadDim, kHeadDimV, Element>;
@@ -757,7 +744,7 @@ struct BwdTraitsOf<128, Element, kHeadDimV, Is_deterministic> {
 
 template <typename Element, bool Is_deterministic>
 struct BwdTraitsOf<256, Element, 256, Is_deterministic> {
-    using type = BwdSliceTraits<Element, /*kDqInKernel=*/!Is_deterministic>;
+    using type = BwdSliceTraits<Element>;
 };
 
 template <int kHeadDim, typename Element, int kHeadDimV = kHeadDim, bool Is_deterministic = false>
