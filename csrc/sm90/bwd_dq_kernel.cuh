@@ -279,37 +279,15 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             wgmma_wait<1>();
             pin_registers(flat(s));
             if (i > 0) release(layout.k_empty(StageOf<Traits, Traits::kKStages>(i - 1).stage));
-            if constexpr (Has_softcap) {
-#pragma unroll
-                for (int r = 0; r < kNTilesS * 4; ++r) flat(s)[r] = tanhf(flat(s)[r] * params.softcap_inner_scale);
-            }
+            cap_rows<Has_softcap>(s, params);  // P and dS as the dK/dV kernel makes them (bwd_kernel.cuh)
             if (!tile_is_full<kBlockM, kBlockN>(m0, n0, work.seq.seqlen_q, work.window)) {
                 apply_mask<Is_local>(s, m0 + row0, n0, work.window, lane);
             }
-            if constexpr (!Has_softcap) {
-#pragma unroll
-                for (int j = 0; j < kNTilesS; ++j)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e)
-                        s[0][j][e] = exp2_approx(fmaf(s[0][j][e], params.softmax_scale_log2, -lse[e / 2]));
-            }
+            exponentiate_rows<Has_softcap>(s, params, lse);
             wgmma_wait<0>();
             pin_registers(flat(dp));
             release(layout.v_empty(vs.stage));
-#pragma unroll
-            for (int j = 0; j < kNTilesS; ++j) {
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    if constexpr (Has_softcap) {
-                        // The cap's chain factor 1 - tanh^2 (0 where masked: -inf), and P from the capped score.
-                        const float capped = s[0][j][e];
-                        const float p = exp2_approx(fmaf(capped, params.softmax_scale_log2, -lse[e / 2]));
-                        dp[0][j][e] = p * (dp[0][j][e] - dsum[e / 2]) * fmaxf(fmaf(-capped, capped, 1.f), 0.f);
-                    } else {
-                        dp[0][j][e] = s[0][j][e] * (dp[0][j][e] - dsum[e / 2]);
-                    }
-                }
-            }
+            ds_rows<Has_softcap, /*kKeepP=*/false>(s, dp, params, lse, dsum);
 #pragma unroll
             for (int k = 0; k < Traits::kKStepsN; ++k) {
                 ds[k][0] = pack2<Element>(dp[0][2 * k][0], dp[0][2 * k][1]);

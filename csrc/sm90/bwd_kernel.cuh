@@ -1250,6 +1250,53 @@ __device__ __forceinline__ void bwd_split_consumer(const BwdParams& params, cons
     }
 }
 
+// P and dS on score fragments whose rows are queries ([1][kNTiles][4], two
+// rows a thread, whose LSE in base 2 and D are lse[2] and dsum[2]), as the
+// d256 kernels hold S and dP (bwd_slice_consumer, bwd_dq_kernel.cuh). In
+// order: cap_rows (softcap: S = tanh(S * inner scale), before the mask), the
+// mask, exponentiate_rows (P = exp2(S * scale_log2 - lse) in place of S;
+// with softcap P is made with dS instead), then ds_rows: dS = P (dP - D) in
+// place of dP, with softcap times the cap's chain factor 1 - tanh^2 (0 where
+// masked: -inf) and P from the capped score, which then replaces it in S
+// where the caller keeps P (kKeepP: the dK/dV kernel stores it for dV).
+template <bool Has_softcap, int kNTiles>
+__device__ __forceinline__ void cap_rows(float (&s)[1][kNTiles][4], const BwdParams& params) {
+    if constexpr (Has_softcap) {
+#pragma unroll
+        for (int r = 0; r < kNTiles * 4; ++r) flat(s)[r] = tanhf(flat(s)[r] * params.softcap_inner_scale);
+    }
+}
+
+template <bool Has_softcap, int kNTiles>
+__device__ __forceinline__ void exponentiate_rows(float (&s)[1][kNTiles][4], const BwdParams& params,
+                                                  const float (&lse)[2]) {
+    if constexpr (!Has_softcap) {
+#pragma unroll
+        for (int j = 0; j < kNTiles; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[0][j][e] = exp2_approx(fmaf(s[0][j][e], params.softmax_scale_log2, -lse[e / 2]));
+    }
+}
+
+template <bool Has_softcap, bool kKeepP, int kNTiles>
+__device__ __forceinline__ void ds_rows(float (&s)[1][kNTiles][4], float (&dp)[1][kNTiles][4], const BwdParams& params,
+                                        const float (&lse)[2], const float (&dsum)[2]) {
+#pragma unroll
+    for (int j = 0; j < kNTiles; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            if constexpr (Has_softcap) {
+                const float capped = s[0][j][e];
+                const float p = exp2_approx(fmaf(capped, params.softmax_scale_log2, -lse[e / 2]));
+                dp[0][j][e] = p * (dp[0][j][e] - dsum[e / 2]) * fmaxf(fmaf(-capped, capped, 1.f), 0.f);
+                if constexpr (kKeepP) s[0][j][e] = p;
+            } else {
+                dp[0][j][e] = s[0][j][e] * (dp[0][j][e] - dsum[e / 2]);
+            }
+        }
+    }
+}
+
 // A consumer warpgroup of the d256 dK/dV kernel (kernel_traits.h:
 // BwdSliceTraits): warpgroup kWarpgroup of two, which share every GEMM of a
 // step. Per step of 64 queries, in order:
@@ -1381,43 +1428,20 @@ __device__ __forceinline__ void bwd_slice_consumer(const BwdParams& params, cons
             // sequence too), capped first with softcap.
             wgmma_wait<1>();
             pin_registers(flat(s));
-            if constexpr (Has_softcap) {
-#pragma unroll
-                for (int r = 0; r < kNTilesS * 4; ++r) flat(s)[r] = tanhf(flat(s)[r] * params.softcap_inner_scale);
-            }
+            cap_rows<Has_softcap>(s, params);
             mbarrier_wait(layout.stats_full(sq.stage), sq.phase);
             if (!tile_is_full<kBlockM, kBlockN>(m0, n0, work.seq.seqlen_q, work.window)) {
                 apply_mask<Is_local>(s, m0 + warp_row0, n0 + kKey0, work.window, lane);
             }
             const uint32_t lse_row = layout.lse_log2(sq.stage) + 4 * (warp_row0 + lane / 4);
             const float lse[2] = {load_shared_f32(lse_row), load_shared_f32(lse_row + 32)};
-            if constexpr (!Has_softcap) {
-#pragma unroll
-                for (int j = 0; j < kNTilesS; ++j)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e)
-                        s[0][j][e] = exp2_approx(fmaf(s[0][j][e], params.softmax_scale_log2, -lse[e / 2]));
-            }
+            exponentiate_rows<Has_softcap>(s, params, lse);
             wgmma_wait<0>();
             pin_registers(flat(dp));
             mbarrier_wait(layout.do_stats_full(sd.stage), sd.phase);
             const uint32_t dsum_row = layout.dsum(sd.stage) + 4 * (warp_row0 + lane / 4);
             const float dsum[2] = {load_shared_f32(dsum_row), load_shared_f32(dsum_row + 32)};
-#pragma unroll
-            for (int j = 0; j < kNTilesS; ++j) {
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    if constexpr (Has_softcap) {
-                        // The cap's chain factor 1 - tanh^2 (0 where masked: -inf), then P from the capped score.
-                        const float capped = s[0][j][e];
-                        const float p = exp2_approx(fmaf(capped, params.softmax_scale_log2, -lse[e / 2]));
-                        dp[0][j][e] = p * (dp[0][j][e] - dsum[e / 2]) * fmaxf(fmaf(-capped, capped, 1.f), 0.f);
-                        s[0][j][e] = p;
-                    } else {
-                        dp[0][j][e] = s[0][j][e] * (dp[0][j][e] - dsum[e / 2]);
-                    }
-                }
-            }
+            ds_rows<Has_softcap, /*kKeepP=*/true>(s, dp, params, lse, dsum);
             const uint32_t p_tile = layout.p(t % Traits::kPdsBuffers);
             const uint32_t ds_tile = layout.ds(t % Traits::kPdsBuffers);
             store_transposed(p_tile, s);
