@@ -34,11 +34,11 @@
 //     producer warpgroup, one a warpgroup, which adds it (bwd_dq_half_writer);
 //     the next S^T and dP^T together.
 //
-// At head dim 192 the two consumer warpgroups share
-// one tile of 64 keys instead, each taking part of a step's five GEMMs
-// (kernel_traits.h: BwdSplitTraits; bwd_split_consumer); the producer and
-// everything below are the same. At 256 (default mode) both take part in
-// every GEMM of a step over 80 keys and compute dK and dV alone
+// At head dim 192 the two consumer warpgroups share one tile of 64 keys
+// instead, each taking part of a step's five GEMMs (kernel_traits.h:
+// BwdSplitTraits; bwd_split_consumer); the producer and everything below are
+// the same. At 256 (both modes) both take part in every GEMM of a step over
+// 80 keys and compute dK and dV alone
 // (kernel_traits.h: BwdSliceTraits; bwd_slice_consumer): dQ comes from a
 // kernel of its own over query tiles (bwd_dq_kernel.cuh). There dO has a ring
 // of its own (one stage beside Q's two: Traits::kDoStages), which the
