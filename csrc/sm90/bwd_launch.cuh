@@ -51,8 +51,8 @@ cudaError_t run_bwd_dq(const BwdParams& params, cudaStream_t stream) {
 template <typename Element, int kHeadDim, int kHeadDimV, bool Is_local, bool Has_softcap, bool Is_deterministic>
 cudaError_t run_bwd_(const BwdParams& params, cudaStream_t stream) {
     using Traits = BwdTraitsFor<kHeadDim, Element, kHeadDimV, Is_deterministic>;
-    // The main kernel adds dQ in a fixed order (deterministic, where it adds dQ at all).
-    constexpr bool kOrderedDq = Is_deterministic && Traits::kDqInKernel;
+    static_assert(Traits::kDqInKernel || !Is_deterministic,
+                  "d256's dQ kernel is deterministic in both modes: dispatch.cu runs its one instantiation");
     CUtensorMap tma_q{}, tma_k{}, tma_v{}, tma_do{}, tma_dq_accum{};
     cudaError_t err = make_fwd_tensor_maps(params, Traits::kBlockM, Traits::kBlockN, &tma_q, &tma_k, &tma_v);
     if (err == cudaSuccess) {
@@ -63,7 +63,7 @@ cudaError_t run_bwd_(const BwdParams& params, cudaStream_t stream) {
         }
     }
     if (err != cudaSuccess) return err;
-    auto kernel = &bwd_kernel<Traits, Is_local, Has_softcap, kOrderedDq>;
+    auto kernel = &bwd_kernel<Traits, Is_local, Has_softcap, Is_deterministic>;
     // Dynamic shared memory above 48 KB must be opted into per kernel.
     err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes);
     if (err != cudaSuccess) return err;
@@ -80,7 +80,7 @@ cudaError_t run_bwd_(const BwdParams& params, cudaStream_t stream) {
     const dim3 grid((params.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN, params.num_heads_k, params.batch);
     if (grid.x > 0) {
         BwdParams launch_params = params;
-        if constexpr (kOrderedDq) {
+        if constexpr (Is_deterministic) {
             launch_params.det_run = deterministic_run(static_cast<int>(grid.x), Is_local);  // schedule.h
         }
         kernel<<<grid, Traits::kNThreads, Traits::kSmemBytes, stream>>>(launch_params, tma_q, tma_k, tma_v, tma_do,
