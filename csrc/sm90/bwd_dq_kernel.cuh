@@ -287,7 +287,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             wgmma_wait<0>();
             pin_registers(flat(dp));
             release(layout.v_empty(vs.stage));
-            ds_rows<Has_softcap, /*kKeepP=*/false>(s, dp, params, lse, dsum);
+            ds_rows<Has_softcap>(s, dp, params, lse, dsum);
 #pragma unroll
             for (int k = 0; k < Traits::kKStepsN; ++k) {
                 ds[k][0] = pack2<Element>(dp[0][2 * k][0], dp[0][2 * k][1]);

@@ -1256,9 +1256,14 @@ __device__ __forceinline__ void bwd_split_consumer(const BwdParams& params, cons
 // order: cap_rows (softcap: S = tanh(S * inner scale), before the mask), the
 // mask, exponentiate_rows (P = exp2(S * scale_log2 - lse) in place of S;
 // with softcap P is made with dS instead), then ds_rows: dS = P (dP - D) in
-// place of dP, with softcap times the cap's chain factor 1 - tanh^2 (0 where
-// masked: -inf) and P from the capped score, which then replaces it in S
-// where the caller keeps P (kKeepP: the dK/dV kernel stores it for dV).
+// place of dP, with softcap times the cap's chain factor 1 - tanh^2 and P
+// from the capped score. p_of and cap_chain are the per-element arithmetic.
+__device__ __forceinline__ float p_of(float score, const BwdParams& params, float lse) {
+    return exp2_approx(fmaf(score, params.softmax_scale_log2, -lse));
+}
+// 1 - tanh^2 of a capped score: 0 where masked (-inf).
+__device__ __forceinline__ float cap_chain(float capped) { return fmaxf(fmaf(-capped, capped, 1.f), 0.f); }
+
 template <bool Has_softcap, int kNTiles>
 __device__ __forceinline__ void cap_rows(float (&s)[1][kNTiles][4], const BwdParams& params) {
     if constexpr (Has_softcap) {
@@ -1274,22 +1279,20 @@ __device__ __forceinline__ void exponentiate_rows(float (&s)[1][kNTiles][4], con
 #pragma unroll
         for (int j = 0; j < kNTiles; ++j)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) s[0][j][e] = exp2_approx(fmaf(s[0][j][e], params.softmax_scale_log2, -lse[e / 2]));
+            for (int e = 0; e < 4; ++e) s[0][j][e] = p_of(s[0][j][e], params, lse[e / 2]);
     }
 }
 
-template <bool Has_softcap, bool kKeepP, int kNTiles>
-__device__ __forceinline__ void ds_rows(float (&s)[1][kNTiles][4], float (&dp)[1][kNTiles][4], const BwdParams& params,
-                                        const float (&lse)[2], const float (&dsum)[2]) {
+template <bool Has_softcap, int kNTiles>
+__device__ __forceinline__ void ds_rows(const float (&s)[1][kNTiles][4], float (&dp)[1][kNTiles][4],
+                                        const BwdParams& params, const float (&lse)[2], const float (&dsum)[2]) {
 #pragma unroll
     for (int j = 0; j < kNTiles; ++j) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
             if constexpr (Has_softcap) {
                 const float capped = s[0][j][e];
-                const float p = exp2_approx(fmaf(capped, params.softmax_scale_log2, -lse[e / 2]));
-                dp[0][j][e] = p * (dp[0][j][e] - dsum[e / 2]) * fmaxf(fmaf(-capped, capped, 1.f), 0.f);
-                if constexpr (kKeepP) s[0][j][e] = p;
+                dp[0][j][e] = p_of(capped, params, lse[e / 2]) * (dp[0][j][e] - dsum[e / 2]) * cap_chain(capped);
             } else {
                 dp[0][j][e] = s[0][j][e] * (dp[0][j][e] - dsum[e / 2]);
             }
@@ -1298,21 +1301,31 @@ __device__ __forceinline__ void ds_rows(float (&s)[1][kNTiles][4], float (&dp)[1
 }
 
 // A consumer warpgroup of the d256 dK/dV kernel (kernel_traits.h:
-// BwdSliceTraits): warpgroup kWarpgroup of two, which share every GEMM of a
-// step. Per step of 64 queries, in order:
-//   S = Q K^T and dP = dO V^T for its 40 keys (N = 40, over the head dim);
-//   P = exp2(S * scale_log2 - lse_log2) (masked, capped as bwd_consumer's) and
-//     dS = P (dP - D), rows the queries: two LSE and two D a thread;
-//   P and dS, rounded to 16 bits, stored transposed into this step's buffers
-//     ([key][query] tiles, stmatrix.trans), then a barrier of both warpgroups;
-//   for each of its two 64-column slices i of the head dim: dV^T_i += dO_i^T P,
-//     then dK^T_i += Q_i^T dS; dO is released once dV^T is complete, Q once
-//     dK^T is.
-// dQ is bwd_dq_kernel.cuh's. P and dS alternate between two buffers: a step's
-// stores reach a buffer whose last reads (the step two before) both
-// warpgroups have completed, since each waits for all its GEMMs at the end of
-// a step before the next step's barrier. One barrier a step, and no P^T
-// crossing between the warpgroups in fp32 (BwdSplitTraits).
+// BwdSliceTraits): warpgroup kWarpgroup of two. Per step of 64 queries:
+//   warpgroup 0, the P warpgroup: S = Q K^T over the block's 80 keys (N = 80,
+//     over the head dim), P = exp2(S * scale_log2 - lse_log2) (masked, capped
+//     as bwd_consumer's), stored in 16 bits into this step's P tile; with
+//     softcap also P times the cap's chain factor, into its dS tile;
+//   warpgroup 1, the dS warpgroup: dP = dO V^T over the 80 keys, issued
+//     only once S is (barrier kSBarrier), so that S runs first on the tensor
+//     cores and P is made while dP runs (round 37: 5% off the kernel's time
+//     under a causal mask, 1-3% without); once P is stored (kPBarrier),
+//     dS = P (dP - D) from the stored P (with softcap: from P times the
+//     chain factor, replaced in place by dS);
+//   both, for each of their two 64-column slices i of the head dim:
+//     dV^T_i += dO_i^T P once P is stored, dK^T_i += Q_i^T dS once dS is
+//     (barrier kDsBarrier). dO is released once dV^T is complete, Q once dK^T
+//     is.
+// So each step reads Q and dO once as an A operand, where two warpgroups of
+// N = 40 each read both (round 36's Nsight Compute: those reads were 55% of
+// the kernel's shared-memory wavefronts). P and dS are [key][query] tiles
+// (one 128-byte row of 64 queries a key, stmatrix.trans, read back by
+// ldmatrix.trans in the same fragment layout), and the dS warpgroup issues its
+// dV^T GEMMs before it computes dS. dQ is bwd_dq_kernel.cuh's. P and dS
+// alternate between two buffers: a step's stores reach a buffer whose last
+// reads (the step two before) both warpgroups have completed, since each
+// waits for all its GEMMs at the end of a step before the next step's
+// barriers.
 template <typename Traits, bool Is_local, bool Has_softcap, int kWarpgroup>
 __device__ __forceinline__ void bwd_slice_consumer(const BwdParams& params, const BwdSmem<Traits>& layout) {
     using Element = typename Traits::Element;
@@ -1321,11 +1334,15 @@ __device__ __forceinline__ void bwd_slice_consumer(const BwdParams& params, cons
     constexpr int kNTilesS = Traits::kNTilesS;
     constexpr int kNTilesKV = Traits::kNTilesKV;
     constexpr int kSlices = Traits::kSlices;
-    constexpr int kKey0 = kWarpgroup * Traits::kWarpgroupKeys;  // this warpgroup's first key of S and dP
-    constexpr int kColBlock0 = kWarpgroup * kSlices;            // its first 64-column block of dV, dK
-    // Named barrier 1: both warpgroups' P and dS of the step are stored (5 is wait_key_tiles').
-    constexpr int kPdsBarrier = 1;
+    constexpr int kColBlock0 = kWarpgroup * kSlices;  // this warpgroup's first 64-column block of dV, dK
+    // Named barriers of both warpgroups (5 is wait_key_tiles'): the step's P
+    // is stored (1; the epilogue's too), its dS is stored (2), its S is
+    // issued (3).
+    constexpr int kPBarrier = 1;
+    constexpr int kDsBarrier = 2;
+    constexpr int kSBarrier = 3;
     constexpr int kConsumerThreads = Traits::kConsumerWarpgroups * 128;
+    static_assert(kNTilesS % 2 == 0, "n8 blocks of keys in pairs: stmatrix and ldmatrix x4");
 
     const BwdWork<Traits, Is_local, /*Is_deterministic=*/false> work(params, layout);
     const int n0 = work.n_block * kBlockN;
@@ -1342,51 +1359,36 @@ __device__ __forceinline__ void bwd_slice_consumer(const BwdParams& params, cons
 #pragma unroll
         for (int r = 0; r < kNTilesKV * 4; ++r) flat(dv[i])[r] = flat(dk[i])[r] = 0.f;
 
-    // S and dP: B is this warpgroup's 40 rows of K or V (K-major).
-    const uint64_t k_desc = smem_descriptor_sw128(layout.k() + kKey0 * kSwizzleBytes, kUnusedLeadingBytes,
-                                                  kSwizzleAtomBytes);
-    const uint64_t v_desc = smem_descriptor_sw128(layout.v() + kKey0 * kSwizzleBytes, kUnusedLeadingBytes,
-                                                  kSwizzleAtomBytes);
-
-    // S = Q K^T or dP = dO V^T: A the step's Q or dO tile (K-major), B
-    // b_desc's 40 key rows, over the head dim.
-    auto issue_scores = [&](float (&acc)[1][kNTilesS][4], uint32_t a_tile, uint64_t b_desc) {
+    // S = Q K^T or dP = dO V^T: A the step's Q or dO tile (K-major), B all
+    // 80 rows of K or V (K-major), over the head dim.
+    auto issue_scores = [&](float (&acc)[1][kNTilesS][4], uint32_t a_tile, uint32_t b_tile) {
         const uint64_t a_desc = smem_descriptor_sw128(a_tile, kUnusedLeadingBytes, kSwizzleAtomBytes);
-        b_desc = recompute_per_use(b_desc);
+        const uint64_t b_desc =
+            recompute_per_use(smem_descriptor_sw128(b_tile, kUnusedLeadingBytes, kSwizzleAtomBytes));
         wgmma_fence();
 #pragma unroll
         for (int k = 0; k < Traits::kKStepsD; ++k) {
             const uint32_t offset_a = (k / 4) * Traits::kQBlockBytes + (k % 4) * 32;
             const uint32_t offset_b = (k / 4) * Traits::kKVBlockBytes + (k % 4) * 32;
-            Wgmma<Traits::kWarpgroupKeys>::template ss<Element>(flat(acc), advance_descriptor(a_desc, offset_a),
-                                                                advance_descriptor(b_desc, offset_b),
-                                                                /*scale_d=*/k > 0);
+            Wgmma<kBlockN>::template ss<Element>(flat(acc), advance_descriptor(a_desc, offset_a),
+                                                 advance_descriptor(b_desc, offset_b), /*scale_d=*/k > 0);
         }
         wgmma_commit();
     };
-    // A warp's 16 queries x 40 keys of P or dS, rounded to 16 bits, into the
-    // [key][query] tile at `tile` (128-byte rows of 64 queries, swizzled). The
-    // n8 block j of the fragment is two 8 x 8 matrices (queries 0-7 and 8-15
-    // of the warp) in stmatrix's layout; stored transposed, row i of a
-    // matrix is key 8j + i with its 8 queries (16 bytes). An x4 takes blocks
-    // j and j + 1 (matrix r: block j + r / 2, queries 8 (r % 2)..), an x2 the
-    // odd one left; lane 8r + i gives the address of matrix r's row i.
-    auto store_transposed = [&](uint32_t tile, const float (&f)[1][kNTilesS][4]) {
+    // The [key][query] tile at `tile` (128-byte rows of 64 queries, swizzled)
+    // and a warp's 16 queries x 80 keys of a fragment: n8 blocks j and j + 1
+    // are four 8 x 8 matrices (matrix r: block j + r / 2, queries 8 (r % 2)
+    // .. of the warp) in stmatrix's and ldmatrix's layout; transposed, row i
+    // of a matrix is key 8 (j + r / 2) + i with its 8 queries (16 bytes), and
+    // lane 8r + i gives the address of matrix r's row i.
+    auto pair_address = [&](uint32_t tile, int j) {
         const int r = lane / 8;
-        const int query_byte = (warp_row0 + (r % 2) * 8) * 2;
-#pragma unroll
-        for (int j = 0; j + 1 < kNTilesS; j += 2) {
-            const int key = kKey0 + (j + r / 2) * 8 + lane % 8;
-            stmatrix_x4_trans(swizzled_address(tile, key, query_byte), pack2<Element>(f[0][j][0], f[0][j][1]),
-                              pack2<Element>(f[0][j][2], f[0][j][3]), pack2<Element>(f[0][j + 1][0], f[0][j + 1][1]),
-                              pack2<Element>(f[0][j + 1][2], f[0][j + 1][3]));
-        }
-        if constexpr (kNTilesS % 2 == 1) {
-            constexpr int j = kNTilesS - 1;
-            const int key = kKey0 + j * 8 + lane % 8;  // lanes 0-15's addresses are used
-            stmatrix_x2_trans(swizzled_address(tile, key, query_byte), pack2<Element>(f[0][j][0], f[0][j][1]),
-                              pack2<Element>(f[0][j][2], f[0][j][3]));
-        }
+        return swizzled_address(tile, (j + r / 2) * 8 + lane % 8, (warp_row0 + (r % 2) * 8) * 2);
+    };
+    // Blocks j and j + 1 of v, rounded to 16 bits, stored transposed.
+    auto store_pair = [&](uint32_t tile, int j, const float (&v)[2][4]) {
+        stmatrix_x4_trans(pair_address(tile, j), pack2<Element>(v[0][0], v[0][1]), pack2<Element>(v[0][2], v[0][3]),
+                          pack2<Element>(v[1][0], v[1][1]), pack2<Element>(v[1][2], v[1][3]));
     };
     // Slice i of dV^T += dO^T P or dK^T += Q^T dS: A the slice's column block
     // of dO or Q, read MN-major (its 64 columns are M, the queries K: 16 rows
@@ -1405,54 +1407,98 @@ __device__ __forceinline__ void bwd_slice_consumer(const BwdParams& params, cons
         }
         wgmma_commit();
     };
+    // The producer's copies of the step's Q or dO tile (full) have landed, and
+    // with packed rows its zeros past the sequence too (stored before its
+    // stats arrivals: BwdWork); with them the tile's LSE or D (stats).
+    auto wait_q = [&](const StageOf<Traits>& sq) {
+        mbarrier_wait(layout.full(sq.stage), sq.phase);
+        if (params.cu_seqlens_q != nullptr) mbarrier_wait(layout.stats_full(sq.stage), sq.phase);
+    };
+    auto wait_dout = [&](const StageOf<Traits, Traits::kDoStages>& sd) {
+        mbarrier_wait(layout.do_full(sd.stage), sd.phase);
+        if (params.cu_seqlens_q != nullptr) mbarrier_wait(layout.do_stats_full(sd.stage), sd.phase);
+    };
     if (work.steps > 0) {
         wait_key_tiles(params, layout, work, n0);
 #pragma unroll 1
         for (int t = 0; t < work.steps; ++t) {
             const StageOf<Traits> sq(t);                     // Q's ring
             const StageOf<Traits, Traits::kDoStages> sd(t);  // dO's
-            const int m0 = work.m0_of(t);
-            float s[1][kNTilesS][4];   // S, then P
-            float dp[1][kNTilesS][4];  // dP, then dS
-            // Packed rows: the producer's zeros past the sequence are stored
-            // before its stats arrivals (BwdWork).
-            mbarrier_wait(layout.full(sq.stage), sq.phase);
-            if (params.cu_seqlens_q != nullptr) mbarrier_wait(layout.stats_full(sq.stage), sq.phase);
-            issue_scores(s, layout.q(sq.stage), k_desc);
-            mbarrier_wait(layout.do_full(sd.stage), sd.phase);
-            if (params.cu_seqlens_q != nullptr) mbarrier_wait(layout.do_stats_full(sd.stage), sd.phase);
-            issue_scores(dp, layout.dout(sd.stage), v_desc);
-
-            // P while dP runs: masked where some query of the tile misses some
-            // key (bwd_consumer's scores say which and why; the keys past the
-            // sequence too), capped first with softcap.
-            wgmma_wait<1>();
-            pin_registers(flat(s));
-            cap_rows<Has_softcap>(s, params);
-            mbarrier_wait(layout.stats_full(sq.stage), sq.phase);
-            if (!tile_is_full<kBlockM, kBlockN>(m0, n0, work.seq.seqlen_q, work.window)) {
-                apply_mask<Is_local>(s, m0 + warp_row0, n0 + kKey0, work.window, lane);
-            }
-            const uint32_t lse_row = layout.lse_log2(sq.stage) + 4 * (warp_row0 + lane / 4);
-            const float lse[2] = {load_shared_f32(lse_row), load_shared_f32(lse_row + 32)};
-            exponentiate_rows<Has_softcap>(s, params, lse);
-            wgmma_wait<0>();
-            pin_registers(flat(dp));
-            mbarrier_wait(layout.do_stats_full(sd.stage), sd.phase);
-            const uint32_t dsum_row = layout.dsum(sd.stage) + 4 * (warp_row0 + lane / 4);
-            const float dsum[2] = {load_shared_f32(dsum_row), load_shared_f32(dsum_row + 32)};
-            ds_rows<Has_softcap, /*kKeepP=*/true>(s, dp, params, lse, dsum);
             const uint32_t p_tile = layout.p(t % Traits::kPdsBuffers);
             const uint32_t ds_tile = layout.ds(t % Traits::kPdsBuffers);
-            store_transposed(p_tile, s);
-            store_transposed(ds_tile, dp);
-            fence_proxy_async_shared();  // the stores are read by wgmma (async proxy) after the barrier
-            named_barrier_sync_unaligned(kPdsBarrier, kConsumerThreads);  // the warpgroups are compiled apart
-
             const uint32_t dout = layout.dout(sd.stage);
             const uint32_t q = layout.q(sq.stage);
-            issue_kv_slice(dv[0], dout, p_tile, 0);
-            issue_kv_slice(dv[1], dout, p_tile, 1);
+            float x[1][kNTilesS][4];  // P warpgroup: S, then P; dS warpgroup: dP, then dS
+            if constexpr (kWarpgroup == 0) {
+                const int m0 = work.m0_of(t);
+                wait_q(sq);
+                issue_scores(x, q, layout.k());
+                named_barrier_arrive(kSBarrier, kConsumerThreads);
+                wgmma_wait<0>();
+                pin_registers(flat(x));
+                // Masked where some query of the tile misses some key
+                // (bwd_consumer's scores say which and why; the keys past the
+                // sequence too), capped first with softcap.
+                cap_rows<Has_softcap>(x, params);
+                mbarrier_wait(layout.stats_full(sq.stage), sq.phase);
+                if (!tile_is_full<kBlockM, kBlockN>(m0, n0, work.seq.seqlen_q, work.window)) {
+                    apply_mask<Is_local>(x, m0 + warp_row0, n0, work.window, lane);
+                }
+                const uint32_t lse_row = layout.lse_log2(sq.stage) + 4 * (warp_row0 + lane / 4);
+                const float lse[2] = {load_shared_f32(lse_row), load_shared_f32(lse_row + 32)};
+#pragma unroll
+                for (int j = 0; j < kNTilesS; j += 2) {
+                    float p[2][4], chained[2][4];
+#pragma unroll
+                    for (int h = 0; h < 2; ++h)
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) {
+                            p[h][e] = p_of(x[0][j + h][e], params, lse[e / 2]);
+                            if constexpr (Has_softcap) chained[h][e] = p[h][e] * cap_chain(x[0][j + h][e]);
+                        }
+                    store_pair(p_tile, j, p);
+                    if constexpr (Has_softcap) store_pair(ds_tile, j, chained);
+                }
+                fence_proxy_async_shared();  // the stores are read by wgmma (async proxy) after the barrier
+                named_barrier_sync_unaligned(kPBarrier, kConsumerThreads);  // the warpgroups are compiled apart
+                wait_dout(sd);
+                issue_kv_slice(dv[0], dout, p_tile, 0);
+                issue_kv_slice(dv[1], dout, p_tile, 1);
+            } else {
+                named_barrier_sync_unaligned(kSBarrier, kConsumerThreads);  // S ahead of dP on the tensor cores
+                wait_dout(sd);
+                issue_scores(x, dout, layout.v());
+                mbarrier_wait(layout.do_stats_full(sd.stage), sd.phase);
+                const uint32_t dsum_row = layout.dsum(sd.stage) + 4 * (warp_row0 + lane / 4);
+                const float dsum[2] = {load_shared_f32(dsum_row), load_shared_f32(dsum_row + 32)};
+                wgmma_wait<0>();
+                pin_registers(flat(x));
+                named_barrier_sync_unaligned(kPBarrier, kConsumerThreads);
+                issue_kv_slice(dv[0], dout, p_tile, 0);
+                issue_kv_slice(dv[1], dout, p_tile, 1);
+                // dS while dV^T runs: P (with softcap P times the chain
+                // factor, where dS then goes) read back in this thread's
+                // fragment positions.
+                const uint32_t from = Has_softcap ? ds_tile : p_tile;
+#pragma unroll
+                for (int j = 0; j < kNTilesS; j += 2) {
+                    uint32_t packed[4];
+                    ldmatrix_x4_trans(pair_address(from, j), packed[0], packed[1], packed[2], packed[3]);
+                    float ds[2][4];
+#pragma unroll
+                    for (int h = 0; h < 2; ++h)
+#pragma unroll
+                        for (int e = 0; e < 4; e += 2) {
+                            const float2 p = unpack2<Element>(packed[2 * h + e / 2]);
+                            ds[h][e] = p.x * (x[0][j + h][e] - dsum[e / 2]);
+                            ds[h][e + 1] = p.y * (x[0][j + h][e + 1] - dsum[e / 2]);
+                        }
+                    store_pair(ds_tile, j, ds);
+                }
+                fence_proxy_async_shared();
+                wait_q(sq);
+            }
+            named_barrier_sync_unaligned(kDsBarrier, kConsumerThreads);
             issue_kv_slice(dk[0], q, ds_tile, 0);
             wgmma_wait<1>();  // dV^T: this thread's reads of the dO stage (and its D) are complete
             mbarrier_arrive(layout.do_empty(sd.stage));
@@ -1478,7 +1524,7 @@ __device__ __forceinline__ void bwd_slice_consumer(const BwdParams& params, cons
                   "dV and dK staged where Q and dO were");
     const uint32_t dv_stage = layout.q(0);
     const uint32_t dk_stage = layout.q(0) + Traits::kKVBytes;
-    named_barrier_sync_unaligned(kPdsBarrier, kConsumerThreads);
+    named_barrier_sync_unaligned(kPBarrier, kConsumerThreads);
     {
         const int r = lane / 8;
         const int col_byte = (warp_row0 + (r % 2) * 8) * 2;
@@ -1502,7 +1548,7 @@ __device__ __forceinline__ void bwd_slice_consumer(const BwdParams& params, cons
             }
         }
     }
-    named_barrier_sync_unaligned(kPdsBarrier, kConsumerThreads);
+    named_barrier_sync_unaligned(kPBarrier, kConsumerThreads);
     static_assert(kNTilesKV % 2 == 0, "n8 blocks of keys in pairs (x4)");
     const int64_t dv_offset = work.batch * params.dv_batch_stride + work.head_k * params.dv_head_stride;
     const int64_t dk_offset = work.batch * params.dk_batch_stride + work.head_k * params.dk_head_stride;

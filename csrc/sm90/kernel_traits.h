@@ -569,12 +569,14 @@ struct BwdSplitTraits {
 };
 
 // The sm90 backward's dK/dV kernel at head dim 256 (bwd_kernel.cuh:
-// bwd_slice_consumer), in FlashAttention-3's arrangement for it less dQ. A
-// block owns 80 keys (kBlockN) and walks steps of 64 queries; both consumer
-// warpgroups take part in every GEMM of a step:
-//   S = Q K^T and dP = dO V^T: each warpgroup its 40 keys (wgmma N = 40), all
-//     64 queries (M); P and dS go to shared memory in 16 bits as [key][query]
-//     tiles (one 128-byte row of 64 queries a key) that both read;
+// bwd_slice_consumer): FlashAttention-3's arrangement for it less dQ, with the
+// scores split by GEMM rather than by keys. A block owns 80 keys (kBlockN) and
+// walks steps of 64 queries:
+//   S = Q K^T by consumer warpgroup 0 and dP = dO V^T by warpgroup 1, each
+//     over all 80 keys (wgmma N = 80) and 64 queries (M), so that a step reads
+//     Q and dO once each; P and dS go to shared memory in 16 bits as
+//     [key][query] tiles (one 128-byte row of 64 queries a key) that both
+//     read, dS made by warpgroup 1 from the stored P;
 //   dV^T += dO^T P, dK^T += Q^T dS: each warpgroup its 128 columns of the head
 //     dim (two slices of M = 64), all 80 keys (N = 80): 160 fp32 registers.
 // dQ has a kernel of its own over query tiles (BwdDqTraits), in both modes:
@@ -596,7 +598,6 @@ struct BwdSliceTraits {
     static constexpr int kBlockN = 80;  // keys per block: N of dV^T and dK^T
     static constexpr int kConsumerWarpgroups = 2;
     static constexpr int kNThreads = 128 * (1 + kConsumerWarpgroups);
-    static constexpr int kWarpgroupKeys = kBlockN / kConsumerWarpgroups;         // of S and dP: 40
     static constexpr int kSliceCols = kSwizzleCols;                               // head-dim columns of a slice: 64
     static constexpr int kSlices = kHeadDim / kConsumerWarpgroups / kSliceCols;  // a warpgroup's: 2
     static constexpr int kColBlocks = kHeadDim / kSwizzleCols;
@@ -604,12 +605,12 @@ struct BwdSliceTraits {
     static constexpr int kTileCols = kHeadDim;
     static constexpr int kKStepsD = kHeadDim / 16;  // of S and dP (over the head dim)
     static constexpr int kKStepsM = kBlockM / 16;   // of dV^T and dK^T (over the step's queries)
-    static constexpr int kNTilesS = kWarpgroupKeys / 8;  // n8 blocks of a warpgroup's S and dP
-    static constexpr int kNTilesKV = kBlockN / 8;        // of a slice of dV^T, dK^T
+    static constexpr int kNTilesS = kBlockN / 8;   // n8 blocks of a warp's S or dP
+    static constexpr int kNTilesKV = kBlockN / 8;  // of a slice of dV^T, dK^T
     static constexpr int kMinHeadDim = kHeadDim - 63;
 
     // setmaxnreg: the producer warp 24, each consumer 240. Peak: dV^T and dK^T
-    // (160), S and dP (40) while P and dS are made.
+    // (160), S or dP (40) while P or dS is made.
     static constexpr int kProducerRegs = 24;
     static constexpr int kConsumerRegs =
         ((1 + kConsumerWarpgroups) * registers_at_entry(kNThreads) - kProducerRegs) / kConsumerWarpgroups / 8 * 8;
@@ -641,12 +642,11 @@ struct BwdSliceTraits {
     static constexpr int kBarriers = 1 + 3 * kStages + 3 * kDoStages;
     static constexpr int kSmemBytes = kSmemBarrierOffset + 8 * kBarriers + kSmemAlign;
 
-    static_assert(kWarpgroupKeys % 8 == 0 && kBlockN % 16 == 0, "whole n8 blocks a warpgroup, whole k16 steps of keys");
+    static_assert(kBlockN % 16 == 0, "whole k16 steps of keys, n8 blocks in pairs");
     static_assert(kStages >= kDoStages, "D of dO stage s sits in row-stat slot s");
     static_assert(kKVBlockBytes % kSwizzleAtomBytes == 0 && kQBlockBytes % kSwizzleAtomBytes == 0 &&
-                      kPdsBytes % kSwizzleAtomBytes == 0 && (kWarpgroupKeys * kSwizzleBytes) % kSwizzleAtomBytes == 0 &&
-                      kSmemRowStatsOffset % kSwizzleAtomBytes == 0,
-                  "every swizzled block (and each warpgroup's K and V rows) starts on an atom");
+                      kPdsBytes % kSwizzleAtomBytes == 0 && kSmemRowStatsOffset % kSwizzleAtomBytes == 0,
+                  "every swizzled block starts on an atom");
     static_assert(128 * (kProducerRegs + 2 * kConsumerRegs) <= kNThreads * registers_at_entry(kNThreads) &&
                       kConsumerRegs <= 256 && kConsumerRegs % 8 == 0,
                   "setmaxnreg: the warpgroups' registers must fit what the block holds at entry");
