@@ -37,8 +37,8 @@
 // At head dim 192 the two consumer warpgroups share one tile of 64 keys
 // instead, each taking part of a step's five GEMMs (kernel_traits.h:
 // BwdSplitTraits; bwd_split_consumer); the producer and everything below are
-// the same. At 256 (both modes) both take part in every GEMM of a step over
-// 80 keys and compute dK and dV alone
+// the same. At 256 (both modes) a block owns 80 keys and computes dK and dV
+// alone, one warpgroup S and the other dP, both dK and dV
 // (kernel_traits.h: BwdSliceTraits; bwd_slice_consumer): dQ comes from a
 // kernel of its own over query tiles (bwd_dq_kernel.cuh). There dO has a ring
 // of its own (one stage beside Q's two: Traits::kDoStages), which the
