@@ -1,0 +1,36 @@
+#!/bin/bash
+# Round 37, call 2 (one H200): the d256 dK/dV kernel with S and dP at N = 80, one per warpgroup
+# (n80.patch) against main's N = 40 in both. Trees in /tmp: B = the working tree (with the patch),
+# A = the patch reversed. Kernels-only builds of the d256 instantiations, in parallel. B: smoke37.py
+# (d256, both dtypes; then bf16 deterministic, twice bitwise), memcheck and racecheck over round 36's
+# sanitize_det256.py. Then kernels.py (A: flashattn, FA3, cuDNN; B: flashattn) and time37.py on A, B, A, B.
+set -uo pipefail
+export TORCH_CUDA_ARCH_LIST=9.0a CUDA_HOME=/usr/local/cuda PYTHONUNBUFFERED=1
+SECONDS=0
+R=benchmarks/results/2026-11-30-h200-round37
+PY=$(command -v python3)
+mkdir -p /tmp/fa3 && cp .fa3/lib/libfa3.so /tmp/fa3/ && export FLASHATTN_FA3_LIB=/tmp/fa3/libfa3.so
+K='sm90_fwd_bf16_hdim256*,sm90_fwd_fp16_hdim256*,sm90_bwd_bf16_hdim256*,sm90_bwd_fp16_hdim256*'
+for t in A B; do
+  rm -rf /tmp/$t && mkdir -p /tmp/$t && cp -r csrc flashattn setup.py /tmp/$t/ && rm -f /tmp/$t/flashattn/_C*.so
+  if [ $t = A ]; then (cd /tmp/A && patch -s -R -p1 < $OLDPWD/$R/n80.patch) || echo "patch -R failed"; fi
+  (cd /tmp/$t && FLASHATTN_KERNELS_ONLY="$K" MAX_JOBS=8 $PY setup.py build_ext --inplace > /tmp/build$t.log 2>&1; echo "build $t rc $? at ${SECONDS}s"; grep "ptxas" /tmp/build$t.log | head -2) &
+done
+wait
+grep -c kDsBarrier /tmp/A/csrc/sm90/bwd_kernel.cuh /tmp/B/csrc/sm90/bwd_kernel.cuh
+(cd /tmp && PYTHONPATH=/tmp/B:$OLDPWD timeout 150 $PY $OLDPWD/$R/smoke37.py --hdims=256 > "$OUT/smoke_B.log" 2>&1; echo "B smoke rc $? at ${SECONDS}s: $(tail -1 "$OUT/smoke_B.log")")
+(cd /tmp && PYTHONPATH=/tmp/B:$OLDPWD timeout 100 $PY $OLDPWD/$R/smoke37.py --hdims=256 --dtypes=bf16 --det > "$OUT/smoke_B_det.log" 2>&1; echo "B smoke det rc $? at ${SECONDS}s: $(tail -1 "$OUT/smoke_B_det.log")")
+grep FAIL "$OUT"/smoke_B*.log | head -5 | cut -c1-300
+CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+for tool in memcheck racecheck; do
+  (cd /tmp && PYTORCH_NO_CUDA_MEMORY_CACHING=1 PYTHONPATH=/tmp/B:$OLDPWD timeout 90 $CS --tool $tool $PY $OLDPWD/benchmarks/results/2026-11-30-h200-round36/sanitize_det256.py > "$OUT/sanitize_$tool.log" 2>&1
+   echo "$tool rc $? at ${SECONDS}s: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|calls completed' "$OUT/sanitize_$tool.log" | tr '\n' ' ')")
+done
+(cd /tmp && PYTHONPATH=/tmp/A:$OLDPWD timeout 150 $PY $OLDPWD/$R/kernels.py --hdims=256 --only=flashattn,fa3,cudnn 2>&1 | grep -v Warn > "$OUT/kernels_A.log"; echo "kernels A at ${SECONDS}s")
+(cd /tmp && PYTHONPATH=/tmp/B:$OLDPWD timeout 100 $PY $OLDPWD/$R/kernels.py --hdims=256 --only=flashattn 2>&1 | grep -v Warn > "$OUT/kernels_B.log"; echo "kernels B at ${SECONDS}s")
+cat "$OUT/kernels_A.log" "$OUT/kernels_B.log" | cut -c1-100 | head -60
+for t in A B A B; do
+  echo "== tree $t at ${SECONDS}s"
+  (cd /tmp && PYTHONPATH=/tmp/$t:$OLDPWD timeout 100 $PY $OLDPWD/$R/time37.py --hdims=256 --rounds=2 2>&1 | tee -a "$OUT/time_$t.log" | grep row)
+done
+echo "done at ${SECONDS}s"
