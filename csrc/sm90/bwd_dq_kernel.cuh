@@ -219,15 +219,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         // S = Q K^T or dP = dO V^T: A this warpgroup's rows, B the stage's 64 keys (K-major), over the head dim.
         auto issue_scores = [&](float (&acc)[1][kNTilesS][4], uint64_t a_desc, uint32_t b_tile) {
             const uint64_t b_desc = smem_descriptor_sw128(b_tile, kUnusedLeadingBytes, kSwizzleAtomBytes);
-            wgmma_fence();
-#pragma unroll
-            for (int k = 0; k < Traits::kKStepsD; ++k) {
-                const uint32_t offset_a = (k / 4) * Traits::kQBlockBytes + (k % 4) * 32;
-                const uint32_t offset_b = (k / 4) * Traits::kKVBlockBytes + (k % 4) * 32;
-                Wgmma<kBlockN>::template ss<Element>(flat(acc), advance_descriptor(a_desc, offset_a),
-                                                     advance_descriptor(b_desc, offset_b), /*scale_d=*/k > 0);
-            }
-            wgmma_commit();
+            issue_scores_k_major<Element, kBlockN, Traits::kKStepsD, Traits::kQBlockBytes, Traits::kKVBlockBytes>(
+                acc, a_desc, b_desc);
         };
         // dQ += dS K: A dS from registers (k16 step k: n8 blocks 2k and 2k + 1),
         // B the stage's K read MN-major (the keys are K, the head dim N: column

@@ -173,25 +173,34 @@ __device__ __forceinline__ void zero_rows(uint32_t a, uint32_t b, int block_byte
     zero_tile_rows<Traits::kColBlocks, Traits::kColBlocksV, kRows>(a, b, block_bytes, first_row, thread, threads);
 }
 
-// A transposed score tile, one wgmma group: acc = X Y^T for a warpgroup's 64
-// rows of X (K or V: x_desc) and the stage's tile of Y (Q or dO at y_tile),
-// both K-major over kKSteps k16 steps of their columns: S^T = K Q^T, dP^T = V
-// dO^T.
+// A score tile, one wgmma group: acc = A B^T for a warpgroup's 64 rows of A
+// (a_desc) and kN rows of B (b_desc), both K-major over kKSteps k16 steps of
+// their columns, stored in 64-column blocks kABlockBytes and kBBlockBytes
+// apart: each kernel's S, dP or their transposes.
+template <typename Element, int kN, int kKSteps, int kABlockBytes, int kBBlockBytes>
+__device__ __forceinline__ void issue_scores_k_major(float (&acc)[1][kN / 8][4], uint64_t a_desc, uint64_t b_desc) {
+    wgmma_fence();
+#pragma unroll
+    for (int k = 0; k < kKSteps; ++k) {
+        // k16 step k: 32 bytes into a 128-byte row, column block k / 4.
+        const uint32_t offset_a = (k / 4) * kABlockBytes + (k % 4) * 32;
+        const uint32_t offset_b = (k / 4) * kBBlockBytes + (k % 4) * 32;
+        Wgmma<kN>::template ss<Element>(flat(acc), advance_descriptor(a_desc, offset_a),
+                                        advance_descriptor(b_desc, offset_b), /*scale_d=*/k > 0);
+    }
+    wgmma_commit();
+}
+
+// A transposed score tile: acc = X Y^T for a warpgroup's 64 rows of X (K or
+// V: x_desc) and the stage's tile of Y (Q or dO at y_tile): S^T = K Q^T,
+// dP^T = V dO^T.
 template <typename Traits, int kKSteps>
 __device__ __forceinline__ void issue_transposed_scores(float (&acc)[1][Traits::kNTilesS][4], uint64_t x_desc,
                                                         uint32_t y_tile) {
     const uint64_t y_desc = smem_descriptor_sw128(y_tile, kUnusedLeadingBytes, kSwizzleAtomBytes);
     x_desc = recompute_per_use(x_desc);
-    wgmma_fence();
-#pragma unroll
-    for (int k = 0; k < kKSteps; ++k) {
-        // k16 step k: 32 bytes into a 128-byte row, column block k / 4.
-        const uint32_t offset_x = (k / 4) * Traits::kKVBlockBytes + (k % 4) * 32;
-        const uint32_t offset_y = (k / 4) * Traits::kQBlockBytes + (k % 4) * 32;
-        Wgmma<Traits::kBlockM>::template ss<typename Traits::Element>(
-            flat(acc), advance_descriptor(x_desc, offset_x), advance_descriptor(y_desc, offset_y), /*scale_d=*/k > 0);
-    }
-    wgmma_commit();
+    issue_scores_k_major<typename Traits::Element, Traits::kBlockM, kKSteps, Traits::kKVBlockBytes,
+                         Traits::kQBlockBytes>(acc, x_desc, y_desc);
 }
 
 // A warp's fragment of a transposed score tile (rows: keys, columns: queries)
@@ -1365,15 +1374,8 @@ __device__ __forceinline__ void bwd_slice_consumer(const BwdParams& params, cons
         const uint64_t a_desc = smem_descriptor_sw128(a_tile, kUnusedLeadingBytes, kSwizzleAtomBytes);
         const uint64_t b_desc =
             recompute_per_use(smem_descriptor_sw128(b_tile, kUnusedLeadingBytes, kSwizzleAtomBytes));
-        wgmma_fence();
-#pragma unroll
-        for (int k = 0; k < Traits::kKStepsD; ++k) {
-            const uint32_t offset_a = (k / 4) * Traits::kQBlockBytes + (k % 4) * 32;
-            const uint32_t offset_b = (k / 4) * Traits::kKVBlockBytes + (k % 4) * 32;
-            Wgmma<kBlockN>::template ss<Element>(flat(acc), advance_descriptor(a_desc, offset_a),
-                                                 advance_descriptor(b_desc, offset_b), /*scale_d=*/k > 0);
-        }
-        wgmma_commit();
+        issue_scores_k_major<Element, kBlockN, Traits::kKStepsD, Traits::kQBlockBytes, Traits::kKVBlockBytes>(
+            acc, a_desc, b_desc);
     };
     // The [key][query] tile at `tile` (128-byte rows of 64 queries, swizzled)
     // and a warp's 16 queries x 80 keys of a fragment: n8 blocks j and j + 1
