@@ -17,6 +17,7 @@ import torch
 
 import flashattn
 from flashattn._extension import BUILD_INFO
+from helpers import assert_grads_match_reference, case_seed, random_qkv, run_backward
 
 pytestmark = pytest.mark.gpu
 
@@ -229,6 +230,52 @@ def test_sm90_backward_serves_or_delegates(case, family):
     run()  # module load outside the profile
     names = [n for n in kernels_run_by(run) if "bwd_kernel" in n or "bwd_dk_dv" in n]
     assert names and all(f"flash::{family}::" in name for name in names), names
+
+
+SM90_GRID_Y = 65535  # csrc/sm90/schedule.h: kMaxGridY, the tiles a default backward grid's y holds
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9 or not sm90_in_build(),
+                    reason="the sm90 family runs on 9.x GPUs of builds that include 9.0a")
+@pytest.mark.parametrize("extra_keys, family", [(0, "sm90"), (1, "sm80")])
+def test_sm90_backward_takes_the_key_tiles_its_grid_holds(extra_keys, family):
+    """Under a causal mask the sm90 backward's default grid has its key tiles in grid.y (at most 65535
+    blocks): a longer sequence runs the sm80 backward (serves_bwd), and both are right. Head dim 192
+    has the shortest tiles (64 keys), so the shortest sequence past the limit: 65535 * 64 + 1 keys."""
+    if flashattn.kernel_family() != "sm90":
+        pytest.skip("FLASHATTN_FAMILY forces another family")
+    seqlen_k = SM90_GRID_Y * 64 + extra_keys
+    q, k, v = random_qkv(1, 3, seqlen_k, 1, 1, 192, torch.bfloat16, "cuda", case_seed("grid", extra_keys))
+    dout = torch.randn_like(q)
+    grads = []
+    names = [n for n in kernels_run_by(lambda: grads.extend(run_backward(q, k, v, dout, 192**-0.5, causal=True)))
+             if "bwd_kernel" in n or "bwd_dk_dv" in n]
+    assert names and all(f"flash::{family}::" in name for name in names), names
+    assert_grads_match_reference(grads, q, k, v, dout, 192**-0.5, causal=True)
+
+
+@pytest.mark.slow  # 8.4M query rows at d256: tens of GB of GPU memory for the reference
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9 or not sm90_in_build(),
+                    reason="the sm90 family runs on 9.x GPUs of builds that include 9.0a")
+@pytest.mark.parametrize("extra_queries, family", [(0, "sm90"), (1, "sm80")])
+def test_sm90_backward_takes_the_query_tiles_its_dq_grid_holds(extra_queries, family):
+    """At head dim 256 dQ has a kernel over query tiles of 128, under a mask in grid.y: a longer
+    sequence of queries runs the sm80 backward, and both are right. The window bounds its right side
+    past every key, so that it masks nothing. dout is 0 but in the first and the last 4096 rows (the
+    last query tile holds the last of them): dV and dK then sum 8192 rows' terms, not 8.4M (a sum of 8.4M
+    terms in one order put sm80's dV 6% past the bound of PyTorch's own pairwise-summed error, round 38)."""
+    if flashattn.kernel_family() != "sm90":
+        pytest.skip("FLASHATTN_FAMILY forces another family")
+    seqlen_q = SM90_GRID_Y * 128 + extra_queries
+    q, k, v = random_qkv(1, seqlen_q, 5, 1, 1, 256, torch.bfloat16, "cuda", case_seed("dq grid", extra_queries))
+    dout = torch.zeros_like(q)
+    dout[:, :4096], dout[:, -4096:] = torch.randn_like(q[:, :4096]), torch.randn_like(q[:, -4096:])
+    grads = []
+    window = {"window_size": (-1, seqlen_q)}
+    names = [n for n in kernels_run_by(lambda: grads.extend(run_backward(q, k, v, dout, 256**-0.5, False, **window)))
+             if "bwd_kernel" in n or "bwd_dk_dv" in n or "bwd_dq_kernel" in n]
+    assert names and all(f"flash::{family}::" in name for name in names), names
+    assert_grads_match_reference(grads, q, k, v, dout, 256**-0.5, False, **window)
 
 
 def test_an_unknown_family_is_a_clear_error():

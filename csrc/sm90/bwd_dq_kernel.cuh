@@ -80,8 +80,10 @@ struct BwdDqSmem {
 };
 
 // A block's queries: its query tile (the longest walks first under a mask),
-// query head and sequence, and the key tiles they see.
-template <typename Traits>
+// query head and sequence, and the key tiles they see. The grid's axes
+// (bwd_launch.cuh: run_bwd_dq): (query tile, head, batch); under a mask
+// (Is_local) (batch, query tile, head).
+template <typename Traits, bool Is_local>
 struct BwdDqWork {
     int m_block, head, batch;
     Sequence seq;
@@ -89,9 +91,15 @@ struct BwdDqWork {
     KeyTileRange key_tiles;
 
     __device__ __forceinline__ explicit BwdDqWork(const BwdParams& params) {
-        m_block = gridDim.x - 1 - blockIdx.x;
-        head = blockIdx.y;
-        batch = blockIdx.z;
+        if constexpr (Is_local) {
+            m_block = gridDim.y - 1 - blockIdx.y;
+            head = blockIdx.z;
+            batch = blockIdx.x;
+        } else {
+            m_block = gridDim.x - 1 - blockIdx.x;
+            head = blockIdx.y;
+            batch = blockIdx.z;
+        }
         seq = sequence_of<false>(params, batch);
         window = window_of(params, seq.seqlen_q, seq.seqlen_k);
         key_tiles = m0() < seq.seqlen_q ? key_tile_range<Traits::kBlockM, Traits::kBlockN>(m0(), seq.seqlen_q, window)
@@ -148,7 +156,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     if (warpgroup == 0) {
         // Producer: warp 0 copies; the rest of the warpgroup exits.
         release_registers<Traits::kProducerRegs>();
-        const BwdDqWork<Traits> work(params);
+        const BwdDqWork<Traits, Is_local> work(params);
         if (threadIdx.x >= 32 || work.steps() == 0) return;
         const int lane = threadIdx.x;
         const int m0 = work.m0();
@@ -198,7 +206,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     const int lane = threadIdx.x % 32;
     const int warp_in_group = (threadIdx.x / 32) % 4;
     const int row0 = consumer * Traits::kWarpgroupRows + warp_in_group * 16;  // this warp's first row of the block
-    const BwdDqWork<Traits> work(params);
+    const BwdDqWork<Traits, Is_local> work(params);
     // Launched behind the main kernel, which it may overlap (bwd_launch.cuh),
     // the block waits for it before it exits: the grid completes after it.
     if (!work.has_rows()) {

@@ -317,9 +317,13 @@ __device__ __forceinline__ KeyTileOfPair deterministic_tile_of_block(int run) {
 // entry, the sequence's rows start at q_start / k_start, and the lengths are
 // the sequence's own (seqused_q/k and leftpad_k applied: mask.cuh,
 // varlen_sequence_of), as are the query tiles and the causal diagonal.
-// Deterministic: the grid takes each (KV head, batch) pair's key tiles from
-// the last to the first, the order of dQ's adds (bwd_dq_writer), in runs of
-// params.det_run tiles across the pairs (schedule.h: deterministic_tile).
+// The default grid takes the (KV head, batch) pairs in turn, each pair's key
+// tiles first to last; under a mask (Is_local) KV head after KV head, within a
+// head key tile after key tile, the first (the longest) first, and within a
+// key tile the batches (bwd_launch.cuh says why). Deterministic: the grid
+// takes each (KV head, batch) pair's key tiles from the last to the first, the
+// order of dQ's adds (bwd_dq_writer), in runs of params.det_run tiles across
+// the pairs (schedule.h: deterministic_tile).
 template <typename Traits, bool Is_local, bool Is_deterministic>
 struct BwdWork {
     int n_block, head_k, batch;
@@ -335,6 +339,10 @@ struct BwdWork {
             n_block = static_cast<int>(tile_and_head & 0xffffffffu);
             head_k = static_cast<int>(tile_and_head >> 32);
             batch = static_cast<int>(load_shared_u64(layout.tile() + 8));
+        } else if constexpr (Is_local) {  // the grid (batch, key tile, KV head): bwd_launch.cuh says why
+            n_block = blockIdx.y;
+            head_k = blockIdx.z;
+            batch = blockIdx.x;
         } else {
             n_block = blockIdx.x;
             head_k = blockIdx.y;

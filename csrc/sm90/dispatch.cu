@@ -10,6 +10,7 @@
 #include "sm80/sm80.h"
 #include "sm90/fp8_values.cuh"
 #include "sm90/kernel_traits.h"
+#include "sm90/schedule.h"
 #include "sm90/sm90.h"
 #include "sm90/tensor_map.h"
 
@@ -206,7 +207,9 @@ cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream) {
 // (cu_seqlens, seqused_q/k, leftpad_k) as the forward serves them: packed
 // rows, each sequence's own lengths (bwd_kernel.cuh: BwdWork); each of these
 // with any of the others. The backward has no block table (paged keys are
-// gathered into a packed batch before it).
+// gathered into a packed batch before it). Under a causal mask or a window,
+// sequences of more tiles than the default grids' y holds (kMaxGridY: 4-8M
+// keys or queries by head dim) go to sm80.
 bool serves_bwd(const BwdParams& params) {
     const int head_dim = bwd_head_dim(params.head_dim);
     if (head_dim == 0) return false;
@@ -216,7 +219,18 @@ bool serves_bwd(const BwdParams& params) {
     });
     // Of the extras, softcap alone (ALiBi and dropout stay with sm80).
     const bool extras_fit = params.alibi_slopes_ptr == nullptr && params.rng_state == nullptr;
-    return extras_fit && params.block_table == nullptr && smem <= params.max_smem_per_block &&
+    // Under a mask the default grids have their tiles in y (bwd_launch.cuh;
+    // schedule.h: kMaxGridY): the main kernel's key tiles (the deterministic
+    // one's are in x) and d256's dQ kernel's query tiles (both modes).
+    const bool grids_fit = !params.is_local || bwd_head_dims_switch(params, [&]<int kHeadDim, int kHeadDimV>() {
+        using Traits = BwdTraitsFor<kHeadDim, __half, kHeadDimV>;
+        const auto tiles = [](int rows, int tile) { return (static_cast<int64_t>(rows) + tile - 1) / tile; };
+        const bool keys = (params.deterministic && Traits::kDqInKernel) ||
+                          tiles(params.seqlen_k, Traits::kBlockN) <= kMaxGridY;
+        const bool queries = Traits::kDqInKernel || tiles(params.seqlen_q, BwdDqTraits<__half>::kBlockM) <= kMaxGridY;
+        return keys && queries;
+    });
+    return extras_fit && grids_fit && params.block_table == nullptr && smem <= params.max_smem_per_block &&
            bwd_tensor_maps_fit(params);
 }
 

@@ -2,6 +2,9 @@
 // tiles when they draw them (a causal mask or a window: fwd_kernel.cuh,
 // WorkQueue), and the order of the deterministic backward's grid (at the end).
 //
+// (The backward's default grid has an order of its own, set by its launch:
+// bwd_launch.cuh.)
+//
 // A call's tiles are (tile, head) pairs: `tiles` query tiles for each of
 // `heads` heads (a head here is a (batch, head) pair). Under a causal mask the
 // tiles of a head differ in work by up to the sequence's length over the tile's.
@@ -81,5 +84,11 @@ __host__ __device__ __forceinline__ KeyTileOfPair deterministic_tile(int64_t blo
 // share the same at every length (rounds 23-24: at 1k to 16k a quarter was
 // best or within 1-2% of it; benchmarks/NOTES.md). At least 1 for tiles >= 1.
 inline int deterministic_run(int tiles, bool masked) { return masked ? tiles : (tiles + 3) / 4; }
+
+// Under a mask the backward's default grids hold their tiles in y
+// (bwd_launch.cuh: the main kernel's key tiles, d256's dQ kernel's query
+// tiles), which takes at most 65535 blocks: dispatch.cu sends longer
+// sequences to the sm80 family.
+constexpr int kMaxGridY = 65535;
 
 }  // namespace flash::sm90
