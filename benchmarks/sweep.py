@@ -97,6 +97,9 @@ def add_arguments(p):
                    help="do_bench warm-up of the bwd and fwdbwd passes, ms")
     p.add_argument("--grad-rep", type=float, default=GRAD_REP_MS,
                    help="do_bench repetition time of the bwd and fwdbwd passes, ms")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="time each config's backends in turn, this many rounds, each keeping its best median "
+                        "(default 1: each backend timed once, right after its check)")
     p.add_argument("--features", action="store_true",
                    help="GPU: also time variable-length batches, sliding windows, softcap, ALiBi and dropout "
                         "(benchmarks/features.py) into features.csv and a section of results.md")
@@ -105,6 +108,8 @@ def add_arguments(p):
 
 
 def run(args):
+    if args.rounds < 1:
+        raise SystemExit(f"{PROG}: --rounds {args.rounds}: at least 1")
     device, why_cpu = pick_device(args.device, PROG)
     causal = {"both": (False, True), "true": (True,), "false": (False,)}[args.causal]
     if device == "cuda":
@@ -131,6 +136,8 @@ def run(args):
               "(flashattn's CPU path vs the naive reference). Not run, needs a GPU:", flush=True)
         for item in CPU_NOT_RUN:
             print(f"  - {item}", flush=True)
+    if args.rounds > 1:
+        header["timing"] += f"; best of {args.rounds} rounds, a config's backends timed in turn"
     out = results_folder(args.out, dated_folder(folder))
 
     sweep = Sweep(tuple(dtypes), causal, tuple(headdims), tuple(seqlens), tuple(passes), tuple(args.backends),
@@ -138,7 +145,7 @@ def run(args):
     memory_backends = [b for b in ("flashattn", "naive") if b in args.backends]
     started = time.perf_counter()
     seconds = dict.fromkeys(passes, 0.0)  # time spent in each pass, then in the memory tables
-    rows = sweep_rows(sweep, device, timers, seconds, desc=f"{device} sweep")
+    rows = sweep_rows(sweep, device, timers, seconds, desc=f"{device} sweep", rounds=args.rounds)
     memory_started = time.perf_counter()
     if device == "cuda":
         for sizes, shape, training, desc in ((args.memory_seqlens, MEMORY_SHAPE, False, "peak memory"),

@@ -208,6 +208,54 @@ def test_best_of_rounds_takes_turns_keeps_each_best_and_drops_a_failing_measure(
     assert failed == {"c": "ValueError: shape not supported"}
 
 
+@pytest.mark.parametrize("rounds", [1, 3])
+def test_sweep_rounds_time_a_configs_backends_in_turn_and_keep_each_best(rounds: int) -> None:
+    """benchmarks.speed.config_rows with --rounds: each backend checked, then (rounds > 1) the checked
+    ones timed in turn, round after round, each row keeping its best median; rounds 1 times each once,
+    right after its check. On the CPU, with a timer that records which call it timed."""
+    from benchmarks.shapes import Shape
+    from benchmarks.speed import config_rows
+
+    timed = []
+
+    def timer(step):
+        timed.append(step)
+        return 10.0 - len(timed)  # later calls faster: the best is each backend's last
+
+    shape = Shape("cpu", "fp32", False, 1, 2, 64, 32)
+    rows = config_rows(shape, ["flashattn", "naive"], ("fwd",), {"fwd": timer}, rounds=rounds)
+    assert [r.backend for r in rows] == ["flashattn", "naive"] and all(r.status == "ok" for r in rows), rows
+    assert len(timed) == 2 * rounds and timed[0] is not timed[1]
+    assert timed == [timed[0], timed[1]] * rounds  # in turn: flashattn, naive, flashattn, ...
+    for i, row in enumerate(rows):
+        assert row.median_ms == 10.0 - (2 * (rounds - 1) + i + 1) and row.tflops > 0
+
+
+def test_sweep_rounds_mark_a_backend_whose_timing_fails() -> None:
+    """benchmarks.speed.time_rows_in_rounds: a call that raises while timed leaves its row an error
+    that says so, and the others their best."""
+    import contextlib
+
+    from benchmarks.shapes import Shape
+    from benchmarks.speed import time_rows_in_rounds
+
+    shape = Shape("cpu", "fp32", False, 1, 2, 64, 32)
+    good, bad = shape.row("flashattn", "fwd"), shape.row("naive", "fwd")
+    good.status = bad.status = "ok"
+
+    def fails():
+        raise RuntimeError("refused\nsecond line")
+
+    def timer(step):
+        step()
+        return 2.0
+
+    time_rows_in_rounds({"flashattn": (good, lambda: None, contextlib.nullcontext),
+                         "naive": (bad, fails, contextlib.nullcontext)}, timer, flops=1e9, rounds=2)
+    assert good.status == "ok" and good.median_ms == 2.0 and good.tflops == pytest.approx(1e9 / 2e-3 / 1e12)
+    assert bad.status == "error" and "while timing" in bad.notes and "refused" in bad.notes, bad
+
+
 def test_paged_benchmark_dry_run(tmp_path) -> None:
     """benchmarks/paged.py's plumbing on CPU (--dry-run, tiny lengths): a row per workload, page size
     and copy mode, the contiguous and paged calls timed in rounds, the same out, the Markdown table."""
