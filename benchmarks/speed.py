@@ -117,6 +117,7 @@ def pass_rows(shape, pass_, backends, steps, reference, timer, skip, rounds=1):
     if in_rounds:
         time_rows_in_rounds(in_rounds, timer, flops, rounds)
         in_rounds.clear()
+        step = None  # the last backend's, kept by its `continue`
         release(shape.device)
     return rows
 
