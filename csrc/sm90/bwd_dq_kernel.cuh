@@ -80,9 +80,8 @@ struct BwdDqSmem {
 };
 
 // A block's queries: its query tile (the longest walks first under a mask),
-// query head and sequence, and the key tiles they see. The grid's axes
-// (bwd_launch.cuh: run_bwd_dq): (query tile, head, batch); under a mask
-// (Is_local) (batch, query tile, head).
+// query head and sequence, and the key tiles they see (the grid:
+// schedule.h's backward_grid, taken from the last query tile to the first).
 template <typename Traits, bool Is_local>
 struct BwdDqWork {
     int m_block, head, batch;
@@ -91,15 +90,10 @@ struct BwdDqWork {
     KeyTileRange key_tiles;
 
     __device__ __forceinline__ explicit BwdDqWork(const BwdParams& params) {
-        if constexpr (Is_local) {
-            m_block = gridDim.y - 1 - blockIdx.y;
-            head = blockIdx.z;
-            batch = blockIdx.x;
-        } else {
-            m_block = gridDim.x - 1 - blockIdx.x;
-            head = blockIdx.y;
-            batch = blockIdx.z;
-        }
+        const TileOfGrid block = backward_grid_tile<Is_local, /*kLastFirst=*/true>();
+        m_block = block.tile;
+        head = block.head;
+        batch = block.batch;
         seq = sequence_of<false>(params, batch);
         window = window_of(params, seq.seqlen_q, seq.seqlen_k);
         key_tiles = m0() < seq.seqlen_q ? key_tile_range<Traits::kBlockM, Traits::kBlockN>(m0(), seq.seqlen_q, window)

@@ -320,7 +320,7 @@ __device__ __forceinline__ KeyTileOfPair deterministic_tile_of_block(int run) {
 // The default grid takes the (KV head, batch) pairs in turn, each pair's key
 // tiles first to last; under a mask (Is_local) KV head after KV head, within a
 // head key tile after key tile, the first (the longest) first, and within a
-// key tile the batches (bwd_launch.cuh says why). Deterministic: the grid
+// key tile the batches (schedule.h: backward_grid). Deterministic: the grid
 // takes each (KV head, batch) pair's key tiles from the last to the first, the
 // order of dQ's adds (bwd_dq_writer), in runs of params.det_run tiles across
 // the pairs (schedule.h: deterministic_tile).
@@ -339,14 +339,11 @@ struct BwdWork {
             n_block = static_cast<int>(tile_and_head & 0xffffffffu);
             head_k = static_cast<int>(tile_and_head >> 32);
             batch = static_cast<int>(load_shared_u64(layout.tile() + 8));
-        } else if constexpr (Is_local) {  // the grid (batch, key tile, KV head): bwd_launch.cuh says why
-            n_block = blockIdx.y;
-            head_k = blockIdx.z;
-            batch = blockIdx.x;
         } else {
-            n_block = blockIdx.x;
-            head_k = blockIdx.y;
-            batch = blockIdx.z;
+            const TileOfGrid block = backward_grid_tile<Is_local>();  // schedule.h
+            n_block = block.tile;
+            head_k = block.head;
+            batch = block.batch;
         }
         seq = sequence_of<false>(params, batch);
         window = window_of(params, seq.seqlen_q, seq.seqlen_k);

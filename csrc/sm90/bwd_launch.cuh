@@ -41,13 +41,11 @@ cudaError_t run_bwd_dq(const BwdParams& params, cudaStream_t stream) {
     config.stream = stream;
     config.attrs = &overlap;
     config.numAttrs = 1;
-    // The last query tile first (the longest walk under a mask), in the main
-    // kernel's order (run_bwd_) by query tiles: (query tile, head, batch), under a
-    // mask (batch, query tile, head). Variable lengths: the longest sequence's
-    // tiles (params.seqlen_q is max_seqlen_q).
+    // The main kernel's grid by query tiles (run_bwd_), the last (the longest
+    // walk under a mask) first. Variable lengths: the longest sequence's tiles
+    // (params.seqlen_q is max_seqlen_q).
     const int query_tiles = (params.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
-    config.gridDim = Is_local ? dim3(params.batch, query_tiles, params.num_heads)
-                              : dim3(query_tiles, params.num_heads, params.batch);
+    config.gridDim = backward_grid<Is_local>(query_tiles, params.num_heads, params.batch);  // schedule.h
     if (config.gridDim.x == 0 || config.gridDim.y == 0 || config.gridDim.z == 0) return cudaSuccess;
     return cudaLaunchKernelEx(&config, kernel, params, tma_q, tma_k, tma_v, tma_do);
 }
@@ -77,25 +75,25 @@ cudaError_t run_bwd_(const BwdParams& params, cudaStream_t stream) {
     if (err != cudaSuccess) return err;
     // One block per key tile. Variable lengths: the longest sequence's tiles
     // (params.seqlen_k is max_seqlen_k), none where every sequence is empty
-    // of keys (dq stays 0). CUDA starts a grid's blocks x fastest, then y,
-    // then z. The default grid (key tile, KV head, batch) takes a pair's key
-    // tiles together, which read the same query rows at the same steps. Under
-    // a mask the tiles' work differs (a causal mask: the first key tiles see
-    // the most query tiles), and the grid (batch, key tile, KV head) starts a
+    // of keys (dq stays 0). The default grid (schedule.h: backward_grid),
+    // without a mask (key tile, KV head, batch), takes a pair's key tiles
+    // together, which read the same query rows at the same steps. Under a
+    // mask the tiles' work differs (a causal mask: the first key tiles see the
+    // most query tiles), and the grid (batch, key tile, KV head) starts a
     // head's tiles longest first, each for all batches together: its last
     // blocks are short ones in every batch, where the pair after pair order
     // ended on the last pair's longest tiles (round 38, d128 8k causal: the
-    // kernel 6% faster; d256: its two kernels 2% and 11%; without a mask
-    // this order was 1-4% slower at d256).
-    // The blocks at work at one time read the query rows of as many pairs as
-    // there are batches, which L2 holds at the lengths where the grid's end
-    // matters. Deterministic: the linear order of schedule.h's
-    // deterministic_tile (bwd_kernel.cuh: BwdWork, bwd_dq_writer).
+    // kernel 6% faster; d256: its two kernels 2% and 11%; without a mask this
+    // order was 1-4% slower at d256). The blocks at work at one time read the
+    // query rows of as many pairs as there are batches, which L2 holds at the
+    // lengths where the grid's end matters. Deterministic: the linear order
+    // of schedule.h's deterministic_tile (bwd_kernel.cuh: BwdWork,
+    // bwd_dq_writer).
     const int key_tiles = (params.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN;
     if (key_tiles > 0) {
         BwdParams launch_params = params;
-        const dim3 grid = Is_local && !Is_deterministic ? dim3(params.batch, key_tiles, params.num_heads_k)
-                                                        : dim3(key_tiles, params.num_heads_k, params.batch);
+        const dim3 grid = Is_deterministic ? dim3(key_tiles, params.num_heads_k, params.batch)
+                                           : backward_grid<Is_local>(key_tiles, params.num_heads_k, params.batch);
         if constexpr (Is_deterministic) {
             launch_params.det_run = deterministic_run(key_tiles, Is_local);  // schedule.h
         }

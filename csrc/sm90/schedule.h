@@ -2,8 +2,8 @@
 // tiles when they draw them (a causal mask or a window: fwd_kernel.cuh,
 // WorkQueue), and the order of the deterministic backward's grid (at the end).
 //
-// (The backward's default grid has an order of its own, set by its launch:
-// bwd_launch.cuh.)
+// (The backward's default grids have an order of their own: backward_grid
+// below; bwd_launch.cuh says why.)
 //
 // A call's tiles are (tile, head) pairs: `tiles` query tiles for each of
 // `heads` heads (a head here is a (batch, head) pair). Under a causal mask the
@@ -85,10 +85,40 @@ __host__ __device__ __forceinline__ KeyTileOfPair deterministic_tile(int64_t blo
 // best or within 1-2% of it; benchmarks/NOTES.md). At least 1 for tiles >= 1.
 inline int deterministic_run(int tiles, bool masked) { return masked ? tiles : (tiles + 3) / 4; }
 
-// Under a mask the backward's default grids hold their tiles in y
-// (bwd_launch.cuh: the main kernel's key tiles, d256's dQ kernel's query
-// tiles), which takes at most 65535 blocks: dispatch.cu sends longer
-// sequences to the sm80 family.
+// The backward's default grids (not the deterministic main kernel's): one
+// block per tile of each head and batch, the main kernel's key tiles or d256's
+// dQ kernel's query tiles. CUDA starts a grid's blocks x fastest, then y, then
+// z. Without a mask (tile, head, batch): a pair's tiles together. Under a mask
+// (Is_masked) (batch, tile, head): a head's tiles in order, each for all
+// batches together (bwd_launch.cuh says why).
+template <bool Is_masked>
+inline dim3 backward_grid(int tiles, int heads, int batches) {
+    return Is_masked ? dim3(batches, tiles, heads) : dim3(tiles, heads, batches);
+}
+
+// A block's place in backward_grid<Is_masked>: its tile, head and batch.
+// kLastFirst: the grid takes the tiles from the last to the first.
+struct TileOfGrid {
+    int tile, head, batch;
+};
+template <bool Is_masked, bool kLastFirst = false>
+__device__ __forceinline__ TileOfGrid backward_grid_tile() {
+    TileOfGrid block;
+    if constexpr (Is_masked) {
+        block.tile = kLastFirst ? gridDim.y - 1 - blockIdx.y : blockIdx.y;
+        block.head = blockIdx.z;
+        block.batch = blockIdx.x;
+    } else {
+        block.tile = kLastFirst ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+        block.head = blockIdx.y;
+        block.batch = blockIdx.z;
+    }
+    return block;
+}
+
+// Under a mask the backward's default grids hold their tiles in y, which
+// takes at most 65535 blocks: dispatch.cu sends longer sequences to the sm80
+// family.
 constexpr int kMaxGridY = 65535;
 
 }  // namespace flash::sm90
