@@ -8,9 +8,12 @@ kernels (flash::sm80::) on the same GPU. FLASHATTN_FAMILY=sm80 forces sm80. The 
 backward's main kernel serves what serves_bwd() accepts; its row-wise passes
 (preprocess, dQ conversion) and the backwards it does not serve are sm80's."""
 import itertools
+import json
+import math
 import os
 import subprocess
 import sys
+import tempfile
 
 import pytest
 import torch
@@ -276,6 +279,85 @@ def test_sm90_backward_takes_the_query_tiles_its_dq_grid_holds(extra_queries, fa
              if "bwd_kernel" in n or "bwd_dk_dv" in n or "bwd_dq_kernel" in n]
     assert names and all(f"flash::{family}::" in name for name in names), names
     assert_grads_match_reference(grads, q, k, v, dout, 256**-0.5, False, **window)
+
+
+def kernel_grids_run_by(fn) -> list[tuple[str, list[int]]]:
+    """The CUDA kernels fn() launches with their grids, from the profiler's trace."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "trace.json")
+        prof.export_chrome_trace(path)
+        with open(path) as file:
+            events = json.load(file)["traceEvents"]
+    return [(event["name"], event["args"]["grid"]) for event in events if event.get("cat") == "kernel"]
+
+
+# The items of the default backward grids without a mask (csrc/sm90/kernel_traits.h): a key tile of
+# the d64 and d128 main kernels (BwdTraits, two warpgroups of 64 keys) and of d256's (BwdSliceTraits,
+# 80 keys), a query tile of d256's dQ kernel (BwdDqTraits).
+SM90_BWD_BLOCK_KEYS = {64: 128, 128: 128, 256: 80}
+SM90_DQ_BLOCK_QUERIES = 128
+
+
+def sm90_tail_split(items: int, before: int, sms: int) -> tuple[int, int]:
+    """csrc/sm90/schedule.h: tail_split, the rule this test holds the launcher to: the first item in
+    parts and the parts an item."""
+    rem = (before + items) % sms
+    first, parts, best = items, 1, 1.0
+    if 0 < rem <= items:
+        for p in range(2, 5):
+            wave = -(-rem * p // sms) / p + 0.02 * p
+            if wave < best:
+                first, parts, best = items - rem, p, wave
+    return first, parts
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9 or not sm90_in_build(),
+                    reason="the sm90 family runs on 9.x GPUs of builds that include 9.0a")
+@pytest.mark.parametrize("head_dim", [64, 100, 128, 256])
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_sm90_backward_runs_the_last_wave_in_parts(head_dim, deterministic):
+    """Without a mask the items of a default backward grid's last wave run in parts (schedule.h:
+    TailSplit), a block a part over its share of the item's tiles, handing their sums on in order:
+    d64 and d128's main kernel by query tiles (12 items; on 132 SMs four parts, for 3 query tiles:
+    one part has none), d256's dQ kernel by key tiles, in both modes (1500 rows: its 72 items behind
+    the main kernel's 114; on 132 SMs the last 54 in two parts). The deterministic main kernels never
+    split. The grid holds a block a part, the gradients are right, and what the parts hand on is
+    added in one order: run twice, dK and dV are bitwise the same (and dQ where no atomics add it:
+    d256, and the deterministic mode)."""
+    if flashattn.kernel_family() != "sm90":
+        pytest.skip("FLASHATTN_FAMILY forces another family")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    kernel_dim = 64 if head_dim <= 64 else 128 if head_dim <= 128 else 256
+    if kernel_dim == 256:
+        seqlen_q, seqlen_k, heads, kv_heads = 1500, 1500, 6, 6
+    else:
+        seqlen_q, seqlen_k, heads, kv_heads = 170, 500, 6, 3
+    q, k, v = random_qkv(1, seqlen_q, seqlen_k, heads, kv_heads, head_dim, torch.bfloat16, "cuda",
+                         case_seed("parts", head_dim, deterministic))
+    dout = torch.randn_like(q)
+    scale = head_dim**-0.5
+    main_items = -(-seqlen_k // SM90_BWD_BLOCK_KEYS[kernel_dim]) * kv_heads
+    if kernel_dim == 256:
+        kernel, items = "bwd_dq_kernel", -(-seqlen_q // SM90_DQ_BLOCK_QUERIES) * heads
+        first, parts = sm90_tail_split(items, main_items, sms)
+    else:
+        kernel, items = "bwd_kernel", main_items
+        first, parts = (items, 1) if deterministic else sm90_tail_split(items, 0, sms)
+    if sms == 132:  # what the docstring says of an H100 SXM or H200: the test splits something
+        assert parts > 1 or (deterministic and kernel_dim != 256)
+    grads = []
+    grids = [grid for name, grid in kernel_grids_run_by(
+        lambda: grads.extend(run_backward(q, k, v, dout, scale, False, deterministic=deterministic)))
+        if f"flash::sm90::{kernel}<" in name]
+    assert len(grids) == 1, grids
+    assert math.prod(grids[0]) == first + (items - first) * parts, (grids, first, parts)
+    assert_grads_match_reference(grads, q, k, v, dout, scale, False)
+    again = run_backward(q, k, v, dout, scale, False, deterministic=deterministic)
+    reproducible = (0, 1, 2) if deterministic or kernel_dim == 256 else (1, 2)
+    assert all(torch.equal(grads[i], again[i]) for i in reproducible)
 
 
 def test_an_unknown_family_is_a_clear_error():

@@ -408,15 +408,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> mha_bwd(
     // The scratch the family's algorithm asks for, once the params say what the call is.
     const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
     const flash::BwdWorkspace workspace = kernels.family->bwd_workspace(params);
-    at::Tensor dq_accum, semaphores;
+    at::Tensor dq_accum, counters, partials;
     if (workspace.dq_accum) {
         dq_accum = at::empty(q.sizes(), q.options().dtype(at::kFloat));
         params.dq_accum_ptr = dq_accum.data_ptr<float>();
         params.dq_accum_batch_stride = layout.varlen ? 0 : dq_accum.stride(0);
     }
-    if (workspace.semaphores > 0) {
-        semaphores = zeroed_counters(q, workspace.semaphores, stream);
-        params.dq_semaphore = semaphores.data_ptr<int>();
+    // The semaphores, then the flags, in one buffer of zeroed counters.
+    if (workspace.semaphores + workspace.flags > 0) {
+        counters = zeroed_counters(q, workspace.semaphores + workspace.flags, stream);
+        if (workspace.semaphores > 0) params.dq_semaphore = counters.data_ptr<int>();
+        if (workspace.flags > 0) params.tail_flags = counters.data_ptr<int>() + workspace.semaphores;
+    }
+    if (workspace.partials > 0) {
+        partials = at::empty({workspace.partials}, q.options().dtype(at::kFloat));
+        params.tail_partials = partials.data_ptr<float>();
     }
     check_launch(kernels.family->run_bwd(params, stream), "backward", q, params, *kernels.family);
     return {dq, dk, dv, dsink};

@@ -224,7 +224,6 @@ struct BwdParams : FwdParams {
     // grid takes in a row before the next pair's (sm90/bwd_kernel.cuh:
     // BwdWork); set by the sm90 launcher, >= 1.
     int det_run;
-
     // The gradient of lse (fp32, in lse's layout and contiguous), or nullptr:
     // d lse_i / d s_ij = P_ij, so it folds into D: the preprocess writes
     // D_i - dlse_i into dsum_ptr (rows with lse -inf drop their dlse), and
@@ -248,6 +247,18 @@ struct BwdParams : FwdParams {
     // by a separate dQ pass that owns each dQ row and recomputes S and dP (sm80)
     // or by adding the key tiles' dQ in a fixed order (sm90, dq_semaphore).
     bool deterministic;
+
+    // sm90, without a mask: the items of the grid's last wave, from
+    // tail_first on, run in tail_parts parts each, a block a part; the parts
+    // hand their fp32 sums on in order through tail_partials, counted in
+    // tail_flags (sm90/schedule.h: TailSplit; BwdWorkspace::partials and
+    // ::flags). tail_parts 1: none. Set by the sm90 launcher for each of its
+    // kernels. Last, so that the fields before keep their places in the
+    // kernels' parameters.
+    int64_t tail_first;
+    int tail_parts;
+    float* __restrict__ tail_partials;
+    int* __restrict__ tail_flags;
 };
 
 // Writes the new keys and values of flash_attn_with_kvcache into the cache
@@ -371,6 +382,8 @@ struct KvcacheWorkspace {
 struct BwdWorkspace {
     bool dq_accum;       // dq_accum_ptr: fp32 in q's shape, contiguous (the family's preprocess zeroes it)
     int64_t semaphores;  // dq_semaphore's length (int32, zero on entry and left zero), 0: none
+    int64_t partials = 0;  // tail_partials' length (fp32, any contents on entry), 0: none
+    int64_t flags = 0;     // tail_flags' length (int32, zero on entry and left zero), 0: none
 };
 
 }  // namespace flash

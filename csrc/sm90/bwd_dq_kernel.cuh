@@ -50,6 +50,7 @@
 #include "common/softmax.cuh"
 #include "sm90/bwd_kernel.cuh"
 #include "sm90/kernel_traits.h"
+#include "sm90/parts.cuh"
 #include "sm90/pipeline.cuh"
 #include "sm90/ptx.cuh"
 
@@ -81,23 +82,35 @@ struct BwdDqSmem {
 
 // A block's queries: its query tile (the longest walks first under a mask),
 // query head and sequence, and the key tiles they see (the grid:
-// schedule.h's backward_grid, taken from the last query tile to the first).
+// schedule.h's backward_grid, taken from the last query tile to the first);
+// in the grid's split tail (schedule.h: TailSplit) the part's share of them.
 template <typename Traits, bool Is_local>
 struct BwdDqWork {
     int m_block, head, batch;
+    int part, parts, slot;  // 0 of 1 but in the tail
     Sequence seq;
     Window window;
     KeyTileRange key_tiles;
 
     __device__ __forceinline__ explicit BwdDqWork(const BwdParams& params) {
-        const TileOfGrid block = backward_grid_tile<Is_local, /*kLastFirst=*/true>();
+        const TileOfGrid block = backward_grid_tile<Is_local, /*kLastFirst=*/true>(
+            (params.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM, params.num_heads, params.tail_first,
+            params.tail_parts, static_cast<int>(blockIdx.x));
         m_block = block.tile;
         head = block.head;
         batch = block.batch;
+        part = block.part;
+        parts = block.parts;
+        slot = block.slot;
         seq = sequence_of<false>(params, batch);
         window = window_of(params, seq.seqlen_q, seq.seqlen_k);
         key_tiles = m0() < seq.seqlen_q ? key_tile_range<Traits::kBlockM, Traits::kBlockN>(m0(), seq.seqlen_q, window)
                                         : KeyTileRange{0, 0, 0, 0};
+        if constexpr (!Is_local) {  // a masked grid has no split tail (schedule.h: backward_grid)
+            const StepsOfPart share = steps_of_part(key_tiles.n_end - key_tiles.n_begin, part, parts);
+            key_tiles.n_end = key_tiles.n_begin + share.end;
+            key_tiles.n_begin += share.begin;
+        }
     }
     __device__ __forceinline__ int m0() const { return m_block * Traits::kBlockM; }
     __device__ __forceinline__ bool has_rows() const { return m0() < seq.seqlen_q; }
@@ -294,6 +307,23 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         }
         wgmma_wait<0>();
         pin_registers(flat(dq));
+    }
+
+    // A part of a split item (schedule.h: TailSplit) hands its dQ on
+    // (parts.cuh); the last part writes the item's.
+    if (!Is_local && work.parts > 1) {
+        const int part_barrier = 4 + consumer;  // this warpgroup's own
+        const PartHandOn<Traits::kPartValues> hand_on(params, work.slot, work.part, work.parts, consumer,
+                                                      Traits::kConsumerWarpgroups);
+        hand_on.wait();
+        hand_on.add(flat(dq), 0);
+        if (!hand_on.last()) {
+            hand_on.store(flat(dq), 0);
+            hand_on.count(part_barrier);
+            wait_for_prerequisite_grids();
+            return;
+        }
+        hand_on.reset(part_barrier);
     }
 
     // Epilogue: dQ times the softmax scale, in 16 bits, staged in this

@@ -85,6 +85,7 @@
 #include "common/ptx.cuh"
 #include "common/softmax.cuh"
 #include "sm90/kernel_traits.h"
+#include "sm90/parts.cuh"
 #include "sm90/pipeline.cuh"
 #include "sm90/ptx.cuh"
 #include "sm90/schedule.h"
@@ -320,36 +321,73 @@ __device__ __forceinline__ KeyTileOfPair deterministic_tile_of_block(int run) {
 // The default grid takes the (KV head, batch) pairs in turn, each pair's key
 // tiles first to last; under a mask (Is_local) KV head after KV head, within a
 // head key tile after key tile, the first (the longest) first, and within a
-// key tile the batches (schedule.h: backward_grid). Deterministic: the grid
-// takes each (KV head, batch) pair's key tiles from the last to the first, the
-// order of dQ's adds (bwd_dq_writer), in runs of params.det_run tiles across
-// the pairs (schedule.h: deterministic_tile).
+// key tile the batches (schedule.h: backward_grid); without a mask the grid's
+// last items run in parts (schedule.h: TailSplit), each part a share of the
+// item's query tiles for each of its query heads. Deterministic: the grid
+// takes each (KV head, batch) pair's key tiles from the last to the first,
+// the order of dQ's adds (bwd_dq_writer), in runs of params.det_run tiles
+// across the pairs (schedule.h: deterministic_tile).
 template <typename Traits, bool Is_local, bool Is_deterministic>
 struct BwdWork {
     int n_block, head_k, batch;
     Sequence seq;
     Window window;
-    QueryTileRange query_tiles;
+    QueryTileRange query_tiles;  // the block's (in the tail, its part's)
     int m_tiles;  // query tiles per query head
     int steps;    // m_tiles for each of the group's query heads; 0: dK = dV = 0
 
-    __device__ __forceinline__ BwdWork(const BwdParams& params, const BwdSmem<Traits>& layout) {
+    // Where the block's place is worked out once, by thread 0 (store_place),
+    // and kept in shared memory (BwdSmem::tile) for the roles to read: the
+    // deterministic grid's order, and the unmasked grid's items and parts
+    // (divisions of the block index; derived by each role and held across
+    // the main loop, they put the d128 softcap kernels into 40 B of spills
+    // there, 8 B this way). Elsewhere the block index is read where needed.
+    static constexpr bool kPlaceInSmem = Is_deterministic || (!Is_local && Traits::kPartValues > 0);
+    __device__ __forceinline__ static void store_place(const BwdParams& params, const BwdSmem<Traits>& layout) {
         if constexpr (Is_deterministic) {
+            const KeyTileOfPair tile = deterministic_tile_of_block(params.det_run);
+            store_shared_u64x2(layout.tile(),
+                               static_cast<uint32_t>(tile.tile) | (static_cast<uint64_t>(tile.head) << 32),
+                               static_cast<uint64_t>(tile.batch));
+        } else if constexpr (kPlaceInSmem) {
+            const int key_tiles = (params.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN;
+            const TileOfGrid tile = backward_grid_tile<false>(key_tiles, params.num_heads_k, params.tail_first,
+                                                              params.tail_parts, static_cast<int>(blockIdx.x));
+            store_shared_u64x2(layout.tile(),
+                               static_cast<uint32_t>(tile.tile) | (static_cast<uint64_t>(tile.head) << 32),
+                               static_cast<uint32_t>(tile.batch) | (static_cast<uint64_t>(tile.part) << 32) |
+                                   (static_cast<uint64_t>(tile.parts) << 48));
+        }
+    }
+
+    __device__ __forceinline__ BwdWork(const BwdParams& params, const BwdSmem<Traits>& layout) {
+        int part = 0, parts = 1;
+        if constexpr (kPlaceInSmem) {
             const uint64_t tile_and_head = load_shared_u64(layout.tile());
             n_block = static_cast<int>(tile_and_head & 0xffffffffu);
             head_k = static_cast<int>(tile_and_head >> 32);
-            batch = static_cast<int>(load_shared_u64(layout.tile() + 8));
+            const uint64_t batch_and_part = load_shared_u64(layout.tile() + 8);
+            batch = static_cast<int>(batch_and_part & 0xffffffffu);
+            if constexpr (!Is_deterministic) {
+                part = static_cast<int>((batch_and_part >> 32) & 0xffffu);
+                parts = static_cast<int>(batch_and_part >> 48);
+            }
         } else {
-            const TileOfGrid block = backward_grid_tile<Is_local>();  // schedule.h
+            const TileOfGrid block = backward_grid_tile<Is_local>(  // schedule.h
+                (params.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN, params.num_heads_k, params.tail_first,
+                params.tail_parts, static_cast<int>(blockIdx.x));
             n_block = block.tile;
             head_k = block.head;
             batch = block.batch;
+            if constexpr (!Is_local) part = block.part, parts = block.parts;
         }
         seq = sequence_of<false>(params, batch);
         window = window_of(params, seq.seqlen_q, seq.seqlen_k);
         const int n0 = n_block * Traits::kBlockN;
         query_tiles = n0 < seq.seqlen_k ? query_tile_range<Traits::kBlockM, Traits::kBlockN>(n0, seq.seqlen_q, window)
                                         : QueryTileRange{0, 0};
+        const StepsOfPart share = steps_of_part(query_tiles.m_end - query_tiles.m_begin, part, parts);
+        query_tiles = {query_tiles.m_begin + share.begin, query_tiles.m_begin + share.end};
         m_tiles = query_tiles.m_end - query_tiles.m_begin;
         steps = params.heads_per_kv_head * m_tiles;
     }
@@ -357,6 +395,19 @@ struct BwdWork {
         return head_k * params.heads_per_kv_head + t / m_tiles;
     }
     __device__ __forceinline__ int m0_of(int t) const { return (query_tiles.m_begin + t % m_tiles) * Traits::kBlockM; }
+    // The block's place in the grid derived again after the main loop,
+    // rather than held across it: without a mask (not deterministic) its
+    // item and part, divisions of the block index; the other grids' places
+    // read the block index (or shared memory) again at no cost.
+    __device__ __forceinline__ TileOfGrid place_again(const BwdParams& params) const {
+        if constexpr (!Is_local && !Is_deterministic) {
+            return backward_grid_tile<false>((params.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN,
+                                             params.num_heads_k, params.tail_first, params.tail_parts,
+                                             opaque(static_cast<int>(blockIdx.x)));  // not CSE'd with the first
+        } else {
+            return {n_block, head_k, batch, 0, 1, 0};
+        }
+    }
     // The batch coordinate in the tensor maps of q, dout and dq_accum (q_batch)
     // and of k and v (k_batch): 0 for packed rows. These and the tests below
     // read params where used (a constant load), holding no register across
@@ -1003,13 +1054,34 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& params, const BwdS
         }
     }
 
+    // A part of a split item (schedule.h: TailSplit) hands its dK and dV on
+    // (parts.cuh); the last part writes the item's.
+    const TileOfGrid block = work.place_again(params);
+    if constexpr (!Is_local && !Is_deterministic) {
+        if (block.parts > 1) {
+            constexpr int kPartBarrier = 9 + consumer;  // this warpgroup's own
+            const PartHandOn<Traits::kPartValues> hand_on(params, block.slot, block.part, block.parts, consumer,
+                                                          Traits::kConsumerWarpgroups);
+            hand_on.wait();
+            hand_on.add(flat(dk), 0);
+            hand_on.add(flat(dv), Traits::kNTilesD * 4);
+            if (!hand_on.last()) {
+                hand_on.store(flat(dk), 0);
+                hand_on.store(flat(dv), Traits::kNTilesD * 4);
+                hand_on.count(kPartBarrier);
+                return;
+            }
+            hand_on.reset(kPartBarrier);
+        }
+    }
+
     // Epilogue: dK takes the softmax scale; each thread writes its pairs of
     // columns of its two key rows (rows past the sequence, columns past the
     // head dim stay unwritten).
-    Element* dk_out = static_cast<Element*>(params.dk_ptr) + work.batch * params.dk_batch_stride +
-                      work.head_k * params.dk_head_stride;
-    Element* dv_out = static_cast<Element*>(params.dv_ptr) + work.batch * params.dv_batch_stride +
-                      work.head_k * params.dv_head_stride;
+    Element* dk_out = static_cast<Element*>(params.dk_ptr) + block.batch * params.dk_batch_stride +
+                      block.head * params.dk_head_stride;
+    Element* dv_out = static_cast<Element*>(params.dv_ptr) + block.batch * params.dv_batch_stride +
+                      block.head * params.dv_head_stride;
     // This thread's first key in the tile, recomputed from the thread index
     // here rather than held across the main loop.
     const int epilogue_thread = opaque(static_cast<int>(threadIdx.x)) % 128;
@@ -1021,7 +1093,7 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& params, const BwdS
     // key warpgroup (224 registers) into spills in the last step's softcap
     // pass (ptxas: 8-12 B). Without softcap they stay held: no spill, and no
     // second read of the sequence's bounds.
-    const Sequence seq = Has_softcap ? sequence_of<false>(params, opaque(work.batch)) : work.seq;
+    const Sequence seq = Has_softcap ? sequence_of<false>(params, opaque(block.batch)) : work.seq;
     const int column_lane = Has_softcap ? epilogue_thread : lane;  // the pair is (column_lane % 4) * 2 + {0, 1}
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
@@ -1606,12 +1678,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             mbarrier_init(layout.do_empty(stage), Traits::kConsumerWarpgroups * 128);
         }
         fence_barrier_init();
-        if constexpr (Is_deterministic) {
-            const KeyTileOfPair tile = deterministic_tile_of_block(params.det_run);
-            store_shared_u64x2(layout.tile(),
-                               static_cast<uint32_t>(tile.tile) | (static_cast<uint64_t>(tile.head) << 32),
-                               static_cast<uint64_t>(tile.batch));
-        }
+        BwdWork<Traits, Is_local, Is_deterministic>::store_place(params, layout);
     }
     __syncthreads();  // the barriers and the tile exist before anyone reads them; the last block-wide barrier
 

@@ -12,6 +12,7 @@
 #include "common/flash.h"
 #include "sm80/sm80.h"
 #include "sm90/bwd_dq_kernel.cuh"
+#include "sm90/bwd_grids.h"
 #include "sm90/bwd_kernel.cuh"
 #include "sm90/kernel_traits.h"
 #include "sm90/schedule.h"
@@ -22,7 +23,7 @@ namespace flash::sm90 {
 // dQ by the d256 backward's own kernel: one block per 128 queries of a query
 // head and sequence (bwd_dq_kernel.cuh).
 template <typename Element, bool Is_local, bool Has_softcap>
-cudaError_t run_bwd_dq(const BwdParams& params, cudaStream_t stream) {
+cudaError_t run_bwd_dq(const BwdParams& params, const BwdGrids& grids, cudaStream_t stream) {
     using Traits = BwdDqTraits<Element>;
     CUtensorMap tma_q{}, tma_k{}, tma_v{}, tma_do{};
     cudaError_t err = make_fwd_tensor_maps(params, Traits::kBlockM, Traits::kBlockN, &tma_q, &tma_k, &tma_v);
@@ -44,10 +45,12 @@ cudaError_t run_bwd_dq(const BwdParams& params, cudaStream_t stream) {
     // The main kernel's grid by query tiles (run_bwd_), the last (the longest
     // walk under a mask) first. Variable lengths: the longest sequence's tiles
     // (params.seqlen_q is max_seqlen_q).
-    const int query_tiles = (params.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
-    config.gridDim = backward_grid<Is_local>(query_tiles, params.num_heads, params.batch);  // schedule.h
+    config.gridDim = backward_grid<Is_local>(grids.query_tiles, params.num_heads, params.batch,  // schedule.h
+                                             grids.dq);
     if (config.gridDim.x == 0 || config.gridDim.y == 0 || config.gridDim.z == 0) return cudaSuccess;
-    return cudaLaunchKernelEx(&config, kernel, params, tma_q, tma_k, tma_v, tma_do);
+    return cudaLaunchKernelEx(&config, kernel,
+                              with_tail(params, grids.dq, grids.main_partials, grids.main_flags), tma_q, tma_k,
+                              tma_v, tma_do);
 }
 
 template <typename Element, int kHeadDim, int kHeadDimV, bool Is_local, bool Has_softcap, bool Is_deterministic>
@@ -89,11 +92,16 @@ cudaError_t run_bwd_(const BwdParams& params, cudaStream_t stream) {
     // lengths where the grid's end matters. Deterministic: the linear order
     // of schedule.h's deterministic_tile (bwd_kernel.cuh: BwdWork,
     // bwd_dq_writer).
-    const int key_tiles = (params.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN;
+    // Without a mask the grid's last items run in parts where they leave
+    // most of the last wave's SMs idle (schedule.h: TailSplit; d64 and d128,
+    // not deterministic).
+    const BwdGrids grids = bwd_grids<Traits>(params, Is_local, Is_deterministic, tail_sms(params));
+    const int key_tiles = grids.key_tiles;
     if (key_tiles > 0) {
-        BwdParams launch_params = params;
-        const dim3 grid = Is_deterministic ? dim3(key_tiles, params.num_heads_k, params.batch)
-                                           : backward_grid<Is_local>(key_tiles, params.num_heads_k, params.batch);
+        BwdParams launch_params = with_tail(params, grids.main, 0, 0);
+        const dim3 grid = Is_deterministic
+                              ? dim3(key_tiles, params.num_heads_k, params.batch)
+                              : backward_grid<Is_local>(key_tiles, params.num_heads_k, params.batch, grids.main);
         if constexpr (Is_deterministic) {
             launch_params.det_run = deterministic_run(key_tiles, Is_local);  // schedule.h
         }
@@ -105,7 +113,7 @@ cudaError_t run_bwd_(const BwdParams& params, cudaStream_t stream) {
     if constexpr (Traits::kDqInKernel) {
         return sm80::run_bwd_convert_dq(params, stream);
     } else {
-        return run_bwd_dq<Element, Is_local, Has_softcap>(params, stream);
+        return run_bwd_dq<Element, Is_local, Has_softcap>(params, grids, stream);
     }
 }
 

@@ -8,6 +8,7 @@
 #include "common/flash.h"
 #include "common/static_switch.h"
 #include "sm80/sm80.h"
+#include "sm90/bwd_grids.h"
 #include "sm90/fp8_values.cuh"
 #include "sm90/kernel_traits.h"
 #include "sm90/schedule.h"
@@ -230,7 +231,18 @@ bool serves_bwd(const BwdParams& params) {
         const bool queries = Traits::kDqInKernel || tiles(params.seqlen_q, BwdDqTraits<__half>::kBlockM) <= kMaxGridY;
         return keys && queries;
     });
-    return extras_fit && grids_fit && params.block_table == nullptr && smem <= params.max_smem_per_block &&
+    // Without a mask the default grids are one dimension (schedule.h:
+    // kMaxGridX), their items and a tail in parts: far past any call's memory.
+    const bool lines_fit = params.is_local || bwd_head_dims_switch(params, [&]<int kHeadDim, int kHeadDimV>() {
+        using Traits = BwdTraitsFor<kHeadDim, __half, kHeadDimV>;
+        const auto items = [&](int rows, int tile, int heads) {
+            return (static_cast<int64_t>(rows) + tile - 1) / tile * heads * params.batch;
+        };
+        constexpr int64_t kMost = kMaxGridX / kMaxTailParts;
+        return items(params.seqlen_k, Traits::kBlockN, params.num_heads_k) <= kMost &&
+               items(params.seqlen_q, BwdDqTraits<__half>::kBlockM, params.num_heads) <= kMost;
+    });
+    return extras_fit && grids_fit && lines_fit && params.block_table == nullptr && smem <= params.max_smem_per_block &&
            bwd_tensor_maps_fit(params);
 }
 
@@ -246,18 +258,27 @@ cudaError_t run_bwd(const BwdParams& params, cudaStream_t stream) {
 // Deterministic: a semaphore per (batch, query head, query tile) orders the
 // key tiles' dQ adds (bwd_kernel.cuh: bwd_dq_writer). At d256 dQ has a kernel
 // of its own (bwd_dq_kernel.cuh), which needs neither semaphores nor dq_accum.
+// Without a mask, the parts of the grids' split tails hand their sums on
+// through partials and flags (bwd_launch.cuh: bwd_grids).
 BwdWorkspace bwd_workspace(const BwdParams& params) {
     if (!serves_bwd(params)) return sm80::bwd_workspace(params);
-    const bool dq_in_kernel = bwd_head_dims_switch(params, [&]<int kHeadDim, int kHeadDimV>() {
-        return BwdTraitsFor<kHeadDim, __half, kHeadDimV>::kDqInKernel;
+    return bwd_head_dims_switch(params, [&]<int kHeadDim, int kHeadDimV>() {
+        const auto workspace = [&]<typename Traits>() {
+            const BwdGrids grids =
+                bwd_grids<Traits>(params, params.is_local, params.deterministic, current_device_sms());
+            BwdWorkspace scratch{/*dq_accum=*/Traits::kDqInKernel, /*semaphores=*/0};
+            if (Traits::kDqInKernel && params.deterministic) {
+                const int64_t query_tiles = (params.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
+                scratch.semaphores = static_cast<int64_t>(params.batch) * params.num_heads * query_tiles;
+            }
+            scratch.partials = grids.main_partials + grids.dq_partials;
+            scratch.flags = grids.main_flags + grids.dq_flags;
+            return scratch;
+        };
+        using DetTraits = BwdTraitsFor<kHeadDim, __half, kHeadDimV, /*Is_deterministic=*/true>;
+        return params.deterministic ? workspace.template operator()<DetTraits>()
+                                    : workspace.template operator()<BwdTraitsFor<kHeadDim, __half, kHeadDimV>>();
     });
-    if (!dq_in_kernel) return {/*dq_accum=*/false, /*semaphores=*/0};
-    if (!params.deterministic) return {/*dq_accum=*/true, /*semaphores=*/0};
-    const int block_m = bwd_head_dims_switch(params, [&]<int kHeadDim, int kHeadDimV>() {
-        return BwdTraitsFor<kHeadDim, __half, kHeadDimV, /*Is_deterministic=*/true>::kBlockM;
-    });
-    const int64_t query_tiles = (params.seqlen_q + block_m - 1) / block_m;
-    return {/*dq_accum=*/true, static_cast<int64_t>(params.batch) * params.num_heads * query_tiles};
 }
 
 KvcacheWorkspace plan_kvcache(FwdParams& params, int64_t requested_splits) {

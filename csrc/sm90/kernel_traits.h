@@ -351,6 +351,8 @@ struct BwdTraits {
     static constexpr int kKStepsN = kBlockN / 16;      // of dQ (over the block's keys)
     static constexpr int kNTilesS = kBlockM / 8;       // n8 blocks of a warp's S^T, dP^T fragment
     static constexpr int kNTilesD = kTileCols / 8;     // of its dK, dV fragment
+    // What a thread hands on between the parts of a split item (parts.cuh): its dK and dV.
+    static constexpr int kPartValues = 2 * kNTilesD * 4;
     static constexpr int kQueryBlocks = kBlockM / kSwizzleCols;  // 64-query column blocks of dS^T (owner)
     static constexpr bool kDqSplit = kBlockM % kSwizzleCols != 0;
 
@@ -515,6 +517,7 @@ struct BwdSplitTraits {
     static constexpr int kDqBoxBytes = kDqRows * kSwizzleBytes;
     // The smallest head dim a call runs this kernel at (dispatch.cu: bwd_head_dim).
     static constexpr int kMinHeadDim = kHeadDim - 63;
+    static constexpr int kPartValues = 0;  // no split tail (schedule.h: TailSplit)
 
     // setmaxnreg: the producer warp 24, each consumer the rest (240). Peaks:
     // the P warpgroup dV (dv/2) + dQ (32 a column block) + P^T's A fragments
@@ -608,6 +611,7 @@ struct BwdSliceTraits {
     static constexpr int kNTilesS = kBlockN / 8;   // n8 blocks of a warp's S or dP
     static constexpr int kNTilesKV = kBlockN / 8;  // of a slice of dV^T, dK^T
     static constexpr int kMinHeadDim = kHeadDim - 63;
+    static constexpr int kPartValues = 0;  // no split tail (schedule.h: TailSplit)
 
     // setmaxnreg: the producer warp 24, each consumer 240. Peak: dV^T and dK^T
     // (160), S or dP (40) while P or dS is made.
@@ -675,6 +679,7 @@ struct BwdDqTraits {
     static constexpr int kKStepsN = kBlockN / 16;   // of dQ (over the step's keys)
     static constexpr int kNTilesS = kBlockN / 8;    // n8 blocks of a warp's S and dP
     static constexpr int kNTilesDq = kHeadDim / 8;  // of its dQ
+    static constexpr int kPartValues = kNTilesDq * 4;  // handed on between parts (parts.cuh): its dQ
     static constexpr int kMinHeadDim = kHeadDim - 63;
     static constexpr int kKStages = 2, kVStages = 1;
 

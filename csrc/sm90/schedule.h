@@ -85,33 +85,112 @@ __host__ __device__ __forceinline__ KeyTileOfPair deterministic_tile(int64_t blo
 // best or within 1-2% of it; benchmarks/NOTES.md). At least 1 for tiles >= 1.
 inline int deterministic_run(int tiles, bool masked) { return masked ? tiles : (tiles + 3) / 4; }
 
-// The backward's default grids (not the deterministic main kernel's): one
-// block per tile of each head and batch, the main kernel's key tiles or d256's
-// dQ kernel's query tiles. CUDA starts a grid's blocks x fastest, then y, then
-// z. Without a mask (tile, head, batch): a pair's tiles together. Under a mask
-// (Is_masked) (batch, tile, head): a head's tiles in order, each for all
-// batches together (bwd_launch.cuh says why).
-template <bool Is_masked>
-inline dim3 backward_grid(int tiles, int heads, int batches) {
-    return Is_masked ? dim3(batches, tiles, heads) : dim3(tiles, heads, batches);
+// The tail of a grid whose items all take as long (the backward without a
+// mask). Its blocks run in waves of one block an SM, and where the items do
+// not fill the last wave, the SMs the wave leaves empty idle while it runs:
+// up to a block's time in every call (round 38: at d128 8k, 2048 blocks on
+// 132 SMs, half a wave of 16, 3%). So the items of that last wave run in
+// `parts` parts each, a block a part that walks its share of the item's
+// steps, and the parts of the wave fill it by parts where they fit: `rem`
+// items in p parts take ceil(rem p / sms) / p of a wave. The parts of an
+// item hand their fp32 sums on in order (parts.cuh): part k adds part k - 1's
+// to its own and hands the total on, the last part writes the item's results.
+// The order of the adds is fixed by the call's shape and the SM count, so a
+// call's results are the same on every run of the same GPU.
+struct TailSplit {
+    int64_t first;  // the first item run in parts
+    int parts;      // parts per item from `first` on (1: none)
+};
+
+// `items` of the grid, behind `before` blocks of the same length that the
+// kernel before it leaves to its last waves (d256: the dK/dV kernel's, which
+// this grid's blocks overlap), on `sms` SMs a block each. The parts, at most
+// kMaxTailParts, that make the last wave shortest, each part counted at a
+// 50th of a wave more (its own prologue and hand-on); 1 where the wave is
+// full or the tail reaches into the kernel before.
+constexpr int kMaxTailParts = 4;
+inline TailSplit tail_split(int64_t items, int64_t before, int sms) {
+    const int64_t rem = sms > 0 ? (before + items) % sms : 0;
+    TailSplit split{items, 1};
+    if (rem == 0 || rem > items) return split;
+    double best = 1.0;
+    for (int p = 2; p <= kMaxTailParts; ++p) {
+        const double wave = static_cast<double>((rem * p + sms - 1) / sms) / p + 0.02 * p;
+        if (wave < best) best = wave, split = {items - rem, p};
+    }
+    return split;
 }
 
-// A block's place in backward_grid<Is_masked>: its tile, head and batch.
-// kLastFirst: the grid takes the tiles from the last to the first.
+// The blocks of a grid of `items` with its tail split.
+__host__ __device__ __forceinline__ int64_t tail_blocks(int64_t items, const TailSplit& split) {
+    return split.first + (items - split.first) * split.parts;
+}
+
+// The item of block `block`, and its part (0 .. parts - 1 of `parts`; 0 of 1
+// before the tail) and slot (the tail's item index: where its sums go).
+struct PartOfBlock {
+    int item, part, parts, slot;
+};
+__host__ __device__ __forceinline__ PartOfBlock part_of_block(int block, int64_t first, int parts) {
+    if (block < first) return {block, 0, 1, 0};
+    const int in_tail = block - static_cast<int>(first);
+    const int slot = in_tail / parts;
+    return {static_cast<int>(first) + slot, in_tail - slot * parts, parts, slot};
+}
+
+// A part's share of an item's `steps`: [begin, end).
+struct StepsOfPart {
+    int begin, end;
+};
+__host__ __device__ __forceinline__ StepsOfPart steps_of_part(int steps, int part, int parts) {
+    return {static_cast<int>(int64_t{steps} * part / parts), static_cast<int>(int64_t{steps} * (part + 1) / parts)};
+}
+
+// The backward's default grids (not the deterministic main kernel's): one
+// block per tile of each head and batch (per part, in the tail), the main
+// kernel's key tiles or d256's dQ kernel's query tiles. CUDA starts a grid's
+// blocks x fastest, then y, then z. Without a mask one dimension: items in the
+// order (tile, head, batch), a pair's tiles together, then the tail's parts,
+// an item's together. Under a mask (Is_masked) (batch, tile, head): a head's
+// tiles in order, each for all batches together (bwd_launch.cuh says why),
+// and no split tail (its last blocks are short ones already).
+template <bool Is_masked>
+inline dim3 backward_grid(int tiles, int heads, int batches, const TailSplit& split) {
+    if constexpr (Is_masked) return dim3(batches, tiles, heads);
+    const int64_t items = int64_t{tiles} * heads * batches;
+    return dim3(static_cast<unsigned>(tail_blocks(items, split)));
+}
+// The most blocks the one dimension holds.
+constexpr int64_t kMaxGridX = 2147483647;
+
+// A block's place in backward_grid<Is_masked>: its tile, head and batch, and
+// its part of them. kLastFirst: the grid takes the tiles from the last to the
+// first. `tiles` and `heads` are the grid's (unmasked: not in its shape), and
+// `line_block` the block's index in the unmasked grid (blockIdx.x).
 struct TileOfGrid {
     int tile, head, batch;
+    int part, parts, slot;
 };
 template <bool Is_masked, bool kLastFirst = false>
-__device__ __forceinline__ TileOfGrid backward_grid_tile() {
+__device__ __forceinline__ TileOfGrid backward_grid_tile(int tiles, int heads, int64_t tail_first, int tail_parts,
+                                                         int line_block) {
     TileOfGrid block;
     if constexpr (Is_masked) {
         block.tile = kLastFirst ? gridDim.y - 1 - blockIdx.y : blockIdx.y;
         block.head = blockIdx.z;
         block.batch = blockIdx.x;
+        block.part = block.slot = 0;
+        block.parts = 1;
     } else {
-        block.tile = kLastFirst ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
-        block.head = blockIdx.y;
-        block.batch = blockIdx.z;
+        const PartOfBlock p = part_of_block(line_block, tail_first, tail_parts);
+        const int pair = p.item / tiles;
+        const int tile = p.item - pair * tiles;
+        block.tile = kLastFirst ? tiles - 1 - tile : tile;
+        block.batch = pair / heads;
+        block.head = pair - block.batch * heads;
+        block.part = p.part;
+        block.parts = p.parts;
+        block.slot = p.slot;
     }
     return block;
 }
