@@ -224,6 +224,7 @@ struct BwdParams : FwdParams {
     // grid takes in a row before the next pair's (sm90/bwd_kernel.cuh:
     // BwdWork); set by the sm90 launcher, >= 1.
     int det_run;
+
     // The gradient of lse (fp32, in lse's layout and contiguous), or nullptr:
     // d lse_i / d s_ij = P_ij, so it folds into D: the preprocess writes
     // D_i - dlse_i into dsum_ptr (rows with lse -inf drop their dlse), and

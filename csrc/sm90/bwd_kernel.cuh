@@ -343,6 +343,10 @@ struct BwdWork {
     // the main loop, they put the d128 softcap kernels into 40 B of spills
     // there, 8 B this way). Elsewhere the block index is read where needed.
     static constexpr bool kPlaceInSmem = Is_deterministic || (!Is_local && Traits::kPartValues > 0);
+    // The grid's key tiles (bwd_grids.h: the longest sequence's).
+    __device__ __forceinline__ static int key_tiles(const BwdParams& params) {
+        return (params.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN;
+    }
     __device__ __forceinline__ static void store_place(const BwdParams& params, const BwdSmem<Traits>& layout) {
         if constexpr (Is_deterministic) {
             const KeyTileOfPair tile = deterministic_tile_of_block(params.det_run);
@@ -350,8 +354,7 @@ struct BwdWork {
                                static_cast<uint32_t>(tile.tile) | (static_cast<uint64_t>(tile.head) << 32),
                                static_cast<uint64_t>(tile.batch));
         } else if constexpr (kPlaceInSmem) {
-            const int key_tiles = (params.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN;
-            const TileOfGrid tile = backward_grid_tile<false>(key_tiles, params.num_heads_k, params.tail_first,
+            const TileOfGrid tile = backward_grid_tile<false>(key_tiles(params), params.num_heads_k, params.tail_first,
                                                               params.tail_parts, static_cast<int>(blockIdx.x));
             store_shared_u64x2(layout.tile(),
                                static_cast<uint32_t>(tile.tile) | (static_cast<uint64_t>(tile.head) << 32),
@@ -374,8 +377,8 @@ struct BwdWork {
             }
         } else {
             const TileOfGrid block = backward_grid_tile<Is_local>(  // schedule.h
-                (params.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN, params.num_heads_k, params.tail_first,
-                params.tail_parts, static_cast<int>(blockIdx.x));
+                key_tiles(params), params.num_heads_k, params.tail_first, params.tail_parts,
+                static_cast<int>(blockIdx.x));
             n_block = block.tile;
             head_k = block.head;
             batch = block.batch;
@@ -401,8 +404,8 @@ struct BwdWork {
     // read the block index (or shared memory) again at no cost.
     __device__ __forceinline__ TileOfGrid place_again(const BwdParams& params) const {
         if constexpr (!Is_local && !Is_deterministic) {
-            return backward_grid_tile<false>((params.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN,
-                                             params.num_heads_k, params.tail_first, params.tail_parts,
+            return backward_grid_tile<false>(key_tiles(params), params.num_heads_k, params.tail_first,
+                                             params.tail_parts,
                                              opaque(static_cast<int>(blockIdx.x)));  // not CSE'd with the first
         } else {
             return {n_block, head_k, batch, 0, 1, 0};

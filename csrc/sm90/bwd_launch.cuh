@@ -89,12 +89,11 @@ cudaError_t run_bwd_(const BwdParams& params, cudaStream_t stream) {
     // kernel 6% faster; d256: its two kernels 2% and 11%; without a mask this
     // order was 1-4% slower at d256). The blocks at work at one time read the
     // query rows of as many pairs as there are batches, which L2 holds at the
-    // lengths where the grid's end matters. Deterministic: the linear order
+    // lengths where the grid's end matters. Without a mask the grid's last
+    // items run in parts where they leave most of the last wave's SMs idle
+    // (schedule.h: TailSplit; d64 and d128). Deterministic: the linear order
     // of schedule.h's deterministic_tile (bwd_kernel.cuh: BwdWork,
     // bwd_dq_writer).
-    // Without a mask the grid's last items run in parts where they leave
-    // most of the last wave's SMs idle (schedule.h: TailSplit; d64 and d128,
-    // not deterministic).
     const BwdGrids grids = bwd_grids<Traits>(params, Is_local, Is_deterministic, tail_sms(params));
     const int key_tiles = grids.key_tiles;
     if (key_tiles > 0) {

@@ -220,29 +220,25 @@ bool serves_bwd(const BwdParams& params) {
     });
     // Of the extras, softcap alone (ALiBi and dropout stay with sm80).
     const bool extras_fit = params.alibi_slopes_ptr == nullptr && params.rng_state == nullptr;
-    // Under a mask the default grids have their tiles in y (bwd_launch.cuh;
-    // schedule.h: kMaxGridY): the main kernel's key tiles (the deterministic
-    // one's are in x) and d256's dQ kernel's query tiles (both modes).
-    const bool grids_fit = !params.is_local || bwd_head_dims_switch(params, [&]<int kHeadDim, int kHeadDimV>() {
+    // The default grids' shapes (bwd_launch.cuh; schedule.h: backward_grid):
+    // the main kernel's key tiles and d256's dQ kernel's query tiles. Under a
+    // mask their tiles are in y (kMaxGridY; the deterministic main kernel's
+    // are in x); without one the grids are one dimension (kMaxGridX), their
+    // items and a tail in parts, far past any call's memory.
+    const bool grids_fit = bwd_head_dims_switch(params, [&]<int kHeadDim, int kHeadDimV>() {
         using Traits = BwdTraitsFor<kHeadDim, __half, kHeadDimV>;
         const auto tiles = [](int rows, int tile) { return (static_cast<int64_t>(rows) + tile - 1) / tile; };
-        const bool keys = (params.deterministic && Traits::kDqInKernel) ||
-                          tiles(params.seqlen_k, Traits::kBlockN) <= kMaxGridY;
-        const bool queries = Traits::kDqInKernel || tiles(params.seqlen_q, BwdDqTraits<__half>::kBlockM) <= kMaxGridY;
-        return keys && queries;
-    });
-    // Without a mask the default grids are one dimension (schedule.h:
-    // kMaxGridX), their items and a tail in parts: far past any call's memory.
-    const bool lines_fit = params.is_local || bwd_head_dims_switch(params, [&]<int kHeadDim, int kHeadDimV>() {
-        using Traits = BwdTraitsFor<kHeadDim, __half, kHeadDimV>;
-        const auto items = [&](int rows, int tile, int heads) {
-            return (static_cast<int64_t>(rows) + tile - 1) / tile * heads * params.batch;
-        };
+        const int64_t key_tiles = tiles(params.seqlen_k, Traits::kBlockN);
+        const int64_t query_tiles = tiles(params.seqlen_q, BwdDqTraits<__half>::kBlockM);
+        if (params.is_local) {
+            return ((params.deterministic && Traits::kDqInKernel) || key_tiles <= kMaxGridY) &&
+                   (Traits::kDqInKernel || query_tiles <= kMaxGridY);
+        }
         constexpr int64_t kMost = kMaxGridX / kMaxTailParts;
-        return items(params.seqlen_k, Traits::kBlockN, params.num_heads_k) <= kMost &&
-               items(params.seqlen_q, BwdDqTraits<__half>::kBlockM, params.num_heads) <= kMost;
+        return key_tiles * params.num_heads_k * params.batch <= kMost &&
+               (Traits::kDqInKernel || query_tiles * params.num_heads * params.batch <= kMost);
     });
-    return extras_fit && grids_fit && lines_fit && params.block_table == nullptr && smem <= params.max_smem_per_block &&
+    return extras_fit && grids_fit && params.block_table == nullptr && smem <= params.max_smem_per_block &&
            bwd_tensor_maps_fit(params);
 }
 
