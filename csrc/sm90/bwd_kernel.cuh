@@ -1516,18 +1516,19 @@ __device__ __forceinline__ void bwd_slice_consumer(const BwdParams& params, cons
                 wait_q(sq);
                 issue_scores(x, q, layout.k());
                 named_barrier_arrive(kSBarrier, kConsumerThreads);
+                // The rows' LSE read while S runs, not after it.
+                mbarrier_wait(layout.stats_full(sq.stage), sq.phase);
+                const uint32_t lse_row = layout.lse_log2(sq.stage) + 4 * (warp_row0 + lane / 4);
+                const float lse[2] = {load_shared_f32(lse_row), load_shared_f32(lse_row + 32)};
                 wgmma_wait<0>();
                 pin_registers(flat(x));
                 // Masked where some query of the tile misses some key
                 // (bwd_consumer's scores say which and why; the keys past the
                 // sequence too), capped first with softcap.
                 cap_rows<Has_softcap>(x, params);
-                mbarrier_wait(layout.stats_full(sq.stage), sq.phase);
                 if (!tile_is_full<kBlockM, kBlockN>(m0, n0, work.seq.seqlen_q, work.window)) {
                     apply_mask<Is_local>(x, m0 + warp_row0, n0, work.window, lane);
                 }
-                const uint32_t lse_row = layout.lse_log2(sq.stage) + 4 * (warp_row0 + lane / 4);
-                const float lse[2] = {load_shared_f32(lse_row), load_shared_f32(lse_row + 32)};
 #pragma unroll
                 for (int j = 0; j < kNTilesS; j += 2) {
                     float p[2][4], chained[2][4];
@@ -1561,17 +1562,27 @@ __device__ __forceinline__ void bwd_slice_consumer(const BwdParams& params, cons
                 // dS while dV^T runs: P (with softcap P times the chain
                 // factor, where dS then goes) read back in this thread's
                 // fragment positions.
+                // All of P is loaded before any dS is stored: the loads and
+                // stores are ordered asm, so a load after a store would wait
+                // for the previous load's result and the arithmetic on it,
+                // one shared-memory latency a pair (round 41's trace: the
+                // dS phase took ~950 clocks, longer than the dV^T it hides
+                // behind).
                 const uint32_t from = Has_softcap ? ds_tile : p_tile;
+                uint32_t packed[kNTilesS / 2][4];
 #pragma unroll
                 for (int j = 0; j < kNTilesS; j += 2) {
-                    uint32_t packed[4];
-                    ldmatrix_x4_trans(pair_address(from, j), packed[0], packed[1], packed[2], packed[3]);
+                    ldmatrix_x4_trans(pair_address(from, j), packed[j / 2][0], packed[j / 2][1], packed[j / 2][2],
+                                      packed[j / 2][3]);
+                }
+#pragma unroll
+                for (int j = 0; j < kNTilesS; j += 2) {
                     float ds[2][4];
 #pragma unroll
                     for (int h = 0; h < 2; ++h)
 #pragma unroll
                         for (int e = 0; e < 4; e += 2) {
-                            const float2 p = unpack2<Element>(packed[2 * h + e / 2]);
+                            const float2 p = unpack2<Element>(packed[j / 2][2 * h + e / 2]);
                             ds[h][e] = p.x * (x[0][j + h][e] - dsum[e / 2]);
                             ds[h][e + 1] = p.y * (x[0][j + h][e + 1] - dsum[e / 2]);
                         }
