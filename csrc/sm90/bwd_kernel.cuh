@@ -1733,10 +1733,36 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
             load_tile<Traits, Traits::kColBlocksV>(layout.v(), &tma_v, layout.kv_full(), work.seq.k_start + n0,
                                                    work.head_k, work.k_batch(params), Traits::kKVBlockBytes);
         }
+        // A step's row stats (LSE, D; rows past the sequence: LSE -inf, so
+        // p = 0, and D 0) are read from global memory a step ahead, into
+        // registers: a read takes ~1500 clocks under the kernel's load, and
+        // issued where they are stored it held back the copies behind it
+        // (round 42's trace: d256's dO copy, which the next dP waits for).
+        constexpr int kRowsPerLane = (kBlockM + 31) / 32;
+        struct RowStats {
+            float lse[kRowsPerLane], dsum[kRowsPerLane];
+        };
+        auto read_stats = [&](int t) {
+            RowStats rows;
+            const int m0 = work.m0_of(t);
+            const int64_t stats = work.batch * params.lse_batch_stride +
+                                  work.head_of(params, t) * params.lse_head_stride + work.seq.q_start + m0;
+#pragma unroll
+            for (int i = 0; i < kRowsPerLane; ++i) {
+                const int r = lane + 32 * i;
+                const bool valid = r < kBlockM && m0 + r < work.seq.seqlen_q;
+                rows.lse[i] = valid ? params.lse_ptr[stats + r] : -INFINITY;
+                rows.dsum[i] = valid ? params.dsum_ptr[stats + r] : 0.f;
+            }
+            return rows;
+        };
+        RowStats next_rows = read_stats(0);
         for (int t = 0; t < work.steps; ++t) {
             const StageOf<Traits> s(t);
             const int head = work.head_of(params, t);
             const int m0 = work.m0_of(t);
+            const RowStats rows = next_rows;
+            if (t + 1 < work.steps) next_rows = read_stats(t + 1);
             // A stage's first use needs no release; its u-th waits for release u - 1.
             if (t >= kStages) mbarrier_wait(layout.empty(s.stage), s.phase ^ 1);
             // Q and dO first (their own barrier, completed by the copies' bytes),
@@ -1757,15 +1783,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                                                            Traits::kQBlockBytes);
                 }
             }
-            const int64_t stats = work.batch * params.lse_batch_stride + head * params.lse_head_stride +
-                                  work.seq.q_start + m0;
-            for (int r = lane; r < kBlockM; r += 32) {
-                const bool valid = m0 + r < work.seq.seqlen_q;
-                store_shared_f32(layout.lse_log2(s.stage) + 4 * r,
-                                 lse_to_log2(valid ? params.lse_ptr[stats + r] : -INFINITY));
-                if constexpr (kDoWithQ) {
-                    store_shared_f32(layout.dsum(s.stage) + 4 * r, valid ? params.dsum_ptr[stats + r] : 0.f);
-                }
+#pragma unroll
+            for (int i = 0; i < kRowsPerLane; ++i) {
+                const int r = lane + 32 * i;
+                if (r >= kBlockM) break;
+                store_shared_f32(layout.lse_log2(s.stage) + 4 * r, lse_to_log2(rows.lse[i]));
+                if constexpr (kDoWithQ) store_shared_f32(layout.dsum(s.stage) + 4 * r, rows.dsum[i]);
             }
             if (work.zeroes_query_rows(params, t)) {
                 mbarrier_wait(layout.full(s.stage), s.phase);  // the copies' rows are there to overwrite
@@ -1792,9 +1815,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
                                                            work.seq.q_start + m0, head, work.q_batch(params),
                                                            Traits::kQBlockBytes);
                 }
-                for (int r = lane; r < kBlockM; r += 32) {
-                    const bool valid = m0 + r < work.seq.seqlen_q;
-                    store_shared_f32(layout.dsum(d.stage) + 4 * r, valid ? params.dsum_ptr[stats + r] : 0.f);
+#pragma unroll
+                for (int i = 0; i < kRowsPerLane; ++i) {
+                    const int r = lane + 32 * i;
+                    if (r >= kBlockM) break;
+                    store_shared_f32(layout.dsum(d.stage) + 4 * r, rows.dsum[i]);
                 }
                 if (work.zeroes_query_rows(params, t)) {
                     mbarrier_wait(layout.do_full(d.stage), d.phase);
