@@ -1403,18 +1403,25 @@ __device__ __forceinline__ void ds_rows(const float (&s)[1][kNTiles][4], float (
 //     chain factor, replaced in place by dS);
 //   both, for each of their two 64-column slices i of the head dim:
 //     dV^T_i += dO_i^T P once P is stored, dK^T_i += Q_i^T dS once dS is
-//     (barrier kDsBarrier). dO is released once dV^T is complete, Q once dK^T
+//     (barrier kDsBarrier). Each warpgroup releases dO as soon as its dV^T
+//     is complete (the next step's dP waits for the copy), Q once its dK^T
 //     is.
+// The P warpgroup works a step ahead: in step t it issues step t + 1's S
+// behind both warpgroups' dV^T (kDvBarrier: the dS warpgroup's are issued),
+// so that the tensor cores run it while dS is made, and it makes step t + 1's
+// P while dK^T runs, where S, then P, ran alone between one step's dK^T and
+// the next step's dV^T (round 42: with the producer's row stats read a step
+// ahead, 8-10% off the kernel).
 // So each step reads Q and dO once as an A operand, where two warpgroups of
 // N = 40 each read both (round 36's Nsight Compute: those reads were 55% of
 // the kernel's shared-memory wavefronts). P and dS are [key][query] tiles
 // (one 128-byte row of 64 queries a key, stmatrix.trans, read back by
 // ldmatrix.trans in the same fragment layout), and the dS warpgroup issues its
 // dV^T GEMMs before it computes dS. dQ is bwd_dq_kernel.cuh's. P and dS
-// alternate between two buffers: a step's stores reach a buffer whose last
-// reads (the step two before) both warpgroups have completed, since each
-// waits for all its GEMMs at the end of a step before the next step's
-// barriers.
+// alternate between two buffers: step t + 1's P is stored after step t's dS
+// barrier, step t + 1's dS after step t + 1's P barrier, into the buffers
+// step t - 1 read, and each warpgroup completes all of a step's GEMMs (and
+// its reads of P) before it reaches the next step's dS barrier.
 template <typename Traits, bool Is_local, bool Has_softcap, int kWarpgroup>
 __device__ __forceinline__ void bwd_slice_consumer(const BwdParams& params, const BwdSmem<Traits>& layout) {
     using Element = typename Traits::Element;
@@ -1426,10 +1433,11 @@ __device__ __forceinline__ void bwd_slice_consumer(const BwdParams& params, cons
     constexpr int kColBlock0 = kWarpgroup * kSlices;  // this warpgroup's first 64-column block of dV, dK
     // Named barriers of both warpgroups (5 is wait_key_tiles'): the step's P
     // is stored (1; the epilogue's too), its dS is stored (2), its S is
-    // issued (3).
+    // issued (3), the dS warpgroup's dV^T is issued (4).
     constexpr int kPBarrier = 1;
     constexpr int kDsBarrier = 2;
     constexpr int kSBarrier = 3;
+    constexpr int kDvBarrier = 4;
     constexpr int kConsumerThreads = Traits::kConsumerWarpgroups * 128;
     static_assert(kNTilesS % 2 == 0, "n8 blocks of keys in pairs: stmatrix and ldmatrix x4");
 
@@ -1500,53 +1508,88 @@ __device__ __forceinline__ void bwd_slice_consumer(const BwdParams& params, cons
         mbarrier_wait(layout.do_full(sd.stage), sd.phase);
         if (params.cu_seqlens_q != nullptr) mbarrier_wait(layout.do_stats_full(sd.stage), sd.phase);
     };
+    // The P warpgroup's S of step t (issued, with the dS warpgroup told at
+    // kSBarrier), and its rows' LSE read while S runs.
+    float x[1][kNTilesS][4];  // P warpgroup: S, then P, across steps; dS warpgroup: dP, then dS
+    float lse[2];
+    auto issue_s = [&](int t) {
+        const StageOf<Traits> sq(t);
+        wait_q(sq);
+        issue_scores(x, layout.q(sq.stage), layout.k());
+        named_barrier_arrive(kSBarrier, kConsumerThreads);
+        mbarrier_wait(layout.stats_full(sq.stage), sq.phase);
+        const uint32_t lse_row = layout.lse_log2(sq.stage) + 4 * (warp_row0 + lane / 4);
+        lse[0] = load_shared_f32(lse_row);
+        lse[1] = load_shared_f32(lse_row + 32);
+    };
+    // The P warpgroup's P of step t from its complete S (x) and LSE, stored
+    // into the step's P tile (with softcap P times the cap's chain factor
+    // into its dS tile too).
+    auto make_p = [&](int t) {
+        const int m0 = work.m0_of(t);
+        const uint32_t p_tile = layout.p(t % Traits::kPdsBuffers);
+        const uint32_t ds_tile = layout.ds(t % Traits::kPdsBuffers);
+        // Masked where some query of the tile misses some key (bwd_consumer's
+        // scores say which and why; the keys past the sequence too), capped
+        // first with softcap.
+        cap_rows<Has_softcap>(x, params);
+        if (!tile_is_full<kBlockM, kBlockN>(m0, n0, work.seq.seqlen_q, work.window)) {
+            apply_mask<Is_local>(x, m0 + warp_row0, n0, work.window, lane);
+        }
+#pragma unroll
+        for (int j = 0; j < kNTilesS; j += 2) {
+            float p[2][4], chained[2][4];
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    p[h][e] = p_of(x[0][j + h][e], params, lse[e / 2]);
+                    if constexpr (Has_softcap) chained[h][e] = p[h][e] * cap_chain(x[0][j + h][e]);
+                }
+            store_pair(p_tile, j, p);
+            if constexpr (Has_softcap) store_pair(ds_tile, j, chained);
+        }
+        fence_proxy_async_shared();  // the stores are read by wgmma (async proxy) after the barrier
+    };
     if (work.steps > 0) {
         wait_key_tiles(params, layout, work, n0);
-#pragma unroll 1
-        for (int t = 0; t < work.steps; ++t) {
+        if constexpr (kWarpgroup == 0) {
+            issue_s(0);
+            wgmma_wait<0>();
+            pin_registers(flat(x));
+            make_p(0);
+        }
+        // Step t; kAhead: not the last, so the P warpgroup issues the next
+        // step's S and makes its P within this one. Two bodies rather than a
+        // runtime test: around a GEMM issued under one test and waited for
+        // under another, ptxas serialises every wgmma of the kernel (C7514).
+        auto step = [&](int t, auto ahead) {
+            constexpr bool kAhead = decltype(ahead)::value;
             const StageOf<Traits> sq(t);                     // Q's ring
             const StageOf<Traits, Traits::kDoStages> sd(t);  // dO's
             const uint32_t p_tile = layout.p(t % Traits::kPdsBuffers);
             const uint32_t ds_tile = layout.ds(t % Traits::kPdsBuffers);
             const uint32_t dout = layout.dout(sd.stage);
             const uint32_t q = layout.q(sq.stage);
-            float x[1][kNTilesS][4];  // P warpgroup: S, then P; dS warpgroup: dP, then dS
             if constexpr (kWarpgroup == 0) {
-                const int m0 = work.m0_of(t);
-                wait_q(sq);
-                issue_scores(x, q, layout.k());
-                named_barrier_arrive(kSBarrier, kConsumerThreads);
-                // The rows' LSE read while S runs, not after it.
-                mbarrier_wait(layout.stats_full(sq.stage), sq.phase);
-                const uint32_t lse_row = layout.lse_log2(sq.stage) + 4 * (warp_row0 + lane / 4);
-                const float lse[2] = {load_shared_f32(lse_row), load_shared_f32(lse_row + 32)};
-                wgmma_wait<0>();
-                pin_registers(flat(x));
-                // Masked where some query of the tile misses some key
-                // (bwd_consumer's scores say which and why; the keys past the
-                // sequence too), capped first with softcap.
-                cap_rows<Has_softcap>(x, params);
-                if (!tile_is_full<kBlockM, kBlockN>(m0, n0, work.seq.seqlen_q, work.window)) {
-                    apply_mask<Is_local>(x, m0 + warp_row0, n0, work.window, lane);
-                }
-#pragma unroll
-                for (int j = 0; j < kNTilesS; j += 2) {
-                    float p[2][4], chained[2][4];
-#pragma unroll
-                    for (int h = 0; h < 2; ++h)
-#pragma unroll
-                        for (int e = 0; e < 4; ++e) {
-                            p[h][e] = p_of(x[0][j + h][e], params, lse[e / 2]);
-                            if constexpr (Has_softcap) chained[h][e] = p[h][e] * cap_chain(x[0][j + h][e]);
-                        }
-                    store_pair(p_tile, j, p);
-                    if constexpr (Has_softcap) store_pair(ds_tile, j, chained);
-                }
-                fence_proxy_async_shared();  // the stores are read by wgmma (async proxy) after the barrier
+                // P of step t is stored (made in the step before, or above).
                 named_barrier_sync_unaligned(kPBarrier, kConsumerThreads);  // the warpgroups are compiled apart
                 wait_dout(sd);
                 issue_kv_slice(dv[0], dout, p_tile, 0);
                 issue_kv_slice(dv[1], dout, p_tile, 1);
+                // dO released as soon as dV^T is complete: the next step's dP
+                // waits for its copy (~1350 clocks, round 41's trace). Then
+                // the next step's S, behind both warpgroups' dV^T, to run
+                // while dS is made, where the tensor cores waited for dS. It
+                // completes within this step (below): a GEMM in flight across
+                // the loop's back edge makes ptxas serialise every wgmma of
+                // the kernel (round 37: C7515, 40% slower).
+                wgmma_wait<0>();
+                mbarrier_arrive(layout.do_empty(sd.stage));  // this thread's reads of the dO stage (and its D) are complete
+                if constexpr (kAhead) {
+                    named_barrier_sync_unaligned(kDvBarrier, kConsumerThreads);
+                    issue_s(t + 1);
+                }
             } else {
                 named_barrier_sync_unaligned(kSBarrier, kConsumerThreads);  // S ahead of dP on the tensor cores
                 wait_dout(sd);
@@ -1559,6 +1602,7 @@ __device__ __forceinline__ void bwd_slice_consumer(const BwdParams& params, cons
                 named_barrier_sync_unaligned(kPBarrier, kConsumerThreads);
                 issue_kv_slice(dv[0], dout, p_tile, 0);
                 issue_kv_slice(dv[1], dout, p_tile, 1);
+                if constexpr (kAhead) named_barrier_arrive(kDvBarrier, kConsumerThreads);
                 // dS while dV^T runs: P (with softcap P times the chain
                 // factor, where dS then goes) read back in this thread's
                 // fragment positions.
@@ -1589,13 +1633,22 @@ __device__ __forceinline__ void bwd_slice_consumer(const BwdParams& params, cons
                     store_pair(ds_tile, j, ds);
                 }
                 fence_proxy_async_shared();
+                wgmma_wait<0>();  // dV^T (complete before dS, which takes longer): dO is released
+                mbarrier_arrive(layout.do_empty(sd.stage));
                 wait_q(sq);
             }
             named_barrier_sync_unaligned(kDsBarrier, kConsumerThreads);
             issue_kv_slice(dk[0], q, ds_tile, 0);
-            wgmma_wait<1>();  // dV^T: this thread's reads of the dO stage (and its D) are complete
-            mbarrier_arrive(layout.do_empty(sd.stage));
             issue_kv_slice(dk[1], q, ds_tile, 1);
+            // The P warpgroup makes the next step's P while dK^T runs (its S
+            // was issued ahead of dK^T): P, the longest link of the step's
+            // chain, no longer runs alone. Its tiles are the other buffers
+            // (above).
+            if constexpr (kWarpgroup == 0 && kAhead) {
+                wgmma_wait<2>();  // S, not dK^T
+                pin_registers(flat(x));
+                make_p(t + 1);
+            }
             wgmma_wait<0>();
 #pragma unroll
             for (int i = 0; i < kSlices; ++i) {
@@ -1603,7 +1656,10 @@ __device__ __forceinline__ void bwd_slice_consumer(const BwdParams& params, cons
                 pin_registers(flat(dk[i]));
             }
             mbarrier_arrive(layout.empty(sq.stage));  // this thread's reads of the Q stage (and its LSE) are complete
-        }
+        };
+#pragma unroll 1
+        for (int t = 0; t + 1 < work.steps; ++t) step(t, std::true_type{});
+        step(work.steps - 1, std::false_type{});
     }
 
     // Epilogue: dV and dK (times the softmax scale) staged as [key][column]
