@@ -1406,12 +1406,6 @@ __device__ __forceinline__ void ds_rows(const float (&s)[1][kNTiles][4], float (
 //     (barrier kDsBarrier). Each warpgroup releases dO as soon as its dV^T
 //     is complete (the next step's dP waits for the copy), Q once its dK^T
 //     is.
-// The P warpgroup works a step ahead: in step t it issues step t + 1's S
-// behind both warpgroups' dV^T (kDvBarrier: the dS warpgroup's are issued),
-// so that the tensor cores run it while dS is made, and it makes step t + 1's
-// P while dK^T runs, where S, then P, ran alone between one step's dK^T and
-// the next step's dV^T (round 42: with the producer's row stats read a step
-// ahead, 8-10% off the kernel).
 // So each step reads Q and dO once as an A operand, where two warpgroups of
 // N = 40 each read both (round 36's Nsight Compute: those reads were 55% of
 // the kernel's shared-memory wavefronts). P and dS are [key][query] tiles
@@ -1422,6 +1416,12 @@ __device__ __forceinline__ void ds_rows(const float (&s)[1][kNTiles][4], float (
 // barrier, step t + 1's dS after step t + 1's P barrier, into the buffers
 // step t - 1 read, and each warpgroup completes all of a step's GEMMs (and
 // its reads of P) before it reaches the next step's dS barrier.
+// The P warpgroup works a step ahead: in step t it issues step t + 1's S
+// behind both warpgroups' dV^T (kDvBarrier: the dS warpgroup's are issued),
+// so that the tensor cores run it while dS is made, and it makes step t + 1's
+// P while dK^T runs, where S, then P, ran alone between one step's dK^T and
+// the next step's dV^T (round 42: with the producer's row stats read a step
+// ahead, 8-10% off the kernel).
 template <typename Traits, bool Is_local, bool Has_softcap, int kWarpgroup>
 __device__ __forceinline__ void bwd_slice_consumer(const BwdParams& params, const BwdSmem<Traits>& layout) {
     using Element = typename Traits::Element;
