@@ -1,7 +1,7 @@
 #!/bin/bash
 # Prepared in round 42 for the next session (not run): the trace of main's d256 dK/dV step. On a
 # tree with trace_main.patch applied (git apply), a kernels-only bf16 d256 build, then round 41's
-# trace_driver.py at 8k and 8k causal; read with trace_steps_main.py. About 60 s.
+# trace_driver.py at 8k and 8k causal; read with trace_steps42.py --layout=main. About 60 s.
 set -uo pipefail
 export TORCH_CUDA_ARCH_LIST=9.0a CUDA_HOME=/usr/local/cuda PYTHONUNBUFFERED=1 MAX_JOBS=16
 SECONDS=0
@@ -13,5 +13,5 @@ for args in "8192 0" "8192 1"; do
   set -- $args
   PYTHONPATH=$PWD timeout 60 $PY benchmarks/results/2026-11-30-h200-round41/trace_driver.py $1 $2 > "$OUT/trace-s$1-c$2.txt" 2>&1
   echo "trace $1 $2 rc $? at ${SECONDS}s lines $(grep -c TRACE "$OUT/trace-s$1-c$2.txt")"
-  $PY benchmarks/results/2026-11-30-h200-round42/trace_steps_main.py "$OUT/trace-s$1-c$2.txt"
+  $PY benchmarks/results/2026-11-30-h200-round42/trace_steps42.py --layout=main "$OUT/trace-s$1-c$2.txt"
 done
