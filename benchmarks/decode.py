@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from benchmarks.arguments import add_out
 from benchmarks.checks import output_reference
 from benchmarks.environment import RESULTS_ROOT, header_lines, results_folder, start_gpu_run
+from benchmarks.timing import FWD_REP_MS, FWD_WARMUP_MS
 from flashattn.testing import max_abs_diff
 
 PROG = "python -m benchmarks decode"
@@ -135,7 +136,7 @@ def run_rows(args, prog, plan, measure, markdown, folder, stem, keys):
     of plan, each printed as it comes, then stem.md (markdown(header, rows)) and stem.csv (keys) in
     args.out, else a dated folder under RESULTS_ROOT / folder. 2 without a GPU, 1 if a row's output
     missed the reference, else 0."""
-    started = start_gpu_run(prog, {"fwd": (25, 100)})
+    started = start_gpu_run(prog, {"fwd": (FWD_WARMUP_MS, FWD_REP_MS)})
     if started is None:
         return 2
     timers, header = started

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from benchmarks.arguments import add_out
 from benchmarks.decode import DTYPE, HEAD_DIM, HEADS, check_decode, paged_copy
 from benchmarks.environment import RESULTS_ROOT, header_lines, results_folder, start_gpu_run
+from benchmarks.timing import FWD_REP_MS, FWD_WARMUP_MS
 
 PROG = "python -m benchmarks decode-layouts"
 HELP = "GPU: decoding time by page layout into decode_layouts.md"
@@ -47,7 +48,7 @@ def add_arguments(parser):
 def run(args):
     from flashattn import flash_attn_with_kvcache
 
-    started = start_gpu_run(PROG, {"fwd": (25, 100)})
+    started = start_gpu_run(PROG, {"fwd": (FWD_WARMUP_MS, FWD_REP_MS)})
     if started is None:
         return 2
     timers, header = started

@@ -31,12 +31,11 @@ import torch
 from benchmarks.arguments import add_out, int_list
 from benchmarks.backends import SDPA_BACKENDS, fa4_fn, flash_attention_4, sdpa_fn
 from benchmarks.environment import REPO_ROOT, dated_folder, header_lines, results_folder, slug, start_gpu_run
-from benchmarks.timing import best_of_rounds
+from benchmarks.timing import FWD_REP_MS, FWD_WARMUP_MS, best_of_rounds
 from flashattn.testing import attention_flops
 
 HELP = "the forward of each kernel family against SDPA cuDNN, one run (GPU)"
 TOKENS, WIDTH = 16384, 2048  # B * S and H * D of every shape
-WARMUP_MS, REP_MS = 25, 100
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 OTHER_FAMILIES = ["sm80"]  # forced in a child process where the default family is another one
 
@@ -98,7 +97,7 @@ def run_child(args, dtype, family):
 
 
 def run(args):
-    started = start_gpu_run("benchmarks families", {"fwd": (WARMUP_MS, REP_MS)})
+    started = start_gpu_run("benchmarks families", {"fwd": (FWD_WARMUP_MS, FWD_REP_MS)})
     if started is None:
         return 1
     timers, header = started

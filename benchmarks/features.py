@@ -51,7 +51,7 @@ from torch.nn.attention import sdpa_kernel
 from benchmarks.arguments import add_out
 from benchmarks.backends import SDPA_BACKENDS, sdpa_fn
 from benchmarks.environment import RESULTS_ROOT, header_lines, results_folder, start_gpu_run
-from benchmarks.timing import best_of_rounds
+from benchmarks.timing import FWD_REP_MS, FWD_WARMUP_MS, best_of_rounds
 from flashattn.testing import PASS_FLOP_FACTORS, attention_flops
 
 PROG = "python -m benchmarks features"
@@ -396,7 +396,7 @@ def add_arguments(parser):
 
 
 def run(args):
-    started = start_gpu_run(PROG, {"fwd": (25, 100), "fwdbwd": (25, 100)})
+    started = start_gpu_run(PROG, {pass_: (FWD_WARMUP_MS, FWD_REP_MS) for pass_ in ("fwd", "fwdbwd")})
     if started is None:
         return 2
     timers, header = started

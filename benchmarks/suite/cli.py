@@ -19,7 +19,7 @@ SECTIONS = {"speed": speed, "memory": memory, "regimes": regimes, "profile": lau
 def add_arguments(p):
     p.description, p.epilog = package.__doc__, plan.__doc__
     p.add_argument("--quick", action="store_true",
-                   help="the smaller plan: about 2 minutes on an H100 (instead of about 6), under a minute on a CPU")
+                   help="the smaller plan: about 2.5 minutes on an H100 (instead of about 9), under a minute on a CPU")
     add_out(p, "benchmarks/results/<YYYY-MM-DD>-<gpu-slug>, or ...-cpu")
     p.add_argument("--sections", type=choice_list(tuple(SECTIONS)), default=list(SECTIONS),
                    help=f"comma list out of {','.join(SECTIONS)} (default: all), run in the order given")

@@ -1,13 +1,15 @@
 """What the suite measures, per machine and mode: every size of every section, in one place.
 
 GPU time is scarce, so the GPU sizes are chosen for it: on an H100 the full
-plan should take about 6 minutes and --quick about 2, besides building flashattn.
+plan should take about 9 minutes and --quick about 2.5, besides building flashattn (since round 43
+every measurement starts with 200 ms of warm-up calls: benchmarks/timing.py, HEAT_MS).
 
 GPU, full:
 - speed: bf16, B*S = 16k tokens and H*D = 2048, D 64/128/256, S 512..16k,
   causal and not; forward, backward, forward + backward; flashattn, SDPA
-  flash, cuDNN, efficient, naive: 36 configs of about 7 s each (do_bench runs
-  each measurement for a fixed time; the H100 round of 2026-11-22 took 83 s for 12).
+  flash, cuDNN, efficient, naive: 36 configs of about 12 s each (do_bench runs
+  each measurement for a fixed time; the quick plan's 8 configs took 93 s on an H200 in
+  round 43).
 - memory: B=1 H=8 D=128 bf16 causal, S 1k..64k doubling, for naive, SDPA flash
   and flashattn; then the probe: flashattn alone, doubling S up to 1M (the
   longest forward scripts/long_context.py checks at H=8) while the next call,
@@ -71,7 +73,7 @@ class Plan:
 
 
 GPU_FULL = Plan(
-    estimate="about 6 minutes on an H100",
+    estimate="about 9 minutes on an H100",
     speed=Sweep(dtypes=("bf16",), causal=(False, True), headdims=(64, 128, 256),
                       seqlens=(512, 1024, 2048, 4096, 8192, 16384), passes=PASSES),
     memory=MemoryPlan(Model("cuda", heads=8, headdim=128, dtype="bf16", causal=True),
@@ -84,7 +86,7 @@ GPU_FULL = Plan(
 
 GPU_QUICK = replace(
     GPU_FULL,
-    estimate="about 2 minutes on an H100",
+    estimate="about 2.5 minutes on an H100",
     speed=replace(GPU_FULL.speed, headdims=(64, 128), seqlens=(2048, 8192)),
     memory=replace(GPU_FULL.memory, probe_budget_s=10.0),
     regimes=replace(GPU_FULL.regimes, batches=(1, 16), seqlens=(512, 4096)),
