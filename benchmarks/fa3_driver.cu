@@ -75,10 +75,11 @@ static void fill_forward(Flash_fwd_params &p, const Fa3Call &c) {
   p.arch = major * 10 + minor;
 }
 
-// Returns a cudaError_t: cudaErrorNotSupported for a head dim or dtype not built here, else what the
-// runtime reports after the launch. FA3's launcher itself exits the process on a CUDA or CUTLASS error
-// (its CHECK_CUDA, CHECK_CUTLASS), so benchmarks/backends.py refuses, before calling, what this
-// library does not serve.
+// Returns a cudaError_t: cudaErrorNotSupported for a head dim or dtype not built here (stage_fa3.sh
+// defines FA3_HAVE_<unit> for each FA3 instantiation it links, so a subset links without undefined
+// symbols), else what the runtime reports after the launch. FA3's launcher itself exits the process
+// on a CUDA or CUTLASS error (its CHECK_CUDA, CHECK_CUTLASS), so benchmarks/backends.py refuses,
+// before calling, what this library does not serve.
 int fa3_forward(const Fa3Call *c, cudaStream_t stream) {
   Flash_fwd_params p;
   fill_forward(p, *c);
@@ -86,22 +87,31 @@ int fa3_forward(const Fa3Call *c, cudaStream_t stream) {
     p.tile_count_semaphore = c->semaphore;
     cudaMemsetAsync(c->semaphore, 0, sizeof(int), stream);
   }
-  if (c->dtype == 2 && c->d == 64) {
-    run_mha_fwd_<90, cutlass::float_e4m3_t, 64, 64, false, false, false, false>(p, stream);
-  } else if (c->dtype == 2 && c->d == 128) {
-    run_mha_fwd_<90, cutlass::float_e4m3_t, 128, 128, false, false, false, false>(p, stream);
-  } else if (c->dtype == 2 && c->d == 256) {
-    run_mha_fwd_<90, cutlass::float_e4m3_t, 256, 256, false, false, false, false>(p, stream);
-  } else if (c->dtype == 1 && c->d == 64) {
-    run_mha_fwd_<90, cutlass::bfloat16_t, 64, 64, false, false, false, false>(p, stream);
-  } else if (c->dtype == 1 && c->d == 128) {
-    run_mha_fwd_<90, cutlass::bfloat16_t, 128, 128, false, false, false, false>(p, stream);
-  } else if (c->dtype == 1 && c->d == 256) {
-    run_mha_fwd_<90, cutlass::bfloat16_t, 256, 256, false, false, false, false>(p, stream);
-  } else {
-    return static_cast<int>(cudaErrorNotSupported);
+#define FA3_FORWARD(DTYPE, D, T)                                                         \
+  if (c->dtype == DTYPE && c->d == D) {                                                  \
+    run_mha_fwd_<90, T, D, D, false, false, false, false>(p, stream);                    \
+    return static_cast<int>(cudaGetLastError());                                         \
   }
-  return static_cast<int>(cudaGetLastError());
+#ifdef FA3_HAVE_flash_fwd_hdim64_e4m3_sm90
+  FA3_FORWARD(2, 64, cutlass::float_e4m3_t)
+#endif
+#ifdef FA3_HAVE_flash_fwd_hdim128_e4m3_sm90
+  FA3_FORWARD(2, 128, cutlass::float_e4m3_t)
+#endif
+#ifdef FA3_HAVE_flash_fwd_hdim256_e4m3_sm90
+  FA3_FORWARD(2, 256, cutlass::float_e4m3_t)
+#endif
+#ifdef FA3_HAVE_flash_fwd_hdim64_bf16_sm90
+  FA3_FORWARD(1, 64, cutlass::bfloat16_t)
+#endif
+#ifdef FA3_HAVE_flash_fwd_hdim128_bf16_sm90
+  FA3_FORWARD(1, 128, cutlass::bfloat16_t)
+#endif
+#ifdef FA3_HAVE_flash_fwd_hdim256_bf16_sm90
+  FA3_FORWARD(1, 256, cutlass::bfloat16_t)
+#endif
+#undef FA3_FORWARD
+  return static_cast<int>(cudaErrorNotSupported);
 }
 
 int fa3_backward(const Fa3Call *c, cudaStream_t stream) {
@@ -121,16 +131,22 @@ int fa3_backward(const Fa3Call *c, cudaStream_t stream) {
   p.softmax_lse_log2_ptr = c->lse_log2;
   p.dq_semaphore = c->dq_semaphore;
   p.deterministic = false;
-  if (c->dtype == 1 && c->d == 64) {
-    run_mha_bwd_<90, cutlass::bfloat16_t, 64, false>(p, stream);
-  } else if (c->dtype == 1 && c->d == 128) {
-    run_mha_bwd_<90, cutlass::bfloat16_t, 128, false>(p, stream);
-  } else if (c->dtype == 1 && c->d == 256) {
-    run_mha_bwd_<90, cutlass::bfloat16_t, 256, false>(p, stream);
-  } else {
-    return static_cast<int>(cudaErrorNotSupported);
+#define FA3_BACKWARD(D)                                                                  \
+  if (c->dtype == 1 && c->d == D) {                                                      \
+    run_mha_bwd_<90, cutlass::bfloat16_t, D, false>(p, stream);                          \
+    return static_cast<int>(cudaGetLastError());                                         \
   }
-  return static_cast<int>(cudaGetLastError());
+#ifdef FA3_HAVE_flash_bwd_hdim64_bf16_sm90
+  FA3_BACKWARD(64)
+#endif
+#ifdef FA3_HAVE_flash_bwd_hdim128_bf16_sm90
+  FA3_BACKWARD(128)
+#endif
+#ifdef FA3_HAVE_flash_bwd_hdim256_bf16_sm90
+  FA3_BACKWARD(256)
+#endif
+#undef FA3_BACKWARD
+  return static_cast<int>(cudaErrorNotSupported);
 }
 
 }  // extern "C"

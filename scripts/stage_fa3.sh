@@ -10,6 +10,8 @@
 # loads it with ctypes (FLASHATTN_FA3_LIB names it).
 #
 #   bash scripts/stage_fa3.sh            # build .fa3/lib/libfa3.so (about 8 minutes on 2 cores)
+#   FA3_UNITS="flash_fwd_hdim256_bf16_sm90 flash_bwd_hdim256_bf16_sm90" bash scripts/stage_fa3.sh
+#                                        # only those (a minute or two); other calls are refused
 #
 # The sources, on a machine with the network (round 32 used these commits):
 #   git clone https://github.com/Dao-AILab/flash-attention fa && git -C fa checkout 0251105a
@@ -56,6 +58,10 @@ wait
 for obj in "${objects[@]}"; do  # a unit that failed in the last batch: wait alone does not say
   [ -f "$obj" ] || { echo "stage_fa3: $(basename "$obj" .o) did not compile" >&2; exit 1; }
 done
-"$NVCC" "${FLAGS[@]}" -c "$ROOT/benchmarks/fa3_driver.cu" -o "$OUT/fa3_driver.o"
+# The driver calls only the units linked here (FA3_HAVE_<unit>); for another head dim or dtype it
+# returns cudaErrorNotSupported, which benchmarks/backends.py raises as a RuntimeError.
+have=()
+for unit in $UNITS; do have+=("-DFA3_HAVE_$unit"); done
+"$NVCC" "${FLAGS[@]}" "${have[@]}" -c "$ROOT/benchmarks/fa3_driver.cu" -o "$OUT/fa3_driver.o"
 "$NVCC" -shared -gencode=arch=compute_90a,code=sm_90a -o "$LIB/libfa3.so" "$OUT/fa3_driver.o" "${objects[@]}"
 echo "$LIB/libfa3.so"
